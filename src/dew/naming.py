@@ -1,0 +1,178 @@
+"""The one place where metric tags and parameter paths are built and parsed.
+
+A metric name is bare snake_case (`loss`, `perplexity`). A *metric tag* is the
+namespaced identity of a recorded series, `stage/split/metric`, always three
+segments. A *parameter path* is a key path through a nested parameter mapping.
+Both use `/` as their only separator, and no segment may be empty or contain it,
+so parsing always recovers exactly the parts a string was built from.
+
+No other module in dew joins or splits these strings.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+__all__ = [
+    "SEPARATOR",
+    "MetricTag",
+    "Split",
+    "check_metric_name",
+    "flatten_parameters",
+    "metric_tag",
+    "parse_metric_tag",
+]
+
+SEPARATOR = "/"
+
+
+class Split(enum.StrEnum):
+    """The data split a metric was measured on, set by the runner that measured it.
+
+    ```python
+    >>> Split("validation")
+    <Split.VALIDATION: 'validation'>
+
+    ```
+    """
+
+    TRAIN = "train"
+    VALIDATION = "validation"
+
+
+class MetricTag(NamedTuple):
+    """The three parts of a metric tag, as `parse_metric_tag` returns them."""
+
+    stage: str
+    split: Split
+    metric: str
+
+
+def _allowed_splits() -> str:
+    return ", ".join(repr(split.value) for split in Split)
+
+
+def _check_segment(kind: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{kind} must be a string, got {value!r} of type {type(value).__name__}.")
+    if not value:
+        raise ValueError(f"{kind} may not be empty.")
+    if SEPARATOR in value:
+        raise ValueError(f"{kind} {value!r} may not contain {SEPARATOR!r}.")
+    return value
+
+
+def _as_split(value: object) -> Split:
+    if isinstance(value, Split):
+        return value
+    if isinstance(value, str):
+        try:
+            return Split(value)
+        except ValueError:
+            pass
+    raise ValueError(f"split {value!r} is not one of {_allowed_splits()}.")
+
+
+def check_metric_name(name: str) -> str:
+    """Return `name` if it can be a metric's bare name (non-empty, no `/`), else raise.
+
+    ```python
+    >>> check_metric_name("perplexity")
+    'perplexity'
+
+    ```
+    """
+    return _check_segment("metric", name)
+
+
+def metric_tag(stage: str, split: Split | str, metric: str) -> str:
+    """Build the tag `stage/split/metric` of a recorded metric.
+
+    **Arguments:**
+
+    - `stage`: the stage that measured the metric (`lm`, `supervised`, `mean`).
+    - `split`: the `Split` the metric was measured on (or its value, `"train"`).
+    - `metric`: the metric's bare name (`loss`, `perplexity`).
+
+    **Raises:** `ValueError` when a segment is empty or contains `/`, or when
+    `split` is not a `Split`; `TypeError` when a segment is not a string.
+
+    ```python
+    >>> metric_tag("mean", Split.VALIDATION, "loss")
+    'mean/validation/loss'
+
+    ```
+    """
+    _check_segment("stage", stage)
+    split = _as_split(split)
+    _check_segment("metric", metric)
+    return SEPARATOR.join((stage, split.value, metric))
+
+
+def parse_metric_tag(tag: str) -> MetricTag:
+    """Recover the `(stage, split, metric)` a tag was built from.
+
+    ```python
+    >>> parse_metric_tag("lm/train/loss")
+    MetricTag(stage='lm', split=<Split.TRAIN: 'train'>, metric='loss')
+
+    ```
+    """
+    if not isinstance(tag, str):
+        raise TypeError(f"tag must be a string, got {tag!r} of type {type(tag).__name__}.")
+    segments = tag.split(SEPARATOR)
+    if len(segments) != 3:
+        raise ValueError(
+            f"tag {tag!r} must have three segments stage{SEPARATOR}split{SEPARATOR}metric, "
+            f"got {len(segments)}."
+        )
+    stage, split, metric = segments
+    for kind, segment in (("stage", stage), ("split", split), ("metric", metric)):
+        if not segment:
+            raise ValueError(f"tag {tag!r} has an empty {kind} segment.")
+    return MetricTag(stage, _as_split(split), metric)
+
+
+def flatten_parameters(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Flatten a nested parameter mapping into `{parameter path: value}`.
+
+    Nested mappings become levels of the path; every other value (tuples and
+    lists included) is a leaf and is passed through unchanged: converting values a
+    tracker cannot store is the tracker's job. Leaves keep the mapping's order.
+
+    **Raises:** `ValueError` for a key that is empty or contains `/`, `TypeError`
+    for a key that is not a string, so two key paths never share one path.
+
+    ```python
+    >>> flatten_parameters({"optimizer": {"name": "sgd", "learning_rate": 0.1}})
+    {'optimizer/name': 'sgd', 'optimizer/learning_rate': 0.1}
+
+    ```
+    """
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"parameters must be a mapping, got {values!r} of type {type(values).__name__}."
+        )
+    flat: dict[str, Any] = {}
+    _flatten_into(flat, (), values)
+    return flat
+
+
+def _flatten_into(flat: dict[str, Any], prefix: tuple[str, ...], values: Mapping) -> None:
+    for key, value in values.items():
+        where = f" under {SEPARATOR.join(prefix)!r}" if prefix else ""
+        if not isinstance(key, str):
+            raise TypeError(
+                f"parameter key {key!r}{where} must be a string, got {type(key).__name__}."
+            )
+        if not key:
+            raise ValueError(f"parameter key{where} may not be empty.")
+        if SEPARATOR in key:
+            raise ValueError(f"parameter key {key!r}{where} may not contain {SEPARATOR!r}.")
+        path = (*prefix, key)
+        if isinstance(value, Mapping):
+            _flatten_into(flat, path, value)
+        else:
+            flat[SEPARATOR.join(path)] = value

@@ -1,0 +1,55 @@
+"""A tracker that keeps everything it is told in memory."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dew.naming import flatten_parameters
+from dew.tracking._protocol import AbstractTracker
+
+__all__ = ["InMemoryTracker"]
+
+
+class InMemoryTracker(AbstractTracker):
+    """A tracker that keeps what it is told in memory; for tests and docs.
+
+    - `params`: flattened parameter path to value (`flatten_parameters`).
+    - `scalars`: metric tag to a list of `(step, value)` in the order received.
+    - `artifacts`: artifact name to a list of `(step, value)` in the order received.
+
+    ```python
+    >>> tracker = InMemoryTracker()
+    >>> tracker.log_params({"optimizer": {"name": "sgd"}})
+    >>> tracker.log_metrics({"lm/train/loss": 2.0}, step=5)
+    >>> tracker.params, tracker.scalars
+    ({'optimizer/name': 'sgd'}, {'lm/train/loss': [(5, 2.0)]})
+
+    ```
+    """
+
+    def __init__(self) -> None:
+        self.params: dict[str, Any] = {}
+        self.scalars: dict[str, list[tuple[int, Any]]] = {}
+        self.artifacts: dict[str, list[tuple[int | None, Any]]] = {}
+        self.closed = False
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("InMemoryTracker is closed; it records nothing more.")
+
+    def log_params(self, values: Mapping[str, Any]) -> None:
+        self._check_open()
+        self.params.update(flatten_parameters(values))
+
+    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
+        self._check_open()
+        for tag, value in values.items():
+            self.scalars.setdefault(tag, []).append((step, value))
+
+    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
+        self._check_open()
+        self.artifacts.setdefault(name, []).append((step, value))
+
+    def close(self) -> None:
+        self.closed = True

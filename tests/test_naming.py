@@ -1,0 +1,217 @@
+"""dew.naming: tags and parameter paths, their errors and their round trips."""
+
+import string
+
+import pytest
+from _checks import rejects
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dew.naming import (
+    MetricTag,
+    Split,
+    check_metric_name,
+    flatten_parameters,
+    metric_tag,
+    parse_metric_tag,
+)
+
+segments = st.text(min_size=1, max_size=12).filter(lambda text: "/" not in text)
+splits = st.sampled_from(list(Split))
+bad_segments = st.one_of(
+    st.just(""),
+    st.tuples(st.text(max_size=5), st.text(max_size=5)).map(lambda parts: f"{parts[0]}/{parts[1]}"),
+)
+
+
+def test_split_is_a_string_enum():
+    assert Split.TRAIN == "train"
+    assert Split.VALIDATION == "validation"
+    assert str(Split.VALIDATION) == "validation"
+    assert repr(Split.VALIDATION) == "<Split.VALIDATION: 'validation'>"
+
+
+def test_metric_tag_examples_of_the_naming_scheme():
+    tag = metric_tag("mean", Split.VALIDATION, "loss")
+    assert tag == "mean/validation/loss"
+    assert repr(parse_metric_tag(tag)) == (
+        "MetricTag(stage='mean', split=<Split.VALIDATION: 'validation'>, metric='loss')"
+    )
+    assert metric_tag("lm", "train", "perplexity") == "lm/train/perplexity"
+
+
+def test_metric_with_separator_message_is_exact():
+    with pytest.raises(ValueError, match=r"^metric 'nll/sum' may not contain '/'.$"):
+        metric_tag("mean", Split.TRAIN, "nll/sum")
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        (("a/b", Split.TRAIN, "loss"), "^stage 'a/b' may not contain '/'.$"),
+        (("", Split.TRAIN, "loss"), "^stage may not be empty.$"),
+        (("lm", Split.TRAIN, ""), "^metric may not be empty.$"),
+        (("lm", "test", "loss"), "^split 'test' is not one of 'train', 'validation'.$"),
+        (("lm", "", "loss"), "^split '' is not one of 'train', 'validation'.$"),
+    ],
+)
+def test_metric_tag_rejects_bad_segments(parts, message):
+    with pytest.raises(ValueError, match=message):
+        metric_tag(*parts)
+
+
+def test_metric_tag_rejects_non_strings():
+    with rejects(TypeError, "stage must be a string, got 3 of type int", parameter="stage"):
+        metric_tag(3, Split.TRAIN, "loss")
+    with rejects(TypeError, "metric must be a string", parameter="metric"):
+        metric_tag("lm", Split.TRAIN, None)
+
+
+@pytest.mark.parametrize(
+    ("tag", "message"),
+    [
+        ("lm/loss", "must have three segments stage/split/metric, got 2"),
+        ("a/train/b/c", "must have three segments stage/split/metric, got 4"),
+        ("loss", "got 1"),
+        ("/train/loss", "has an empty stage segment"),
+        ("lm//loss", "has an empty split segment"),
+        ("lm/train/", "has an empty metric segment"),
+        ("lm/test/loss", "split 'test' is not one of 'train', 'validation'"),
+    ],
+)
+def test_parse_metric_tag_rejects_malformed_tags(tag, message):
+    with pytest.raises(ValueError, match=message):
+        parse_metric_tag(tag)
+
+
+@given(stage=segments, split=splits, metric=segments)
+def test_parse_inverts_metric_tag(stage, split, metric):
+    parsed = parse_metric_tag(metric_tag(stage, split, metric))
+    assert parsed == (stage, split, metric)
+    assert isinstance(parsed, MetricTag)
+    assert parsed.split is split
+
+
+@given(stage=segments, split=splits, metric=segments)
+def test_metric_tag_inverts_parse(stage, split, metric):
+    tag = metric_tag(stage, split, metric)
+    assert metric_tag(*parse_metric_tag(tag)) == tag
+
+
+@given(
+    parts=st.tuples(segments, splits, segments),
+    position=st.sampled_from([0, 2]),
+    bad=bad_segments,
+)
+def test_every_invalid_segment_raises(parts, position, bad):
+    parts = list(parts)
+    parts[position] = bad
+    with pytest.raises(ValueError, match="may not"):
+        metric_tag(*parts)
+
+
+@given(stage=segments, metric=segments, split=st.text(max_size=12))
+def test_every_invalid_split_raises(stage, metric, split):
+    if split in {"train", "validation"}:
+        assert metric_tag(stage, split, metric).split("/")[1] == split
+    else:
+        with pytest.raises(ValueError, match="is not one of 'train', 'validation'"):
+            metric_tag(stage, split, metric)
+
+
+@given(st.text(max_size=30))
+def test_parse_accepts_exactly_what_metric_tag_builds(text):
+    try:
+        parsed = parse_metric_tag(text)
+    except ValueError:
+        return
+    assert metric_tag(*parsed) == text
+
+
+def test_check_metric_name():
+    assert check_metric_name("point_crps") == "point_crps"
+    with pytest.raises(ValueError, match=r"^metric 'a/b' may not contain '/'.$"):
+        check_metric_name("a/b")
+
+
+def test_flatten_parameters_example_of_the_naming_scheme():
+    parameters = {
+        "optimizer": {"name": "adam", "learning_rate": 1e-3},
+        "data": {
+            "train": {"samples": 256, "batch_size": 32},
+            "validation": {"samples": 64, "batch_size": 64},
+        },
+    }
+    assert list(flatten_parameters(parameters).items()) == [
+        ("optimizer/name", "adam"),
+        ("optimizer/learning_rate", 0.001),
+        ("data/train/samples", 256),
+        ("data/train/batch_size", 32),
+        ("data/validation/samples", 64),
+        ("data/validation/batch_size", 64),
+    ]
+
+
+def test_flatten_parameters_keeps_sequences_as_leaves():
+    assert flatten_parameters({"shape": (1, 2), "layers": [3, 4]}) == {
+        "shape": (1, 2),
+        "layers": [3, 4],
+    }
+
+
+@pytest.mark.parametrize(
+    ("parameters", "error", "message"),
+    [
+        ({"": 1}, ValueError, "^parameter key may not be empty.$"),
+        ({"a/b": 1}, ValueError, "^parameter key 'a/b' may not contain '/'.$"),
+        ({"data": {"train/x": 1}}, ValueError, "^parameter key 'train/x' under 'data' may not"),
+        ({"data": {"train": {"": 1}}}, ValueError, "^parameter key under 'data/train' may not be"),
+        ({"data": {3: 1}}, TypeError, "^parameter key 3 under 'data' must be a string, got int"),
+    ],
+)
+def test_flatten_parameters_rejects_bad_keys(parameters, error, message):
+    with pytest.raises(error, match=message):
+        flatten_parameters(parameters)
+
+
+def test_flatten_parameters_rejects_non_mappings():
+    with rejects(TypeError, "parameters must be a mapping, got", parameter="values"):
+        flatten_parameters([("a", 1)])
+
+
+keys = st.text(alphabet=string.ascii_letters + "_/", max_size=4)
+nested = st.recursive(
+    st.integers(),
+    lambda children: st.dictionaries(keys, children, max_size=4),
+    max_leaves=20,
+)
+
+
+def _key_paths(values, prefix=()):
+    for key, value in values.items():
+        if isinstance(value, dict):
+            yield from _key_paths(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+@given(st.dictionaries(keys, nested, max_size=5))
+def test_flatten_parameters_never_merges_two_key_paths(parameters):
+    paths = list(_key_paths(parameters))
+    if any(key == "" or "/" in key for path, _ in paths for key in path) or any(
+        key == "" or "/" in key for key in _all_keys(parameters)
+    ):
+        with pytest.raises(ValueError, match="parameter key"):
+            flatten_parameters(parameters)
+        return
+    flat = flatten_parameters(parameters)
+    assert len(flat) == len(paths)
+    assert flat == {"/".join(path): value for path, value in paths}
+    assert {tuple(path.split("/")) for path in flat} == {path for path, _ in paths}
+
+
+def _all_keys(values):
+    for key, value in values.items():
+        yield key
+        if isinstance(value, dict):
+            yield from _all_keys(value)
