@@ -32,7 +32,7 @@ def _squared_error(model: eqx.nn.Linear, inputs: jax.Array, targets: jax.Array) 
 def run_quickstart(
     out: str | pathlib.Path = "runs/quickstart",
     *,
-    epochs: int = 20,
+    epochs: int = 60,
     learning_rate: float = 0.1,
     seed: int = 0,
     echo: Callable[[str], None] = print,

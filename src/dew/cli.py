@@ -11,7 +11,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train the built-in quick-start run")
     train.add_argument("--out", default="runs/quickstart", help="the local run folder")
-    train.add_argument("--epochs", type=int, default=20, help="epochs to train (>= 1)")
+    train.add_argument("--epochs", type=int, default=60, help="epochs to train (>= 1)")
     return parser
 
 

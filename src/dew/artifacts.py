@@ -1,0 +1,209 @@
+"""Typed scoring artifacts: what `Objective.evaluate` returns and metrics read.
+
+Each artifact is an Equinox module (a pytree) whose array fields share a leading
+*row* axis, one row per example of the batch. Constructing one with inconsistent
+shapes raises a `ValueError` naming the fields and their shapes. `rows(start, stop)`
+takes a slice of rows and `concatenate_rows` joins artifacts of one type, which is
+what batch-split laws are stated in.
+
+```python
+>>> import jax.numpy as jnp
+>>> scores = TokenScores(losses=jnp.ones((2, 3)), weights=jnp.ones((2, 3)))
+>>> scores.num_rows
+2
+
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, Shaped
+
+__all__ = [
+    "Artifact",
+    "Clips",
+    "Images",
+    "Representations",
+    "TokenRows",
+    "TokenScores",
+    "concatenate_rows",
+]
+
+_A = TypeVar("_A", bound="Artifact")
+
+
+def _shape(value) -> tuple[int, ...]:
+    return tuple(np.shape(value))
+
+
+def _describe(**fields) -> str:
+    return ", ".join(f"{name} {_shape(value)}" for name, value in fields.items())
+
+
+def _require_rank(kind: str, name: str, value, rank: int, layout: str) -> None:
+    if np.ndim(value) != rank:
+        raise ValueError(
+            f"{kind}.{name} must have {rank} axes ({layout}), got shape {_shape(value)}."
+        )
+
+
+class Artifact(eqx.Module):
+    """Base of the scoring artifacts: pytrees whose array fields share a row axis."""
+
+    @property
+    def num_rows(self) -> int:
+        """The number of rows (examples) the artifact holds."""
+        return _shape(jax.tree.leaves(self)[0])[0]
+
+    def rows(self: _A, start: int, stop: int) -> _A:
+        """The artifact restricted to rows `start:stop`."""
+        return jax.tree.map(lambda leaf: leaf[start:stop], self)
+
+
+def concatenate_rows(artifacts: Sequence[_A]) -> _A:
+    """Join artifacts of one type along their row axis.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> one = TokenScores(losses=jnp.ones((1, 3)), weights=jnp.ones((1, 3)))
+    >>> concatenate_rows([one, one]).num_rows
+    2
+
+    ```
+    """
+    if not artifacts:
+        raise ValueError("concatenate_rows needs at least one artifact.")
+    kinds = {type(artifact) for artifact in artifacts}
+    if len(kinds) != 1:
+        names = sorted(kind.__name__ for kind in kinds)
+        raise TypeError(f"concatenate_rows needs artifacts of one type, got {names}.")
+    return jax.tree.map(lambda *leaves: jnp.concatenate(leaves, axis=0), *artifacts)
+
+
+class TokenScores(Artifact):
+    """Teacher-forced per-position scores of a token batch.
+
+    - `losses`: per-position negative log-likelihood (nats), `(rows, positions)`.
+    - `weights`: per-position target weights, zero where a position is padding.
+    - `correct`: optional per-position correctness of the argmax prediction.
+    """
+
+    losses: Float[Array, "rows positions"]
+    weights: Float[Array, "rows positions"]
+    correct: Bool[Array, "rows positions"] | None = None
+
+    def __check_init__(self) -> None:
+        _require_rank("TokenScores", "losses", self.losses, 2, "rows, positions")
+        fields = {"losses": self.losses, "weights": self.weights}
+        if self.correct is not None:
+            fields["correct"] = self.correct
+        if len({_shape(value) for value in fields.values()}) != 1:
+            raise ValueError(f"TokenScores fields must share one shape, got {_describe(**fields)}.")
+
+
+class Images(Artifact):
+    """Generated images, with optional references and prompts, channels last.
+
+    - `generated`: `(rows, height, width, channels)`, values in `[0, data_range]`.
+    - `reference`: optional real images; paired metrics need one per generated row.
+    - `prompts`: optional conditioning prompts, one per generated row (static).
+    """
+
+    generated: Float[Array, "rows height width channels"]
+    reference: Float[Array, "ref_rows ref_height ref_width channels"] | None = None
+    prompts: tuple[str, ...] | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self) -> None:
+        _require_rank("Images", "generated", self.generated, 4, "rows, height, width, channels")
+        if self.reference is not None:
+            _require_rank(
+                "Images", "reference", self.reference, 4, "rows, height, width, channels"
+            )
+            if _shape(self.reference)[-1] != _shape(self.generated)[-1]:
+                raise ValueError(
+                    "Images.generated and Images.reference must have the same channels, got "
+                    f"{_describe(generated=self.generated, reference=self.reference)}."
+                )
+        if self.prompts is not None and len(self.prompts) != _shape(self.generated)[0]:
+            raise ValueError(
+                f"Images.prompts must hold one prompt per generated row, got {len(self.prompts)} "
+                f"prompts for {_shape(self.generated)[0]} rows."
+            )
+
+    def rows(self, start: int, stop: int) -> Images:
+        prompts = None if self.prompts is None else self.prompts[start:stop]
+        reference = None if self.reference is None else self.reference[start:stop]
+        return Images(self.generated[start:stop], reference, prompts)
+
+
+class Clips(Artifact):
+    """Generated videos, with optional reference videos, channels last.
+
+    - `generated`: `(rows, frames, height, width, channels)`.
+    - `reference`: optional real videos of the same frames, height, width and channels.
+    """
+
+    generated: Float[Array, "rows frames height width channels"]
+    reference: Float[Array, "ref_rows frames height width channels"] | None = None
+
+    def __check_init__(self) -> None:
+        layout = "rows, frames, height, width, channels"
+        _require_rank("Clips", "generated", self.generated, 5, layout)
+        if self.reference is not None:
+            _require_rank("Clips", "reference", self.reference, 5, layout)
+            if _shape(self.reference)[1:] != _shape(self.generated)[1:]:
+                raise ValueError(
+                    "Clips.generated and Clips.reference must share frames, height, width and "
+                    f"channels, got {_describe(generated=self.generated, reference=self.reference)}."
+                )
+
+
+class Representations(Artifact):
+    """Encoder features, with optional integer class labels.
+
+    - `features`: `(rows, dim)`.
+    - `labels`: optional `(rows,)` class labels, as probes need.
+    """
+
+    features: Float[Array, "rows dim"]
+    labels: Int[Array, " rows"] | None = None
+
+    def __check_init__(self) -> None:
+        _require_rank("Representations", "features", self.features, 2, "rows, dim")
+        if self.labels is not None:
+            _require_rank("Representations", "labels", self.labels, 1, "rows")
+            if _shape(self.labels)[0] != _shape(self.features)[0]:
+                raise ValueError(
+                    "Representations.labels must hold one label per row, got "
+                    f"{_describe(features=self.features, labels=self.labels)}."
+                )
+
+
+class TokenRows(Artifact):
+    """Generated token rows, one batch's worth, for custom text metrics.
+
+    - `tokens`: `(rows, length)` integer token IDs.
+    - `mask`: optional `(rows, length)`, true where a token was generated.
+    """
+
+    tokens: Shaped[Array, "rows length"]
+    mask: Bool[Array, "rows length"] | None = None
+
+    def __check_init__(self) -> None:
+        _require_rank("TokenRows", "tokens", self.tokens, 2, "rows, length")
+        if not jnp.issubdtype(jnp.result_type(self.tokens), jnp.integer):
+            raise ValueError(
+                f"TokenRows.tokens must hold integer token IDs, got dtype "
+                f"{jnp.result_type(self.tokens)}."
+            )
+        if self.mask is not None and _shape(self.mask) != _shape(self.tokens):
+            raise ValueError(
+                f"TokenRows.mask must match tokens, got {_describe(tokens=self.tokens, mask=self.mask)}."
+            )

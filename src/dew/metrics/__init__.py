@@ -1,0 +1,125 @@
+"""Metric monoids over typed artifacts, and the helpers that reduce a pass.
+
+A `Metric[A]` reads one artifact type `A`: `init()` is the identity,
+`metric(artifact)` one batch's sufficient statistics, `merge(acc, contribution)`
+is associative with `init()` as its unit, and `finalize(acc)` gives the scalar.
+The factories below build the built-ins under their bare names.
+
+```python
+>>> import jax.numpy as jnp
+>>> from dew import metrics
+>>> from dew.artifacts import TokenScores
+>>> scores = TokenScores(losses=jnp.full((2, 4), 0.5), weights=jnp.ones((2, 4)))
+>>> metric = metrics.perplexity()
+>>> state = metric.merge(metric.init(), metric(scores))
+>>> round(float(metric.finalize(state)), 4)
+1.6487
+
+```
+"""
+
+from dew.metrics._base import MeanState as MeanState
+from dew.metrics._base import Metric as Metric
+from dew.metrics._base import check_finalizable as check_finalizable
+from dew.metrics._images import MAE as MAE
+from dew.metrics._images import MSE as MSE
+from dew.metrics._images import PSNR as PSNR
+from dew.metrics._images import SSIM as SSIM
+from dew.metrics._images import VideoPSNR as VideoPSNR
+from dew.metrics._images import VideoSSIM as VideoSSIM
+from dew.metrics._probes import KNNProbe as KNNProbe
+from dew.metrics._probes import LinearProbe as LinearProbe
+from dew.metrics._set import MetricSet as MetricSet
+from dew.metrics._set import reduce as reduce
+from dew.metrics._set import stack_batches as stack_batches
+from dew.metrics._sums import Sum as Sum
+from dew.metrics._tokens import MeanLoss as MeanLoss
+from dew.metrics._tokens import Perplexity as Perplexity
+from dew.metrics._tokens import TokenAccuracy as TokenAccuracy
+
+__all__ = [
+    "MAE",
+    "MSE",
+    "PSNR",
+    "SSIM",
+    "KNNProbe",
+    "LinearProbe",
+    "MeanLoss",
+    "MeanState",
+    "Metric",
+    "MetricSet",
+    "Perplexity",
+    "Sum",
+    "TokenAccuracy",
+    "VideoPSNR",
+    "VideoSSIM",
+    "check_finalizable",
+    "knn_probe",
+    "linear_probe",
+    "mae",
+    "mean_loss",
+    "mse",
+    "perplexity",
+    "psnr",
+    "reduce",
+    "ssim",
+    "stack_batches",
+    "token_accuracy",
+    "video_psnr",
+    "video_ssim",
+]
+
+
+def perplexity() -> Perplexity:
+    """Token-weighted perplexity over `TokenScores` (name `perplexity`)."""
+    return Perplexity()
+
+
+def mean_loss() -> MeanLoss:
+    """Token-weighted mean loss over `TokenScores` (name `mean_loss`)."""
+    return MeanLoss()
+
+
+def token_accuracy() -> TokenAccuracy:
+    """Token-weighted argmax accuracy over `TokenScores` (name `token_accuracy`)."""
+    return TokenAccuracy()
+
+
+def mse() -> MSE:
+    """Per-image mean squared error against references over `Images` (name `mse`)."""
+    return MSE()
+
+
+def mae() -> MAE:
+    """Per-image mean absolute error against references over `Images` (name `mae`)."""
+    return MAE()
+
+
+def psnr(data_range: float = 1.0) -> PSNR:
+    """Per-image PSNR in dB against references over `Images` (name `psnr`)."""
+    return PSNR(data_range=data_range)
+
+
+def ssim(data_range: float = 1.0) -> SSIM:
+    """Per-image Gaussian-window SSIM against references over `Images` (name `ssim`)."""
+    return SSIM(data_range=data_range)
+
+
+def video_psnr(data_range: float = 1.0) -> VideoPSNR:
+    """Per-frame PSNR in dB against reference clips over `Clips` (name `psnr`)."""
+    return VideoPSNR(data_range=data_range)
+
+
+def video_ssim(data_range: float = 1.0) -> VideoSSIM:
+    """Per-frame SSIM against reference clips over `Clips` (name `ssim`)."""
+    return VideoSSIM(data_range=data_range)
+
+
+def linear_probe(num_classes: int, l2: float = 1e-3) -> LinearProbe:
+    """Batch linear-probe accuracy over `Representations` (name `batch_linear_probe_accuracy`)."""
+    return LinearProbe(num_classes=num_classes, l2=l2)
+
+
+def knn_probe(num_classes: int, k: int = 5) -> KNNProbe:
+    """Batch k-NN-probe accuracy over `Representations` (name `batch_knn_probe_accuracy`)."""
+    return KNNProbe(num_classes=num_classes, k=k)

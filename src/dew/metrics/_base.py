@@ -1,0 +1,124 @@
+"""The metric contract: a monoid over one batch's sufficient statistics."""
+
+import abc
+import re
+from typing import Any, ClassVar, Generic, TypeVar
+
+import equinox as eqx
+from equinox import AbstractVar
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PyTree
+
+from dew.artifacts import Artifact
+from dew.metrics._sums import Sum
+
+__all__ = ["MeanState", "Metric", "check_finalizable"]
+
+A = TypeVar("A", bound=Artifact)
+_SNAKE_CASE = re.compile(r"[a-z][a-z0-9_]*")
+
+
+class Metric(eqx.Module, Generic[A]):
+    """A metric over one artifact type, as a monoid of sufficient statistics.
+
+    Subclasses set the class variable `artifact_type`, a static `name` field, and
+    implement:
+
+    - `init()`: the identity statistics, the unit of `merge`;
+    - `statistics(artifact)`: one batch's sufficient statistics;
+    - `merge(accumulated, contribution)`: associative, with `init()` as unit;
+    - `finalize(accumulated)`: the scalar.
+
+    Calling the metric, `metric(artifact)`, checks the artifact's type (a
+    `TypeError` names both types) and returns `statistics(artifact)`. A metric
+    instance keeps no state between calls: the accumulator is a value the caller
+    holds. Device metrics (`host = False`) are pure JAX and work under `jit`,
+    `vmap` and `lax.scan`; host metrics keep NumPy float64 statistics and may
+    merge in place.
+
+    `finalize(init())`, the value of an empty pass, is NaN for every built-in:
+    a mean over nothing is undefined, and dew reports it as data rather than
+    dividing 0 by 0. `evaluate` reports no value at all for an empty pass.
+    """
+
+    name: AbstractVar[str]
+    artifact_type: ClassVar[type[Artifact]]
+    host: ClassVar[bool] = False
+
+    def __check_init__(self) -> None:
+        if not isinstance(self.name, str) or not _SNAKE_CASE.fullmatch(self.name):
+            raise ValueError(
+                f"metric name {self.name!r} must be bare snake_case "
+                "(lowercase letters, digits and '_', starting with a letter)."
+            )
+
+    def __call__(self, artifact: A) -> PyTree:
+        """One batch's sufficient statistics, after checking the artifact's type."""
+        if not isinstance(artifact, self.artifact_type):
+            raise TypeError(
+                f"metric {self.name!r} reads {self.artifact_type.__name__}, "
+                f"got {type(artifact).__name__}."
+            )
+        return self.statistics(artifact)
+
+    @abc.abstractmethod
+    def init(self) -> PyTree:
+        """The identity statistics (an empty pass)."""
+
+    @abc.abstractmethod
+    def statistics(self, artifact: A) -> PyTree:
+        """One batch's sufficient statistics."""
+
+    @abc.abstractmethod
+    def merge(self, accumulated: PyTree, contribution: PyTree) -> PyTree:
+        """Combine two statistics; associative, with `init()` as unit."""
+
+    @abc.abstractmethod
+    def finalize(self, accumulated: PyTree) -> Any:
+        """The metric's scalar value for the accumulated statistics."""
+
+
+def check_finalizable(bad: Any, message: str, value: Any) -> Any:
+    """Raise `ValueError(message)` if `bad` holds; return `value`.
+
+    Eagerly this is a plain Python check; under `jit` it becomes
+    `eqx.error_if`, which raises when the compiled function runs.
+    """
+    if isinstance(bad, jax.core.Tracer):
+        return eqx.error_if(value, bad, message)
+    if bool(bad):
+        raise ValueError(message)
+    return value
+
+
+class MeanState(eqx.Module):
+    """Statistics of a mean: a compensated total and a compensated count."""
+
+    total: Sum
+    count: Sum
+
+    @staticmethod
+    def zero() -> "MeanState":
+        """The identity: nothing summed, nothing counted."""
+        return MeanState(Sum.zero(), Sum.zero())
+
+    @staticmethod
+    def of(values: Float[Array, "..."], weights: Float[Array, "..."] | None = None) -> "MeanState":
+        """The statistics of `values`, each weighted once or by `weights`."""
+        values = jnp.asarray(values, jnp.float32)
+        if weights is None:
+            return MeanState(Sum.of(values), Sum.of(jnp.ones_like(values)))
+        weights = jnp.asarray(weights, jnp.float32)
+        weighted = jnp.where(weights != 0, values * weights, jnp.zeros_like(values))
+        return MeanState(Sum.of(weighted), Sum.of(weights))
+
+    def merge(self, other: "MeanState") -> "MeanState":
+        """Add two statistics."""
+        return MeanState(self.total.add(other.total), self.count.add(other.count))
+
+    def mean(self) -> Float[Array, ""]:
+        """total / count, NaN when nothing was counted."""
+        count = self.count.value()
+        safe = jnp.where(count == 0, jnp.ones_like(count), count)
+        return jnp.where(count == 0, jnp.full_like(count, jnp.nan), self.total.value() / safe)
