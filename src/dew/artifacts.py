@@ -123,9 +123,7 @@ class Images(Artifact):
     def __check_init__(self) -> None:
         _require_rank("Images", "generated", self.generated, 4, "rows, height, width, channels")
         if self.reference is not None:
-            _require_rank(
-                "Images", "reference", self.reference, 4, "rows, height, width, channels"
-            )
+            _require_rank("Images", "reference", self.reference, 4, "rows, height, width, channels")
             if _shape(self.reference)[-1] != _shape(self.generated)[-1]:
                 raise ValueError(
                     "Images.generated and Images.reference must have the same channels, got "
@@ -161,7 +159,8 @@ class Clips(Artifact):
             if _shape(self.reference)[1:] != _shape(self.generated)[1:]:
                 raise ValueError(
                     "Clips.generated and Clips.reference must share frames, height, width and "
-                    f"channels, got {_describe(generated=self.generated, reference=self.reference)}."
+                    "channels, got "
+                    f"{_describe(generated=self.generated, reference=self.reference)}."
                 )
 
 
@@ -205,5 +204,6 @@ class TokenRows(Artifact):
             )
         if self.mask is not None and _shape(self.mask) != _shape(self.tokens):
             raise ValueError(
-                f"TokenRows.mask must match tokens, got {_describe(tokens=self.tokens, mask=self.mask)}."
+                "TokenRows.mask must match tokens, got "
+                f"{_describe(tokens=self.tokens, mask=self.mask)}."
             )

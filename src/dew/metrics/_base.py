@@ -5,9 +5,9 @@ import re
 from typing import Any, ClassVar, Generic, TypeVar
 
 import equinox as eqx
-from equinox import AbstractVar
 import jax
 import jax.numpy as jnp
+from equinox import AbstractVar
 from jaxtyping import Array, Float, PyTree
 
 from dew.artifacts import Artifact

@@ -216,7 +216,7 @@ class PSNR(_ImageMean):
     ```python
     >>> import jax.numpy as jnp
     >>> from dew.artifacts import Images
-    >>> images = Images(generated=jnp.full((1, 4, 4, 1), 0.5), reference=jnp.full((1, 4, 4, 1), 0.6))
+    >>> images = Images(jnp.full((1, 4, 4, 1), 0.5), reference=jnp.full((1, 4, 4, 1), 0.6))
     >>> metric = PSNR(data_range=1.0)
     >>> round(float(metric.finalize(metric(images))), 3)
     20.0

@@ -53,7 +53,7 @@ class Sum(eqx.Module):
         return Sum(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
 
     @staticmethod
-    def of(values: Shaped[Array, "..."]) -> Sum:
+    def of(values: Shaped[Array, ...]) -> Sum:
         """The compensated sum of all elements of `values` (cast to float32).
 
         Elements are summed in blocks of 256 with XLA's reduction and the block

@@ -1,0 +1,270 @@
+"""Property-test your own metrics: hypothesis strategies for every artifact type
+and a checker for the metric laws.
+
+`check_metric_laws(metric, strategy)` asserts, over many generated artifacts:
+
+- **identity**: `merge(init(), c)` and `merge(c, init())` finalize like `c`;
+- **associativity**: `merge(merge(a, b), c)` finalizes like `merge(a, merge(b, c))`;
+- **batch-split invariance** (unless `split_invariant=False`): merging the
+  contributions of any partition of an artifact's rows finalizes like the whole
+  artifact's contribution;
+- for device metrics, that the compiled (`eqx.filter_jit`) path agrees with the
+  eager one.
+
+```python
+>>> from dew import metrics
+>>> from dew.testing import check_metric_laws, token_scores
+>>> check_metric_laws(metrics.perplexity(), token_scores(), max_examples=5)
+
+```
+
+Hypothesis is a test dependency (`dew-ml[test]`); this module imports it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from dew.artifacts import (
+    Artifact,
+    Clips,
+    Images,
+    Representations,
+    TokenRows,
+    TokenScores,
+    concatenate_rows,
+)
+from dew.metrics import Metric
+
+__all__ = [
+    "assert_scores_close",
+    "check_metric_laws",
+    "clips",
+    "images",
+    "representations",
+    "token_rows",
+    "token_scores",
+]
+
+SearchStrategy = st.SearchStrategy
+
+
+def _floats(low: float, high: float) -> SearchStrategy[float]:
+    return st.floats(low, high, width=32, allow_nan=False, allow_infinity=False)
+
+
+def _float_array(shape: tuple[int, ...], low: float, high: float) -> SearchStrategy[np.ndarray]:
+    return hnp.arrays(np.float32, shape, elements=_floats(low, high))
+
+
+def _rows_strategy(rows: int | SearchStrategy[int]) -> SearchStrategy[int]:
+    return st.just(rows) if isinstance(rows, int) else rows
+
+
+@st.composite
+def token_scores(
+    draw: Callable,
+    rows: int | SearchStrategy[int] = st.integers(1, 5),
+    positions: int | SearchStrategy[int] = st.sampled_from([1, 3, 8]),
+    with_correct: bool = True,
+) -> TokenScores:
+    """`TokenScores` with losses in [0, 12] nats, 0/1 or fractional target weights
+    (every row counts its first position) and, by default, per-position correctness."""
+    n = draw(_rows_strategy(rows))
+    m = draw(_rows_strategy(positions))
+    losses = draw(_float_array((n, m), 0.0, 12.0))
+    weights = draw(
+        st.one_of(
+            hnp.arrays(np.float32, (n, m), elements=st.sampled_from([0.0, 1.0])),
+            _float_array((n, m), 0.0, 1.0),
+        )
+    )
+    weights[:, 0] = 1.0
+    correct = draw(hnp.arrays(np.bool_, (n, m))) if with_correct else None
+    return TokenScores(
+        jnp.asarray(losses),
+        jnp.asarray(weights),
+        None if correct is None else jnp.asarray(correct),
+    )
+
+
+@st.composite
+def images(
+    draw: Callable,
+    rows: int | SearchStrategy[int] = st.integers(1, 4),
+    size: int | SearchStrategy[int] = st.sampled_from([11, 16]),
+    channels: int | SearchStrategy[int] = st.sampled_from([1, 3]),
+    paired: bool = True,
+) -> Images:
+    """`Images` with values in [0, 1], square, at least 11 pixels a side (SSIM's
+    window), and by default a reference row per generated row that is either the
+    generated row plus noise or, now and then, identical (a perfect PSNR)."""
+    n = draw(_rows_strategy(rows))
+    side = draw(_rows_strategy(size))
+    c = draw(_rows_strategy(channels))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    generated = rng.random((n, side, side, c), dtype=np.float32)
+    if not paired:
+        return Images(jnp.asarray(generated))
+    noise = draw(st.sampled_from([0.0, 0.01, 0.1, 0.3]))
+    reference = np.clip(generated + noise * rng.standard_normal(generated.shape), 0.0, 1.0)
+    return Images(jnp.asarray(generated), jnp.asarray(reference.astype(np.float32)))
+
+
+@st.composite
+def clips(
+    draw: Callable,
+    rows: int | SearchStrategy[int] = st.integers(1, 3),
+    frames: int | SearchStrategy[int] = st.sampled_from([1, 3]),
+    size: int | SearchStrategy[int] = st.just(11),
+    channels: int | SearchStrategy[int] = st.sampled_from([1, 3]),
+) -> Clips:
+    """`Clips` of videos in [0, 1] with a noisy (sometimes identical) reference per row."""
+    n = draw(_rows_strategy(rows))
+    t = draw(_rows_strategy(frames))
+    side = draw(_rows_strategy(size))
+    c = draw(_rows_strategy(channels))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    generated = rng.random((n, t, side, side, c), dtype=np.float32)
+    noise = draw(st.sampled_from([0.0, 0.02, 0.2]))
+    reference = np.clip(generated + noise * rng.standard_normal(generated.shape), 0.0, 1.0)
+    return Clips(jnp.asarray(generated), jnp.asarray(reference.astype(np.float32)))
+
+
+@st.composite
+def representations(
+    draw: Callable,
+    rows: int | SearchStrategy[int] = st.sampled_from([2, 5, 12]),
+    dim: int | SearchStrategy[int] = st.sampled_from([1, 4]),
+    num_classes: int = 3,
+) -> Representations:
+    """`Representations` whose features cluster by label (so probes can learn)."""
+    n = draw(_rows_strategy(rows))
+    d = draw(_rows_strategy(dim))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    labels = rng.integers(0, num_classes, size=n).astype(np.int32)
+    centres = rng.standard_normal((num_classes, d)) * 3.0
+    features = centres[labels] + rng.standard_normal((n, d))
+    return Representations(jnp.asarray(features.astype(np.float32)), jnp.asarray(labels))
+
+
+@st.composite
+def token_rows(
+    draw: Callable,
+    rows: int | SearchStrategy[int] = st.integers(1, 4),
+    length: int | SearchStrategy[int] = st.integers(1, 12),
+    vocab_size: int = 16,
+) -> TokenRows:
+    """`TokenRows` of int32 IDs in `[0, vocab_size)`."""
+    n = draw(_rows_strategy(rows))
+    m = draw(_rows_strategy(length))
+    tokens = draw(hnp.arrays(np.int32, (n, m), elements=st.integers(0, vocab_size - 1)))
+    return TokenRows(jnp.asarray(tokens))
+
+
+def _tolerances(value: Any) -> tuple[float, float]:
+    dtype = np.asarray(value).dtype
+    if dtype == np.float64:
+        return 1e-10, 1e-12
+    return 2e-5, 1e-6
+
+
+def assert_scores_close(
+    actual: Any,
+    expected: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    what: str = "value",
+) -> None:
+    """Assert two metric values agree within their dtype's tolerance; NaN equals NaN
+    and an infinity equals only the same infinity."""
+    default_rtol, default_atol = _tolerances(expected)
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float64),
+        np.asarray(expected, np.float64),
+        rtol=default_rtol if rtol is None else rtol,
+        atol=default_atol if atol is None else atol,
+        equal_nan=True,
+        err_msg=what,
+    )
+
+
+def check_metric_laws(
+    metric: Metric,
+    strategy: SearchStrategy[Artifact],
+    *,
+    split_invariant: bool = True,
+    max_examples: int = 25,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """Assert the monoid laws of `metric` over artifacts drawn from `strategy`.
+
+    **Arguments:**
+
+    - `metric`: the metric under test.
+    - `strategy`: a hypothesis strategy of the artifacts it reads (see this module).
+    - `split_invariant`: also check batch-split invariance. Metrics whose value
+      depends on how rows are batched (the batch probes) pass `False`.
+    - `max_examples`: how many examples hypothesis tries.
+    - `rtol`, `atol`: tolerances; by default those of the values' dtype.
+
+    **Raises:** `AssertionError` (with hypothesis's minimal failing example).
+    """
+
+    def close(actual, expected, what):
+        assert_scores_close(actual, expected, rtol=rtol, atol=atol, what=what)
+
+    statistics = eqx.filter_jit(metric.__call__) if not metric.host else metric.__call__
+    merge = eqx.filter_jit(metric.merge) if not metric.host else metric.merge
+    checked_eager = []
+
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        database=None,
+    )
+    @given(data=st.data())
+    def laws(data):
+        a, b, c = (data.draw(strategy, label=label) for label in ("a", "b", "c"))
+        stats_a, stats_b, stats_c = statistics(a), statistics(b), statistics(c)
+        expected = metric.finalize(stats_a)
+
+        if not metric.host and not checked_eager:
+            eager = metric.finalize(metric.merge(metric.init(), metric(a)))
+            close(eager, expected, "jit agrees with eager")
+            checked_eager.append(True)
+
+        close(metric.finalize(merge(metric.init(), stats_a)), expected, "init() is a left unit")
+        close(metric.finalize(merge(stats_a, metric.init())), expected, "init() is a right unit")
+
+        left = merge(merge(stats_a, stats_b), stats_c)
+        right = merge(stats_a, merge(stats_b, stats_c))
+        close(metric.finalize(left), metric.finalize(right), "merge is associative")
+
+        if split_invariant:
+            rows = a.num_rows
+            cuts = sorted(data.draw(st.lists(st.integers(0, rows), max_size=3), label="cuts"))
+            bounds = [0, *cuts, rows]
+            parts = [a.rows(start, stop) for start, stop in itertools.pairwise(bounds)]
+            parts = [part for part in parts if part.num_rows > 0]
+            merged = metric.init()
+            for part in parts:
+                merged = merge(merged, statistics(part))
+            close(metric.finalize(merged), expected, "batch-split invariance")
+            whole = concatenate_rows(parts)
+            close(metric.finalize(statistics(whole)), expected, "concatenated parts")
+
+    laws()
