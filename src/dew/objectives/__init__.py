@@ -1,0 +1,8 @@
+"""Objectives: Equinox modules that define how a model is trained, scored and previewed.
+
+One module per objective family: `dew.objectives.lm`, `masked_diffusion`, `dpo`, `grpo`.
+"""
+
+from dew.objectives.base import Objective as Objective
+
+__all__ = ["Objective"]

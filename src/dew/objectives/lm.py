@@ -1,0 +1,141 @@
+"""Next-token language modelling with teacher forcing."""
+
+import numbers
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+
+from dew.artifacts import TokenRows, TokenScores
+from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.base import (
+    Batch,
+    Objective,
+    check_token_batch,
+    combine,
+    token_log_probs,
+    trainable,
+)
+from dew.objectives.sampling import Samples, sample_continuations
+
+__all__ = ["LMObjective", "Samples"]
+
+
+class LMObjective(Objective):
+    """Teacher-forced next-token prediction over rows of `seq_len + 1` token IDs.
+
+    The model reads the first `seq_len` IDs of a row and predicts the last
+    `seq_len`. The batch holds the rows under `"text"` (integer IDs in
+    `[0, vocab_size)`), and optionally per-ID `"weights"` of the same shape; a
+    target is ignored where its weight is zero or where it equals `pad_id`.
+    `evaluate` returns teacher-forced `TokenScores`; `preview` samples
+    continuations of prompt rows (`TokenRows`) as `samples` configures.
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
+    ...                           mlp_features=32, max_seq_len=16)
+    >>> objective = LMObjective(model, seq_len=8)
+    >>> batch = {"text": jnp.tile(jnp.arange(9, dtype=jnp.int32) % 4, (2, 1))}
+    >>> loss, aux = objective.loss(objective.init_params(), batch, jax.random.key(0))
+    >>> bool(jnp.isclose(loss, jnp.log(4.0), atol=0.3))
+    True
+
+    ```
+    """
+
+    model: CausalTransformer
+    seq_len: int = eqx.field(static=True)
+    samples: Samples = eqx.field(static=True, default=Samples())
+    pad_id: int | None = eqx.field(static=True, default=None)
+    name: str = eqx.field(static=True, default="lm")
+
+    def __check_init__(self) -> None:
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, numbers.Integral):
+            raise ValueError(f"LMObjective.seq_len must be an integer, got {self.seq_len!r}.")
+        if not 1 <= self.seq_len <= self.model.max_seq_len:
+            raise ValueError(
+                f"LMObjective.seq_len must be between 1 and the model's max_seq_len "
+                f"({self.model.max_seq_len}), got {self.seq_len}."
+            )
+        prompt_len = self.prompt_len
+        if prompt_len + self.samples.max_new_tokens > self.model.max_seq_len:
+            raise ValueError(
+                f"LMObjective previews need prompt_len + max_new_tokens <= max_seq_len, got "
+                f"{prompt_len} + {self.samples.max_new_tokens} > {self.model.max_seq_len}."
+            )
+        if self.pad_id is not None and not 0 <= self.pad_id < self.model.vocab_size:
+            raise ValueError(
+                f"LMObjective.pad_id must be a token ID in [0, {self.model.vocab_size}), "
+                f"got {self.pad_id}."
+            )
+
+    @property
+    def prompt_len(self) -> int:
+        """How many leading IDs of a row a preview uses as its prompt."""
+        if self.samples.prompt_len is None:
+            return max(1, self.seq_len // 2)
+        return min(self.samples.prompt_len, self.seq_len + 1)
+
+    def init_params(self) -> PyTree:
+        return trainable(self.model)
+
+    def _tokens(self, batch: Batch) -> jax.Array:
+        if "text" not in batch:
+            raise KeyError(
+                f"LMObjective needs the token rows under batch['text'], got {sorted(batch)}."
+            )
+        tokens = check_token_batch(
+            "LMObjective",
+            "text",
+            batch["text"],
+            vocab_size=self.model.vocab_size,
+            min_length=self.seq_len + 1,
+        )
+        return tokens[:, : self.seq_len + 1]
+
+    def scores(self, params: PyTree, batch: Batch) -> TokenScores:
+        """Per-position losses, target weights and argmax correctness of one batch."""
+        tokens = self._tokens(batch)
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        logits = jax.vmap(combine(params, self.model))(inputs)
+        losses = -token_log_probs(logits, targets)
+        if "weights" in batch:
+            weights = jnp.asarray(batch["weights"], jnp.float32)[:, 1 : self.seq_len + 1]
+        else:
+            weights = jnp.ones(targets.shape, jnp.float32)
+        if self.pad_id is not None:
+            weights = jnp.where(targets == self.pad_id, jnp.zeros_like(weights), weights)
+        correct = jnp.argmax(logits, axis=-1) == targets
+        return TokenScores(losses, weights, correct)
+
+    def loss(
+        self, params: PyTree, batch: Batch, key: PRNGKeyArray
+    ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+        scores = self.scores(params, batch)
+        total = jnp.sum(scores.weights)
+        safe = jnp.maximum(total, jnp.ones_like(total))
+        loss = jnp.sum(jnp.where(scores.weights != 0, scores.losses * scores.weights, 0.0)) / safe
+        accuracy = jnp.sum(jnp.where(scores.correct, scores.weights, 0.0)) / safe
+        return loss, {"token_accuracy": accuracy}
+
+    def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenScores:
+        return self.scores(params, batch)
+
+    def preview(
+        self, params: PyTree, batch: Batch, key: PRNGKeyArray, scored: object = None
+    ) -> TokenRows:
+        """Continue the first `samples.num_samples` rows' prompts by sampling."""
+        tokens = self._tokens(batch)
+        prompts = tokens[: self.samples.num_samples, : self.prompt_len]
+        rows = sample_continuations(
+            combine(params, self.model),
+            prompts,
+            key,
+            max_new_tokens=self.samples.max_new_tokens,
+            temperature=self.samples.temperature,
+            top_k=self.samples.top_k,
+        )
+        generated = jnp.arange(rows.shape[1]) >= self.prompt_len
+        return TokenRows(rows, jnp.broadcast_to(generated, rows.shape))

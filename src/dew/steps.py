@@ -1,0 +1,175 @@
+"""Pure training and evaluation steps over an immutable `TrainState`.
+
+```python
+>>> import jax, jax.numpy as jnp, optax
+>>> from dew.nn.backbones.causal_transformer import CausalTransformer
+>>> from dew.objectives.lm import LMObjective
+>>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
+...                           mlp_features=32, max_seq_len=16)
+>>> objective, optimizer = LMObjective(model, seq_len=8), optax.adam(1e-2)
+>>> state = TrainState.create(objective, optimizer, key=jax.random.key(0))
+>>> step = jax.jit(lambda s, b, k: train_step(objective, optimizer, s, b, k), donate_argnums=0)
+>>> batch = {"text": jnp.tile(jnp.arange(9, dtype=jnp.int32) % 4, (8, 1))}
+>>> state, metrics = step(state, batch, jax.random.key(1))
+>>> int(state.step), sorted(metrics)
+(1, ['loss', 'token_accuracy'])
+
+```
+"""
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
+
+from dew.artifacts import Artifact
+from dew.objectives.base import Objective
+
+__all__ = ["MetricHistory", "TrainState", "ema_update", "eval_step", "train_step"]
+
+
+class MetricHistory(Mapping[str, tuple[tuple[int, float], ...]]):
+    """An immutable record of metric values keyed by metric tag: `tag -> ((step, value), ...)`.
+
+    Keys are the tags a tracker receives (`stage/split/metric`). `with_values`
+    returns a new history; equality and hashing are by identity, so a history
+    kept as a static field never costs more than a pointer comparison.
+    """
+
+    __slots__ = ("_series",)
+
+    def __init__(self, series: Mapping[str, tuple[tuple[int, float], ...]] | None = None):
+        self._series = dict(series or {})
+
+    def __getitem__(self, tag: str) -> tuple[tuple[int, float], ...]:
+        return self._series[tag]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._series)
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"MetricHistory({self._series!r})"
+
+    def with_values(self, values: Mapping[str, float], step: int) -> "MetricHistory":
+        """A new history with `values` (tag to value) appended at `step`."""
+        series = dict(self._series)
+        for tag, value in values.items():
+            series[tag] = (*series.get(tag, ()), (int(step), value))
+        return MetricHistory(series)
+
+
+EMPTY_HISTORY = MetricHistory()
+
+
+class TrainState(eqx.Module):
+    """The whole state of a training run, as an immutable pytree.
+
+    - `step`: the number of optimizer steps taken (an int32 array, so a new step
+      never recompiles).
+    - `params`: the objective's trainable arrays.
+    - `opt_state`: the optimizer's state.
+    - `key`: the run key; per-step keys derive from it.
+    - `ema_params`: an exponential moving average of `params`, or `None`.
+    - `metric_history`: the values reported so far, keyed by metric tag (static).
+    """
+
+    step: Int[Array, ""]
+    params: PyTree
+    opt_state: PyTree
+    key: PRNGKeyArray
+    ema_params: PyTree | None = None
+    metric_history: MetricHistory = eqx.field(static=True, default=EMPTY_HISTORY)
+
+    @classmethod
+    def create(
+        cls,
+        objective: Objective,
+        optimizer: optax.GradientTransformation,
+        *,
+        key: PRNGKeyArray,
+        ema: bool = False,
+    ) -> "TrainState":
+        """The state before the first step: the objective's initial trainable arrays."""
+        params = objective.init_params()
+        return cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=optimizer.init(params),
+            key=key,
+            ema_params=params if ema else None,
+        )
+
+
+def ema_update(ema_params: PyTree, params: PyTree, decay: float | Float[Array, ""]) -> PyTree:
+    """`decay * ema + (1 - decay) * params`, leaf by leaf (non-array leaves kept)."""
+
+    def update(average: Any, value: Any) -> Any:
+        if not eqx.is_inexact_array(value):
+            return average
+        return (decay * average + (1.0 - decay) * value).astype(value.dtype)
+
+    return jax.tree.map(update, ema_params, params)
+
+
+def train_step(
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    state: TrainState,
+    batch: Mapping[str, Any],
+    key: PRNGKeyArray,
+    *,
+    ema_decay: float | None = None,
+) -> tuple[TrainState, dict[str, Float[Array, ""]]]:
+    """One optimizer step on `batch`: returns the next state and `{"loss": ..., **aux}`.
+
+    Pure: jit it with `donate_argnums` on the state to update buffers in place.
+    With `ema_decay`, `state.ema_params` is updated as well.
+    """
+    (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(state.params, batch, key)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    ema_params = state.ema_params
+    if ema_decay is not None:
+        if ema_params is None:
+            raise ValueError(
+                "train_step got ema_decay but the state has no ema_params; "
+                "create it with TrainState.create(..., ema=True)."
+            )
+        ema_params = ema_update(ema_params, params, ema_decay)
+    next_state = TrainState(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+        key=state.key,
+        ema_params=ema_params,
+        metric_history=state.metric_history,
+    )
+    return next_state, {"loss": loss, **aux}
+
+
+def eval_step(
+    objective: Objective,
+    state: TrainState,
+    batch: Mapping[str, Any],
+    key: PRNGKeyArray,
+    *,
+    use_ema: bool = False,
+) -> Artifact:
+    """The objective's scoring artifact for `batch`, from the live or the EMA params."""
+    if use_ema and state.ema_params is None:
+        raise ValueError("eval_step(use_ema=True) needs a state with ema_params.")
+    params = state.ema_params if use_ema else state.params
+    return objective.evaluate(params, batch, key)
