@@ -139,8 +139,11 @@ def train_step(
     With `ema_decay`, `state.ema_params` is updated as well.
     """
     (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(state.params, batch, key)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    # optax's transforms mix Python floats with int32 step counts (Adam's bias
+    # correction), which a caller's strict dtype promotion would refuse.
+    with jax.numpy_dtype_promotion("standard"):
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
     ema_params = state.ema_params
     if ema_decay is not None:
         if ema_params is None:
