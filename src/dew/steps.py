@@ -102,15 +102,23 @@ class TrainState(eqx.Module):
         key: PRNGKeyArray,
         ema: bool = False,
     ) -> "TrainState":
-        """The state before the first step: the objective's initial trainable arrays."""
-        params = objective.init_params()
+        """The state before the first step: copies of the objective's initial trainable
+        arrays (so donating the state to a jitted step never invalidates the objective's
+        own arrays, the caller's key, or the EMA's separate buffers)."""
+        params = _copy(objective.init_params())
         return cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
             opt_state=optimizer.init(params),
-            key=key,
-            ema_params=params if ema else None,
+            key=_copy(key),
+            ema_params=_copy(params) if ema else None,
         )
+
+
+def _copy(tree: PyTree) -> PyTree:
+    return jax.tree.map(
+        lambda leaf: jnp.array(leaf, copy=True) if eqx.is_array(leaf) else leaf, tree
+    )
 
 
 def ema_update(ema_params: PyTree, params: PyTree, decay: float | Float[Array, ""]) -> PyTree:

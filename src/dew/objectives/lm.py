@@ -59,17 +59,23 @@ class LMObjective(Objective):
                 f"LMObjective.seq_len must be between 1 and the model's max_seq_len "
                 f"({self.model.max_seq_len}), got {self.seq_len}."
             )
-        prompt_len = self.prompt_len
-        if prompt_len + self.samples.max_new_tokens > self.model.max_seq_len:
+        if self.prompt_len >= self.model.max_seq_len:
             raise ValueError(
-                f"LMObjective previews need prompt_len + max_new_tokens <= max_seq_len, got "
-                f"{prompt_len} + {self.samples.max_new_tokens} > {self.model.max_seq_len}."
+                f"LMObjective previews need prompt_len < max_seq_len to leave room for a "
+                f"continuation, got prompt_len {self.prompt_len} and max_seq_len "
+                f"{self.model.max_seq_len}."
             )
         if self.pad_id is not None and not 0 <= self.pad_id < self.model.vocab_size:
             raise ValueError(
                 f"LMObjective.pad_id must be a token ID in [0, {self.model.vocab_size}), "
                 f"got {self.pad_id}."
             )
+
+    @property
+    def new_tokens(self) -> int:
+        """How many tokens a preview generates: `samples.max_new_tokens`, capped so the
+        prompt and its continuation fit the model's `max_seq_len`."""
+        return min(self.samples.max_new_tokens, self.model.max_seq_len - self.prompt_len)
 
     @property
     def prompt_len(self) -> int:
@@ -133,7 +139,7 @@ class LMObjective(Objective):
             combine(params, self.model),
             prompts,
             key,
-            max_new_tokens=self.samples.max_new_tokens,
+            max_new_tokens=self.new_tokens,
             temperature=self.samples.temperature,
             top_k=self.samples.top_k,
         )

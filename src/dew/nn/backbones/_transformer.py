@@ -86,13 +86,16 @@ class _Block(eqx.Module):
         head = emb // self.num_heads
         h = jax.vmap(self.norm_attention)(x)
         qkv = jax.vmap(self.qkv)(h).reshape(seq, 3, self.num_heads, head)
-        attended = jax.nn.dot_product_attention(
-            qkv[:, 0],
-            qkv[:, 1],
-            qkv[:, 2],
-            is_causal=causal,
-            implementation=implementation,
-        )
+        # jax.nn.dot_product_attention mixes bfloat16 inputs with float32 internals,
+        # which a caller's strict dtype promotion would refuse.
+        with jax.numpy_dtype_promotion("standard"):
+            attended = jax.nn.dot_product_attention(
+                qkv[:, 0],
+                qkv[:, 1],
+                qkv[:, 2],
+                is_causal=causal,
+                implementation=implementation,
+            )
         x = x + jax.vmap(self.out)(attended.reshape(seq, emb))
         h = jax.vmap(self.norm_mlp)(x)
         return x + jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(h)))

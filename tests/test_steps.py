@@ -1,0 +1,131 @@
+"""dew.steps: train_step against a hand-written optax step, EMA, donation, history."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.lm import LMObjective
+from dew.steps import MetricHistory, TrainState, ema_update, eval_step, train_step
+
+
+@pytest.fixture(scope="module")
+def objective():
+    model = CausalTransformer(
+        vocab_size=4, emb_features=8, num_layers=1, num_heads=2, mlp_features=16, max_seq_len=8
+    )
+    return LMObjective(model, seq_len=4)
+
+
+BATCH = {"text": jnp.asarray(np.arange(20, dtype=np.int32).reshape(4, 5) % 4)}
+
+
+def test_train_step_equals_a_hand_written_optax_step(objective):
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9))
+    state = TrainState.create(objective, optimizer, key=jax.random.key(0))
+    key = jax.random.key(7)
+    next_state, out = jax.jit(lambda s: train_step(objective, optimizer, s, BATCH, key))(state)
+
+    @jax.jit
+    def hand_written(params, opt_state):
+        (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(params, BATCH, key)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), loss, aux
+
+    params = objective.init_params()
+    expected, loss, aux = hand_written(params, optimizer.init(params))
+    for got, want in zip(
+        jax.tree.leaves(next_state.params), jax.tree.leaves(expected), strict=True
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(out["loss"], loss, rtol=1e-6)
+    np.testing.assert_allclose(out["token_accuracy"], aux["token_accuracy"])
+    assert int(next_state.step) == 1
+    assert next_state.key is state.key or np.array_equal(
+        jax.random.key_data(next_state.key), jax.random.key_data(state.key)
+    )
+
+
+def test_jitted_step_with_donation_does_not_recompile(objective):
+    optimizer = optax.sgd(0.1)
+    traces = []
+
+    def step(state, batch, key):
+        traces.append(1)
+        return train_step(objective, optimizer, state, batch, key)
+
+    compiled = jax.jit(step, donate_argnums=0)
+    state = TrainState.create(objective, optimizer, key=jax.random.key(0))
+    for i in range(4):
+        state, _ = compiled(state, BATCH, jax.random.key(i))
+    assert int(state.step) == 4
+    assert len(traces) == 1
+
+
+def test_ema_update_is_the_exponential_moving_average():
+    ema = {"w": jnp.array([1.0, 2.0]), "n": None}
+    params = {"w": jnp.array([3.0, -2.0]), "n": None}
+    np.testing.assert_allclose(ema_update(ema, params, 0.9)["w"], [1.2, 1.6], rtol=1e-6)
+
+
+def test_train_step_updates_the_ema_when_asked(objective):
+    optimizer = optax.sgd(0.5)
+    state = TrainState.create(objective, optimizer, key=jax.random.key(0), ema=True)
+    next_state, _ = train_step(
+        objective, optimizer, state, BATCH, jax.random.key(1), ema_decay=0.75
+    )
+    for ema, old, new in zip(
+        jax.tree.leaves(next_state.ema_params),
+        jax.tree.leaves(state.params),
+        jax.tree.leaves(next_state.params),
+        strict=True,
+    ):
+        np.testing.assert_allclose(ema, 0.75 * old + 0.25 * new, rtol=1e-6, atol=1e-7)
+    scores_live = eval_step(objective, next_state, BATCH, jax.random.key(0))
+    scores_ema = eval_step(objective, next_state, BATCH, jax.random.key(0), use_ema=True)
+    assert not np.allclose(scores_live.losses, scores_ema.losses)
+
+
+def test_ema_decay_without_ema_params_raises(objective):
+    optimizer = optax.sgd(0.5)
+    state = TrainState.create(objective, optimizer, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="the state has no ema_params"):
+        train_step(objective, optimizer, state, BATCH, jax.random.key(1), ema_decay=0.9)
+    with pytest.raises(ValueError, match="needs a state with ema_params"):
+        eval_step(objective, state, BATCH, jax.random.key(0), use_ema=True)
+
+
+def test_donating_the_state_leaves_the_objective_and_the_key_usable(objective):
+    optimizer = optax.sgd(0.1)
+    key = jax.random.key(0)
+    state = TrainState.create(objective, optimizer, key=key, ema=True)
+    step = jax.jit(
+        lambda s, b, k: train_step(objective, optimizer, s, b, k, ema_decay=0.9), donate_argnums=0
+    )
+    state, _ = step(state, BATCH, jax.random.key(1))
+    objective.loss(objective.init_params(), BATCH, key)  # neither was donated
+    assert int(state.step) == 1
+
+
+def test_optimizer_updates_only_the_trainable_arrays(objective):
+    params = objective.init_params()
+    leaves = jax.tree.leaves(params)
+    assert leaves
+    assert all(eqx.is_inexact_array(leaf) for leaf in leaves)
+
+
+def test_metric_history_is_immutable_and_keyed_by_tag():
+    empty = MetricHistory()
+    one = empty.with_values({"lm/train/loss": 2.0}, step=5)
+    two = one.with_values({"lm/train/loss": 1.0, "lm/validation/perplexity": 3.0}, step=10)
+    assert dict(empty) == {}
+    assert dict(one) == {"lm/train/loss": ((5, 2.0),)}
+    assert dict(two) == {
+        "lm/train/loss": ((5, 2.0), (10, 1.0)),
+        "lm/validation/perplexity": ((10, 3.0),),
+    }
+    assert list(two) == ["lm/train/loss", "lm/validation/perplexity"]
+    assert one != MetricHistory(dict(one))  # identity semantics: cheap as a static field
