@@ -7,5 +7,17 @@ import their extra only when constructed.
 from dew.tracking._memory import InMemoryTracker as InMemoryTracker
 from dew.tracking._protocol import AbstractTracker as AbstractTracker
 from dew.tracking._protocol import Tracker as Tracker
+from dew.tracking._render import preview_files as preview_files
+from dew.tracking.local import Journal as Journal
+from dew.tracking.local import LocalTracker as LocalTracker
+from dew.tracking.local import read_journal as read_journal
 
-__all__ = ["AbstractTracker", "InMemoryTracker", "Tracker"]
+__all__ = [
+    "AbstractTracker",
+    "InMemoryTracker",
+    "Journal",
+    "LocalTracker",
+    "Tracker",
+    "preview_files",
+    "read_journal",
+]

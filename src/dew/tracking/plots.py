@@ -1,0 +1,94 @@
+"""Plots of a local journal: one PNG per bare metric (extra `plots`, matplotlib).
+
+Figures are drawn on matplotlib's Agg canvas directly, never through pyplot, so
+no display opens and the caller's matplotlib backend is left alone.
+"""
+
+import math
+import os
+import pathlib
+import re
+
+import numpy as np
+
+from dew.naming import parse_metric_tag
+
+__all__ = ["plot_journal"]
+
+
+def _matplotlib():
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError(
+            "plots need matplotlib: install dew-ml[plots] (pip install 'dew-ml[plots]')."
+        ) from error
+    return Figure, FigureCanvasAgg
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def plot_journal(path: str | os.PathLike[str]) -> list[pathlib.Path]:
+    """Render `plots/<metric>.png` for every bare metric in a LocalTracker folder.
+
+    Each `(stage, split)` that reported the metric is its own series. Non-finite
+    values are left out of the line segments (the line breaks there) and marked
+    with a labelled marker at the edge of the plot; their exact values stay in
+    the journal. Returns the files written.
+    """
+    from dew.tracking.local import read_journal
+
+    figure_class, canvas_class = _matplotlib()
+    path = pathlib.Path(path)
+    journal = read_journal(path)
+    by_metric: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for tag, series in journal.scalars.items():
+        parsed = parse_metric_tag(tag)
+        label = f"{parsed.stage}/{parsed.split.value}"
+        by_metric.setdefault(parsed.metric, {})[label] = series
+    out = path / "plots"
+    out.mkdir(exist_ok=True)
+    written = []
+    for metric, series_by_label in sorted(by_metric.items()):
+        figure = figure_class(figsize=(6.4, 4.0), dpi=100)
+        canvas_class(figure)
+        axes = figure.add_subplot()
+        non_finite = []
+        for label, series in sorted(series_by_label.items()):
+            steps = np.array([step for step, _ in series], np.float64)
+            values = np.array([value for _, value in series], np.float64)
+            finite = np.isfinite(values)
+            line = axes.plot(steps, np.where(finite, values, np.nan), marker=".", label=label)[0]
+            non_finite.extend(
+                (step, value, line.get_color())
+                for step, value in zip(steps[~finite], values[~finite], strict=True)
+            )
+        if non_finite:
+            low, high = axes.get_ylim()
+            for step, value, colour in non_finite:
+                if math.isnan(value):
+                    y, text, marker = low, "NaN", "x"
+                else:
+                    y, text, marker = (high, "+Inf", "^") if value > 0 else (low, "-Inf", "v")
+                axes.scatter([step], [y], marker=marker, color=colour, zorder=3, clip_on=False)
+                axes.annotate(
+                    text,
+                    (step, y),
+                    textcoords="offset points",
+                    xytext=(3, 3),
+                    fontsize=7,
+                    color=colour,
+                )
+        axes.set_title(metric)
+        axes.set_xlabel("step")
+        axes.set_ylabel(metric)
+        axes.grid(alpha=0.3)
+        axes.legend()
+        figure.tight_layout()
+        target = out / f"{_safe(metric)}.png"
+        figure.savefig(target)
+        written.append(target)
+    return written
