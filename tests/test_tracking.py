@@ -1,8 +1,9 @@
 """dew.tracking: the protocol, the context-manager base and InMemoryTracker."""
 
 import pytest
+from _checks import rejects
 
-from dew.tracking import AbstractTracker, InMemoryTracker, Tracker
+from dew.tracking import AbstractTracker, InMemoryTracker, Tracker, Trackers
 
 
 class FailingClose(AbstractTracker):
@@ -81,3 +82,38 @@ def test_the_base_is_abstract():
 
     with pytest.raises(TypeError, match="abstract"):
         Partial()
+
+
+class Exploding(InMemoryTracker):
+    def __init__(self, message):
+        super().__init__()
+        self.message = message
+
+    def log_metrics(self, values, *, step):
+        raise OSError(self.message)
+
+    def close(self):
+        super().close()
+        raise OSError(f"close: {self.message}")
+
+
+def test_trackers_reach_every_tracker_even_when_one_fails():
+    first, broken, last = InMemoryTracker(), Exploding("disk full"), InMemoryTracker()
+    broken_too = Exploding("network down")
+    tracker = Trackers(first, broken, last, broken_too)
+    with pytest.raises(OSError, match="disk full") as caught:
+        tracker.log_metrics({"lm/train/loss": 1.0}, step=0)
+    assert first.scalars == last.scalars == {"lm/train/loss": [(0, 1.0)]}
+    assert any("network down" in note for note in caught.value.__notes__)
+    tracker.log_params({"seed": 1})
+    tracker.log_artifact("notes", "x", step=2)
+    assert first.params == last.params == broken.params == {"seed": 1}
+    assert last.artifacts == {"notes": [(2, "x")]}
+    with pytest.raises(OSError, match="close: disk full"):
+        tracker.close()
+    assert first.closed and broken.closed and last.closed and broken_too.closed
+
+
+def test_trackers_refuse_non_trackers():
+    with rejects(TypeError, "Trackers takes trackers", parameter="trackers"):
+        Trackers(InMemoryTracker(), "runs/x")

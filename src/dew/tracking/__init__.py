@@ -4,6 +4,7 @@ Concrete trackers for TensorBoard, MLflow and W&B live in their own modules and
 import their extra only when constructed.
 """
 
+from dew.tracking._fanout import Trackers as Trackers
 from dew.tracking._memory import InMemoryTracker as InMemoryTracker
 from dew.tracking._protocol import AbstractTracker as AbstractTracker
 from dew.tracking._protocol import Tracker as Tracker
@@ -18,6 +19,7 @@ __all__ = [
     "Journal",
     "LocalTracker",
     "Tracker",
+    "Trackers",
     "preview_files",
     "read_journal",
 ]

@@ -1,0 +1,62 @@
+"""Reporting to several trackers at once."""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dew.tracking._protocol import AbstractTracker, Tracker
+
+__all__ = ["Trackers"]
+
+
+class Trackers(AbstractTracker):
+    """Fan every report out to several trackers.
+
+    Every tracker receives each report even if another one fails; after all were
+    called, the first failure is raised (later failures are attached to it as
+    notes). Closing closes every tracker the same way. There is no background
+    queue: a report has reached every tracker when the call returns.
+
+    ```python
+    >>> from dew.tracking import InMemoryTracker
+    >>> first, second = InMemoryTracker(), InMemoryTracker()
+    >>> with Trackers(first, second) as tracker:
+    ...     tracker.log_metrics({"lm/train/loss": 1.0}, step=3)
+    >>> first.scalars == second.scalars == {"lm/train/loss": [(3, 1.0)]}
+    True
+
+    ```
+    """
+
+    def __init__(self, *trackers: Tracker) -> None:
+        for tracker in trackers:
+            if not isinstance(tracker, Tracker):
+                raise TypeError(
+                    f"Trackers takes trackers (log_params, log_metrics, log_artifact, close), "
+                    f"got {tracker!r} of type {type(tracker).__name__}."
+                )
+        self.trackers = trackers
+
+    def _each(self, call: Callable[[Tracker], Any]) -> None:
+        failures: list[Exception] = []
+        for tracker in self.trackers:
+            try:
+                call(tracker)
+            except Exception as failure:
+                failures.append(failure)
+        if failures:
+            first = failures[0]
+            for later in failures[1:]:
+                first.add_note(f"Another tracker also failed: {type(later).__name__}: {later}")
+            raise first
+
+    def log_params(self, values: Mapping[str, Any]) -> None:
+        self._each(lambda tracker: tracker.log_params(values))
+
+    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
+        self._each(lambda tracker: tracker.log_metrics(values, step=step))
+
+    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
+        self._each(lambda tracker: tracker.log_artifact(name, value, step=step))
+
+    def close(self) -> None:
+        self._each(lambda tracker: tracker.close())
