@@ -8,13 +8,31 @@ Importing `dew` imports no optional extra: trackers import theirs when built.
 from importlib import metadata as _metadata
 
 from dew import events as events
+from dew import metrics as metrics
 from dew import naming as naming
 from dew import tracking as tracking
 from dew.tracking import InMemoryTracker as InMemoryTracker
+from dew.tracking import LocalTracker as LocalTracker
+from dew.tracking import MLflowTracker as MLflowTracker
+from dew.tracking import TensorBoardTracker as TensorBoardTracker
+from dew.tracking import Trackers as Trackers
+from dew.tracking import WandbTracker as WandbTracker
 
 try:
     __version__ = _metadata.version("dew-ml")
 except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0"
 
-__all__ = ["InMemoryTracker", "__version__", "events", "naming", "tracking"]
+__all__ = [
+    "InMemoryTracker",
+    "LocalTracker",
+    "MLflowTracker",
+    "TensorBoardTracker",
+    "Trackers",
+    "WandbTracker",
+    "__version__",
+    "events",
+    "metrics",
+    "naming",
+    "tracking",
+]

@@ -17,6 +17,7 @@ what batch-split laws are stated in.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -84,7 +85,37 @@ def concatenate_rows(artifacts: Sequence[_A]) -> _A:
     if len(kinds) != 1:
         names = sorted(kind.__name__ for kind in kinds)
         raise TypeError(f"concatenate_rows needs artifacts of one type, got {names}.")
+    if isinstance(artifacts[0], Images):
+        # Prompts are static per-row metadata: join them as the arrays are joined.
+        with_prompts = {artifact.prompts is not None for artifact in artifacts}
+        if len(with_prompts) != 1:
+            raise ValueError("concatenate_rows needs all Images or none of them to carry prompts.")
+        prompts = (
+            tuple(prompt for artifact in artifacts for prompt in artifact.prompts)
+            if with_prompts == {True}
+            else None
+        )
+        joined = _concatenate_arrays([Images(a.generated, a.reference) for a in artifacts])
+        return Images(joined.generated, joined.reference, prompts)
+    present = [tuple(field for field in _optional_fields(artifact)) for artifact in artifacts]
+    if len(set(present)) != 1:
+        raise ValueError(
+            "concatenate_rows needs the same optional fields in every "
+            f"{type(artifacts[0]).__name__}, got {sorted(set(present))}."
+        )
+    return _concatenate_arrays(artifacts)
+
+
+def _concatenate_arrays(artifacts: Sequence[_A]) -> _A:
     return jax.tree.map(lambda *leaves: jnp.concatenate(leaves, axis=0), *artifacts)
+
+
+def _optional_fields(artifact: Artifact) -> list[str]:
+    return [
+        field.name
+        for field in dataclasses.fields(artifact)
+        if getattr(artifact, field.name) is not None
+    ]
 
 
 class TokenScores(Artifact):
@@ -131,8 +162,8 @@ class Images(Artifact):
                 )
         if self.prompts is not None and len(self.prompts) != _shape(self.generated)[0]:
             raise ValueError(
-                f"Images.prompts must hold one prompt per generated row, got {len(self.prompts)} "
-                f"prompts for {_shape(self.generated)[0]} rows."
+                "Images.prompts must hold one prompt per generated row, got "
+                f"{len(self.prompts)} prompt(s) for {_shape(self.generated)[0]} rows."
             )
 
     def rows(self, start: int, stop: int) -> Images:

@@ -20,6 +20,7 @@ __all__ = [
     "MetricTag",
     "Split",
     "check_metric_name",
+    "check_name",
     "flatten_parameters",
     "metric_tag",
     "parse_metric_tag",
@@ -85,6 +86,22 @@ def check_metric_name(name: str) -> str:
     ```
     """
     return _check_segment("metric", name)
+
+
+def check_name(kind: str, value: str) -> str:
+    """Return `value` if it can be one segment of a tag or a path (non-empty, no `/`,
+    not `.` or `..`), else raise naming `kind`.
+
+    ```python
+    >>> check_name("artifact name", "samples")
+    'samples'
+
+    ```
+    """
+    _check_segment(kind, value)
+    if value in {".", ".."}:
+        raise ValueError(f"{kind} {value!r} may not be '.' or '..'.")
+    return value
 
 
 def metric_tag(stage: str, split: Split | str, metric: str) -> str:

@@ -70,56 +70,58 @@ __all__ = [
 ]
 
 
-def perplexity() -> Perplexity:
+def perplexity(*, name: str = "perplexity") -> Perplexity:
     """Token-weighted perplexity over `TokenScores` (name `perplexity`)."""
-    return Perplexity()
+    return Perplexity(name=name)
 
 
-def mean_loss() -> MeanLoss:
+def mean_loss(*, name: str = "mean_loss") -> MeanLoss:
     """Token-weighted mean loss over `TokenScores` (name `mean_loss`)."""
-    return MeanLoss()
+    return MeanLoss(name=name)
 
 
-def token_accuracy() -> TokenAccuracy:
+def token_accuracy(*, name: str = "token_accuracy") -> TokenAccuracy:
     """Token-weighted argmax accuracy over `TokenScores` (name `token_accuracy`)."""
-    return TokenAccuracy()
+    return TokenAccuracy(name=name)
 
 
-def mse() -> MSE:
+def mse(*, name: str = "mse") -> MSE:
     """Per-image mean squared error against references over `Images` (name `mse`)."""
-    return MSE()
+    return MSE(name=name)
 
 
-def mae() -> MAE:
+def mae(*, name: str = "mae") -> MAE:
     """Per-image mean absolute error against references over `Images` (name `mae`)."""
-    return MAE()
+    return MAE(name=name)
 
 
-def psnr(data_range: float = 1.0) -> PSNR:
+def psnr(data_range: float = 1.0, *, name: str = "psnr") -> PSNR:
     """Per-image PSNR in dB against references over `Images` (name `psnr`)."""
-    return PSNR(data_range=data_range)
+    return PSNR(data_range=data_range, name=name)
 
 
-def ssim(data_range: float = 1.0) -> SSIM:
+def ssim(data_range: float = 1.0, *, name: str = "ssim") -> SSIM:
     """Per-image Gaussian-window SSIM against references over `Images` (name `ssim`)."""
-    return SSIM(data_range=data_range)
+    return SSIM(data_range=data_range, name=name)
 
 
-def video_psnr(data_range: float = 1.0) -> VideoPSNR:
+def video_psnr(data_range: float = 1.0, *, name: str = "psnr") -> VideoPSNR:
     """Per-frame PSNR in dB against reference clips over `Clips` (name `psnr`)."""
-    return VideoPSNR(data_range=data_range)
+    return VideoPSNR(data_range=data_range, name=name)
 
 
-def video_ssim(data_range: float = 1.0) -> VideoSSIM:
+def video_ssim(data_range: float = 1.0, *, name: str = "ssim") -> VideoSSIM:
     """Per-frame SSIM against reference clips over `Clips` (name `ssim`)."""
-    return VideoSSIM(data_range=data_range)
+    return VideoSSIM(data_range=data_range, name=name)
 
 
-def linear_probe(num_classes: int, l2: float = 1e-3) -> LinearProbe:
+def linear_probe(
+    num_classes: int, l2: float = 1e-3, *, name: str = "batch_linear_probe_accuracy"
+) -> LinearProbe:
     """Batch linear-probe accuracy over `Representations` (name `batch_linear_probe_accuracy`)."""
-    return LinearProbe(num_classes=num_classes, l2=l2)
+    return LinearProbe(num_classes=num_classes, l2=l2, name=name)
 
 
-def knn_probe(num_classes: int, k: int = 5) -> KNNProbe:
+def knn_probe(num_classes: int, k: int = 5, *, name: str = "batch_knn_probe_accuracy") -> KNNProbe:
     """Batch k-NN-probe accuracy over `Representations` (name `batch_knn_probe_accuracy`)."""
-    return KNNProbe(num_classes=num_classes, k=k)
+    return KNNProbe(num_classes=num_classes, k=k, name=name)

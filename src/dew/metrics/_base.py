@@ -8,7 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from equinox import AbstractVar
-from jaxtyping import Array, Float, PyTree
+from jaxtyping import Array, Float, PyTree, Real
 
 from dew.artifacts import Artifact
 from dew.metrics._sums import Sum
@@ -104,7 +104,7 @@ class MeanState(eqx.Module):
         return MeanState(Sum.zero(), Sum.zero())
 
     @staticmethod
-    def of(values: Float[Array, "..."], weights: Float[Array, "..."] | None = None) -> "MeanState":
+    def of(values: Real[Array, "..."], weights: Real[Array, "..."] | None = None) -> "MeanState":
         """The statistics of `values`, each weighted once or by `weights`."""
         values = jnp.asarray(values, jnp.float32)
         if weights is None:

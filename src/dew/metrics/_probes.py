@@ -38,12 +38,12 @@ def linear_probe_accuracy(
     with penalty `l2` on the weights (not the bias), and predicts the argmax.
     """
     train_x, train_y, test_x, test_y = _halves(jnp.asarray(features, jnp.float32), labels)
-    mean = jnp.mean(train_x, axis=0)
+    mean = jnp.mean(train_x, axis=0, keepdims=True)
     train_x, test_x = train_x - mean, test_x - mean
     targets = jax.nn.one_hot(train_y, num_classes, dtype=jnp.float32)
     gram = train_x.T @ train_x + l2 * jnp.eye(train_x.shape[1], dtype=jnp.float32)
-    weights = jnp.linalg.solve(gram, train_x.T @ (targets - jnp.mean(targets, axis=0)))
-    bias = jnp.mean(targets, axis=0)
+    bias = jnp.mean(targets, axis=0, keepdims=True)
+    weights = jnp.linalg.solve(gram, train_x.T @ (targets - bias))
     predictions = jnp.argmax(test_x @ weights + bias, axis=-1)
     return jnp.mean((predictions == test_y).astype(jnp.float32))
 

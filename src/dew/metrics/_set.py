@@ -46,6 +46,12 @@ class MetricSet(eqx.Module):
                     f"MetricSet takes Metric instances, got {metric!r} of type "
                     f"{type(metric).__name__}."
                 )
+        kinds = sorted({metric.artifact_type.__name__ for metric in metrics})
+        if len(kinds) > 1:
+            raise ValueError(
+                f"a pass reads one artifact type, but these metrics read {kinds}; reduce each "
+                "artifact type in its own MetricSet."
+            )
         duplicates = sorted(name for name, n in Counter(m.name for m in metrics).items() if n > 1)
         if duplicates:
             raise ValueError(
@@ -109,8 +115,7 @@ class MetricSet(eqx.Module):
             raise ValueError(
                 f"reduce_stacked runs on the device, but {hosts} are host metrics; use reduce."
             )
-        scores = _compiled_scan(self, stacked)
-        return {name: scores[name] for name in self.names}
+        return self.finalize(_compiled_scan(self, stacked))
 
 
 @eqx.filter_jit
@@ -119,12 +124,14 @@ def _compiled_update(metrics: MetricSet, state: tuple[Any, ...], artifact: Artif
 
 
 @eqx.filter_jit
-def _compiled_scan(metrics: MetricSet, stacked: Artifact) -> dict[str, Any]:
+def _compiled_scan(metrics: MetricSet, stacked: Artifact) -> tuple[Any, ...]:
+    # The scan returns the accumulator; finalizing outside it gives reduce and
+    # reduce_stacked the same errors (a plain ValueError for a pass with no target).
     def step(state, artifact):
         return metrics.update(state, artifact), None
 
     state, _ = jax.lax.scan(step, metrics.init(), stacked)
-    return metrics.finalize(state)
+    return state
 
 
 def reduce(metrics: Sequence[Metric], artifacts: Iterable[Artifact]) -> dict[str, Any]:

@@ -9,14 +9,15 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from dew.artifacts import Artifact, TokenScores
-from dew.metrics._base import MeanState, Metric, check_finalizable
+from dew.metrics._base import Metric, check_finalizable
 from dew.metrics._sums import Sum
 
 __all__ = ["MeanLoss", "Perplexity", "TokenAccuracy", "TokenLossState"]
 
 
 class TokenLossState(eqx.Module):
-    """Sums of weighted losses and of target weights, and the positions seen."""
+    """Sums of weighted per-position values (losses, or hits for accuracy), of target
+    weights, and of the positions seen."""
 
     loss: Sum
     weight: Sum
@@ -46,7 +47,7 @@ def _mean_token_loss(state: TokenLossState, name: str) -> Float[Array, ""]:
     return check_finalizable(
         jnp.logical_and(~empty, weight == 0),
         f"metric {name!r}: the pass has token positions but no counted target "
-        "(every target weight is zero), so there is no loss to average.",
+        "(every target weight is zero), so there is nothing to average.",
         mean,
     )
 
@@ -100,29 +101,23 @@ class MeanLoss(_TokenLossMetric):
         return _mean_token_loss(accumulated, self.name)
 
 
-class TokenAccuracy(Metric[TokenScores]):
+class TokenAccuracy(_TokenLossMetric):
     """Token-weighted accuracy of the argmax prediction, from `TokenScores.correct`.
 
-    Reading scores without `correct` raises `ValueError`. An empty pass (or one
-    with no counted target) finalizes to NaN.
+    Reading scores without `correct` raises `ValueError`. Like perplexity, an empty
+    pass finalizes to NaN and a non-empty pass with no counted target raises.
     """
 
-    artifact_type: ClassVar[type[Artifact]] = TokenScores
     name: str = eqx.field(static=True, default="token_accuracy")
 
-    def init(self) -> MeanState:
-        return MeanState.zero()
-
-    def statistics(self, artifact: TokenScores) -> MeanState:
+    def statistics(self, artifact: TokenScores) -> TokenLossState:
         if artifact.correct is None:
             raise ValueError(
                 f"metric {self.name!r} needs TokenScores.correct; this objective's scores "
                 "carry no per-position correctness."
             )
-        return MeanState.of(jnp.asarray(artifact.correct, jnp.float32), artifact.weights)
+        hits = jnp.where(artifact.correct, jnp.ones_like(artifact.losses), 0.0)
+        return _token_loss_state(TokenScores(hits, artifact.weights))
 
-    def merge(self, accumulated: MeanState, contribution: MeanState) -> MeanState:
-        return accumulated.merge(contribution)
-
-    def finalize(self, accumulated: MeanState) -> Float[Array, ""]:
-        return accumulated.mean()
+    def finalize(self, accumulated: TokenLossState) -> Float[Array, ""]:
+        return _mean_token_loss(accumulated, self.name)

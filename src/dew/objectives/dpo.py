@@ -126,7 +126,10 @@ class DPOObjective(Objective):
         return min(self.policy.max_seq_len, self.reference.max_seq_len)
 
     def init_params(self) -> PyTree:
-        return trainable(self.policy)
+        """Copies of the policy's trainable arrays: donating a train state built from
+        them never deletes the arrays this objective holds (the reference is often the
+        very model the policy starts from)."""
+        return jax.tree.map(jnp.copy, trainable(self.policy))
 
     def _side(self, batch: Batch, side: str) -> tuple[Array, Array]:
         """One side's checked token IDs and prompt mask."""

@@ -164,7 +164,9 @@ class GRPOObjective(Objective):
     (`max_new_tokens`, `temperature`) and returns them as `TokenRows` (prompt then
     completion, the mask true on the completion), for a custom metric to score with
     the reward. `preview` does the same for the first `samples.num_samples` prompts
-    with the `samples` settings, always from the live params, never the reference.
+    with the `samples` settings, always from the live params, never the reference;
+    it generates `samples.max_new_tokens` tokens, or fewer where the prompt leaves
+    less room within `max_seq_len`.
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -223,15 +225,11 @@ class GRPOObjective(Objective):
                 f"{self.reference.vocab_size} for the reference and {self.policy.vocab_size} "
                 "for the policy."
             )
-        for field, new in (
-            ("max_new_tokens", self.max_new_tokens),
-            ("samples.max_new_tokens", self.samples.max_new_tokens),
-        ):
-            if new + 1 > self.max_seq_len:
-                raise ValueError(
-                    f"GRPOObjective.{field} ({new}) leaves no room for a prompt within "
-                    f"max_seq_len {self.max_seq_len}."
-                )
+        if self.max_new_tokens + 1 > self.max_seq_len:
+            raise ValueError(
+                f"GRPOObjective.max_new_tokens ({self.max_new_tokens}) leaves no room for a "
+                f"prompt within max_seq_len {self.max_seq_len}."
+            )
         if self.samples.prompt_len is not None:
             raise ValueError(
                 "GRPOObjective previews continue whole batch['prompts'] rows, so "
@@ -244,7 +242,10 @@ class GRPOObjective(Objective):
         return min(self.policy.max_seq_len, self.reference.max_seq_len)
 
     def init_params(self) -> PyTree:
-        return trainable(self.policy)
+        """Copies of the policy's trainable arrays: donating a train state built from
+        them never deletes the arrays this objective holds (the reference is often the
+        very model the policy starts from)."""
+        return jax.tree.map(jnp.copy, trainable(self.policy))
 
     def _prompts(self, batch: Batch, new_tokens: int, setting: str) -> Array:
         if "prompts" not in batch:
@@ -458,12 +459,12 @@ class GRPOObjective(Objective):
         self, params: PyTree, batch: Batch, key: PRNGKeyArray, scored: object = None
     ) -> TokenRows:
         """Continue the first `samples.num_samples` prompts with the live policy."""
-        prompts = self._prompts(batch, self.samples.max_new_tokens, "samples.max_new_tokens")
+        prompts = self._prompts(batch, self.max_new_tokens, "max_new_tokens")
         return self._continue(
             params,
             prompts[: self.samples.num_samples],
             key,
-            max_new_tokens=self.samples.max_new_tokens,
+            max_new_tokens=min(self.samples.max_new_tokens, self.max_seq_len - prompts.shape[1]),
             temperature=self.samples.temperature,
             top_k=self.samples.top_k,
         )

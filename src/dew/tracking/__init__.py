@@ -12,14 +12,20 @@ from dew.tracking._render import preview_files as preview_files
 from dew.tracking.local import Journal as Journal
 from dew.tracking.local import LocalTracker as LocalTracker
 from dew.tracking.local import read_journal as read_journal
+from dew.tracking.mlflow import MLflowTracker as MLflowTracker
+from dew.tracking.tensorboard import TensorBoardTracker as TensorBoardTracker
+from dew.tracking.wandb import WandbTracker as WandbTracker
 
 __all__ = [
     "AbstractTracker",
     "InMemoryTracker",
     "Journal",
     "LocalTracker",
+    "MLflowTracker",
+    "TensorBoardTracker",
     "Tracker",
     "Trackers",
+    "WandbTracker",
     "preview_files",
     "read_journal",
 ]

@@ -147,15 +147,21 @@ def gif_bytes(frames: np.ndarray, frame_ms: int = 100) -> bytes:
 
 
 def histogram(features: Any, bins: int = 30) -> dict[str, Any]:
-    """The histogram of per-dimension spread (standard deviation over rows)."""
+    """The histogram of per-dimension spread (standard deviation over rows).
+
+    Dimensions whose spread is not finite (NaN features) are counted in
+    `non_finite` and left out of the bins.
+    """
     spread = np.std(np.asarray(features, np.float64), axis=0)
-    counts, edges = np.histogram(spread, bins=bins)
+    finite = spread[np.isfinite(spread)]
+    counts, edges = np.histogram(finite, bins=bins, range=None if finite.size else (0.0, 1.0))
     return {
         "quantity": "per-dimension standard deviation",
         "dimensions": int(spread.shape[0]),
         "counts": counts.tolist(),
         "edges": edges.tolist(),
-        "spread": spread.tolist(),
+        "non_finite": int(spread.size - finite.size),
+        "spread": [float(value) if np.isfinite(value) else str(value) for value in spread],
     }
 
 

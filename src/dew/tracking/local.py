@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dew.artifacts import Artifact
-from dew.naming import flatten_parameters
+from dew.naming import check_name, flatten_parameters
 from dew.telemetry.records import (
     Record,
     RunRecord,
@@ -129,6 +129,7 @@ class LocalTracker(AbstractTracker):
 
     def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
         self._check_open()
+        check_name("artifact name", name)
         entry: dict[str, Any] = {"name": name, "step": step}
         if isinstance(value, Record):
             entry["record"] = value.to_dict()

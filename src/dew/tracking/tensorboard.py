@@ -1,0 +1,305 @@
+"""A tracker that writes one TensorBoard event file, without TensorFlow (extra `tensorboard`).
+
+TensorBoard is imported when a `TensorBoardTracker` is constructed, never when
+this module is imported, so `import dew` loads no part of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import numbers
+import os
+import pathlib
+import time
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
+from dew.naming import SEPARATOR, check_name, flatten_parameters
+from dew.telemetry.records import Record, encode_json_value
+from dew.tracking._protocol import AbstractTracker
+from dew.tracking._render import gif_bytes, histogram, png_bytes, to_uint8
+
+__all__ = ["TensorBoardTracker"]
+
+PARAMS_TAG = "params"
+REPORTING = "reporting"
+VALIDATION = "validation"
+SAMPLES = "samples"
+TOKENS = "tokens"
+REPRESENTATIONS = "representations"
+SPREAD = "spread"
+ARTIFACTS = "artifacts"
+
+
+@functools.cache
+def _tensorboard() -> types.SimpleNamespace:
+    """TensorBoard's writer, protos and plugin metadata, imported on first use."""
+    try:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.plugins.histogram import metadata as histogram_metadata
+        from tensorboard.plugins.hparams import summary_v2 as hparams_summary
+        from tensorboard.plugins.image import metadata as image_metadata
+        from tensorboard.plugins.scalar import metadata as scalar_metadata
+        from tensorboard.plugins.text import metadata as text_metadata
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.util import tensor_util
+    except ImportError as error:
+        raise ImportError(
+            "TensorBoardTracker needs TensorBoard (it does not need TensorFlow); "
+            "install dew-ml[tensorboard].",
+            name="tensorboard",
+        ) from error
+    return types.SimpleNamespace(
+        EventFileWriter=EventFileWriter,
+        Event=event_pb2.Event,
+        Summary=summary_pb2.Summary,
+        HistogramProto=summary_pb2.HistogramProto,
+        make_tensor_proto=tensor_util.make_tensor_proto,
+        hparams_pb=hparams_summary.hparams_pb,
+        metadata={
+            "scalars": scalar_metadata.create_summary_metadata("", ""),
+            "text": text_metadata.create_summary_metadata("", ""),
+            "images": image_metadata.create_summary_metadata("", ""),
+            "histograms": histogram_metadata.create_summary_metadata("", ""),
+        },
+    )
+
+
+def _tag(*segments: str) -> str:
+    return SEPARATOR.join(segments)
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise TypeError(f"step must be an integer, got {step!r}.")
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}.")
+    return int(step)
+
+
+def _hparam_value(value: Any) -> bool | int | float | str:
+    """A parameter as TensorBoard's HParams stores it: bool, number or string.
+
+    NumPy and JAX scalars become Python scalars; anything else HParams cannot
+    store (tuples, lists, None, arrays, ...) becomes its `str`, as TensorBoard's
+    own v1 HParams summary does for tuples and lists.
+    """
+    if getattr(value, "shape", None) == () and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _markdown_cell(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _artifact_text(value: Any) -> str:
+    """A plain artifact value as text: strings as they are, else JSON, else `repr`."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(encode_json_value(value), allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class TensorBoardTracker(AbstractTracker):
+    """Writes one TensorBoard event file with TensorBoard's own `EventFileWriter`.
+
+    TensorFlow is not needed. Install `dew-ml[tensorboard]`. Every report is
+    flushed to the event file before its call returns. Tags:
+
+    - `log_metrics`: one event per call at `step`, one scalar summary per metric
+      tag (TensorBoard stores scalars as float32; NaN and infinities as they are).
+    - `log_params`: a text summary `params` at step 0, a markdown table of the
+      flattened parameters logged so far, and the HParams plugin's session
+      start info. HParams reads one set of hyperparameters per run, so it is
+      written once, with every parameter logged before the first metric,
+      artifact or `close` (parameters logged later are in the `params` table
+      only). Values HParams cannot store (tuples, lists, None) become strings.
+    - `log_artifact(name, value, step=...)` (`step=None` writes step 0). The
+      value's kind chooses the tag; `name` must be a valid tag segment
+      (non-empty, no `/`) and enters the tag only for plain values:
+
+      - a record (`dew.telemetry.records`): a text summary
+        `reporting/<record.type>` holding the record's JSON;
+      - `Images`: one PNG image summary per generated row,
+        `validation/samples/<index>` (`<index>` is the row);
+      - `Clips`: one animated GIF per generated row, under the same tags;
+      - `Representations`: a histogram of their per-dimension spread,
+        `validation/representations/spread`;
+      - `TokenRows`: a text table with one row of token IDs per generated row
+        (only the generated positions where a mask is given),
+        `validation/samples/tokens`;
+      - `TokenScores`: raises `TypeError`, it has no summary form;
+      - any other value: a text summary `artifacts/<name>` (strings as they
+        are, else JSON, else `repr`).
+
+    ```python
+    >>> import tempfile
+    >>> from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    >>> logdir = tempfile.mkdtemp()
+    >>> with TensorBoardTracker(logdir) as tracker:
+    ...     tracker.log_metrics({"lm/train/loss": 2.5}, step=10)
+    >>> events = EventAccumulator(logdir)
+    >>> _ = events.Reload()
+    >>> [(event.step, event.value) for event in events.Scalars("lm/train/loss")]
+    [(10, 2.5)]
+
+    ```
+    """
+
+    def __init__(self, logdir: str | os.PathLike[str]) -> None:
+        self._tb = _tensorboard()
+        self.logdir = pathlib.Path(logdir)
+        self._writer = self._tb.EventFileWriter(str(self.logdir))
+        self._described: set[str] = set()  # tags whose plugin metadata is written
+        self._new_tags: list[str] = []  # tags the event being built describes
+        self._params: dict[str, Any] = {}
+        self._hparams_written = False
+        self.closed = False
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(
+                f"TensorBoardTracker({str(self.logdir)!r}) is closed; it records nothing more."
+            )
+
+    def _event(self, step: int) -> Any:
+        self._new_tags.clear()
+        return self._tb.Event(wall_time=time.time(), step=step)
+
+    def _value(self, event: Any, tag: str, plugin: str, **data: Any) -> None:
+        """Add one summary value; the first value of a tag carries its plugin's
+        metadata, as TensorFlow's own writers do (readers keep the first)."""
+        value = event.summary.value.add(tag=tag, **data)
+        if tag not in self._described:
+            value.metadata.CopyFrom(self._tb.metadata[plugin])
+            self._new_tags.append(tag)
+
+    def _text(self, event: Any, tag: str, text: Any) -> None:
+        tensor = self._tb.make_tensor_proto(text, dtype=np.object_)
+        self._value(event, tag, "text", tensor=tensor)
+
+    def _write(self, event: Any) -> None:
+        """Hand the event to the writer and wait until it is in the file."""
+        self._writer.add_event(event)
+        self._writer.flush()
+        self._described.update(self._new_tags)
+
+    def log_params(self, values: Mapping[str, Any]) -> None:
+        self._check_open()
+        flat = {path: _hparam_value(value) for path, value in flatten_parameters(values).items()}
+        self._params.update(flat)
+        rows = [f"| {_markdown_cell(k)} | {_markdown_cell(v)} |" for k, v in self._params.items()]
+        table = "\n".join(["| parameter | value |", "| --- | --- |", *rows])
+        event = self._event(0)
+        self._text(event, PARAMS_TAG, table)
+        self._write(event)
+
+    def _write_hparams(self) -> None:
+        """Write the HParams session start info once, before the first other report."""
+        if self._hparams_written or not self._params:
+            return
+        self._hparams_written = True
+        summary = self._tb.hparams_pb(self._params)
+        event = self._tb.Event(wall_time=time.time(), step=0, summary=summary)
+        self._writer.add_event(event)
+        self._writer.flush()
+
+    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
+        self._check_open()
+        step = _check_step(step)
+        self._write_hparams()
+        event = self._event(step)
+        for tag, value in values.items():
+            if not isinstance(tag, str) or not tag:
+                raise ValueError(f"metric tags must be non-empty strings, got {tag!r}.")
+            if isinstance(value, (str, bytes)):
+                raise TypeError(f"metric {tag!r} must be a real scalar, got {value!r}.")
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"metric {tag!r} must be a real scalar, got {value!r} of type "
+                    f"{type(value).__name__}."
+                ) from None
+            self._value(event, tag, "scalars", simple_value=number)
+        self._write(event)
+
+    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
+        self._check_open()
+        check_name("artifact name", name)
+        event = self._event(0 if step is None else _check_step(step))
+        if isinstance(value, Record):
+            self._text(
+                event, _tag(REPORTING, check_name("record type", value.type)), value.to_json()
+            )
+        elif isinstance(value, Artifact):
+            self._preview(event, name, value)
+        else:
+            self._text(event, _tag(ARTIFACTS, name), _artifact_text(value))
+        self._write_hparams()
+        self._write(event)
+
+    def _preview(self, event: Any, name: str, value: Artifact) -> None:
+        if isinstance(value, TokenScores):
+            raise TypeError(
+                "TokenScores has no summary form; TensorBoardTracker takes Images, Clips, "
+                "TokenRows or Representations previews."
+            )
+        if isinstance(value, Images | Clips):
+            pixels = to_uint8(value.generated)
+            for index, rows in enumerate(pixels):
+                if isinstance(value, Images):
+                    height, width, channels = rows.shape
+                    encoded = png_bytes(rows)
+                else:
+                    _, height, width, channels = rows.shape
+                    encoded = gif_bytes(rows)
+                image = self._tb.Summary.Image(
+                    height=height, width=width, colorspace=channels, encoded_image_string=encoded
+                )
+                self._value(event, _tag(VALIDATION, SAMPLES, str(index)), "images", image=image)
+        elif isinstance(value, Representations):
+            spread = histogram(value.features)
+            values = np.asarray(spread["spread"], np.float64)
+            histo = self._tb.HistogramProto(
+                min=float(values.min()),
+                max=float(values.max()),
+                num=float(values.size),
+                sum=float(values.sum()),
+                sum_squares=float(np.square(values).sum()),
+                bucket_limit=spread["edges"][1:],
+                bucket=spread["counts"],
+            )
+            self._value(event, _tag(VALIDATION, REPRESENTATIONS, SPREAD), "histograms", histo=histo)
+        elif isinstance(value, TokenRows):
+            tokens = np.asarray(value.tokens)
+            mask = np.ones(tokens.shape, bool) if value.mask is None else np.asarray(value.mask)
+            rows = [
+                " ".join(str(int(token)) for token in row[keep])
+                for row, keep in zip(tokens, mask, strict=True)
+            ]
+            self._text(event, _tag(VALIDATION, SAMPLES, TOKENS), np.array(rows, dtype=object))
+        else:
+            raise TypeError(
+                f"no summary form for {type(value).__name__} artifact {name!r}; "
+                "TensorBoardTracker takes Images, Clips, TokenRows or Representations previews."
+            )
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._write_hparams()
+        finally:
+            self._writer.close()

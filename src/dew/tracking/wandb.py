@@ -1,0 +1,263 @@
+"""A tracker that records one Weights & Biases run (extra `wandb`)."""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import numbers
+import os
+import pathlib
+import tempfile
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
+from dew.naming import flatten_parameters
+from dew.telemetry.records import FitEnded, Record, encode_json_value
+from dew.tracking._protocol import AbstractTracker
+from dew.tracking._render import histogram, preview_files
+
+__all__ = ["WandbTracker"]
+
+REPORTING = "reporting"
+SAMPLES = "validation/samples"
+SPREAD = "validation/representations/spread"
+TOKENS = "validation/samples/tokens"
+ARTIFACTS = "artifacts"
+
+
+def _config_value(value: Any) -> Any:
+    """A parameter value as W&B's config stores it (JSON's data model)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if hasattr(value, "shape") and hasattr(value, "tolist"):  # NumPy and JAX arrays
+        return _config_value(value.tolist())
+    if isinstance(value, list | tuple):
+        return [_config_value(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _config_value(item) for key, item in value.items()}
+    return repr(value)
+
+
+def _identity(value: Any) -> str:
+    """Equal for equal config values, NaN included."""
+    return json.dumps(value, sort_keys=True)
+
+
+def _pre(text: str) -> str:
+    return f"<pre>{html.escape(text)}</pre>"
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"artifact name {name!r} must be a non-empty tag segment (no '/').")
+
+
+class WandbTracker(AbstractTracker):
+    """Record one W&B run; the global `wandb.run` is never set.
+
+    `wandb.init(project=project, name=name, dir=dir, reinit="create_new")` with
+    `mode="offline"` when `offline=True`, else W&B's own choice (`WANDB_MODE`, online
+    by default). `dir` is created when missing; None is W&B's default (`WANDB_DIR`
+    or the working directory). The run is `tracker.run`.
+
+    - `log_metrics`: one `run.log(values, step=step)`. W&B drops a report at a step
+      below one it has seen, so such a step raises `ValueError` before anything is
+      sent. NaN and infinities are logged as they are.
+    - `log_params`: `flatten_parameters`, then `run.config.update` (tuples and arrays
+      as lists, other non-JSON values as `repr()`). W&B refuses a changed config
+      value, so a key logged again with another value raises `ValueError` before
+      anything is sent; the same value again is a no-op.
+    - `log_artifact(name, value, step=None)`, at the latest step seen when `step` is
+      None (W&B would drop an older step):
+
+      - a record: `reporting/<type>`, a `wandb.Html` holding `<pre>record JSON</pre>`;
+      - `Images`: one `wandb.Image` per generated row (its prompt as caption),
+        `validation/samples/<index>`; `Clips`: one `wandb.Video` (the animated GIF)
+        per row under the same keys. Both are the PNG and GIF files the local
+        renderers write. `wandb.Image` needs Pillow;
+      - `TokenRows`: a `wandb.Table` (`row`, `tokens`, and `mask` when given),
+        `validation/samples/tokens`;
+      - `Representations`: a `wandb.Histogram` of their per-dimension spread,
+        `validation/representations/spread`;
+      - `TokenScores` raises `TypeError`; any other JSON value: `artifacts/<name>`,
+        a `wandb.Html` of its JSON.
+
+    - `close()`: `run.finish(exit_code=1)` when a `FitEnded` record with a status
+      other than `completed` was logged, or when the tracker's `with` block raised;
+      else `exit_code=0`.
+
+    ```python
+    with WandbTracker("regression", "baseline", offline=True, dir="runs") as tracker:
+        tracker.log_metrics({"supervised/train/loss": 0.3}, step=10)
+    ```
+    """
+
+    def __init__(
+        self,
+        project: str,
+        name: str | None = None,
+        offline: bool = False,
+        dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        try:
+            import wandb
+        except ImportError as error:
+            raise ImportError(
+                "WandbTracker needs W&B: install dew-ml[wandb] (pip install 'dew-ml[wandb]')."
+            ) from error
+        if not isinstance(project, str) or not project:
+            raise ValueError(f"project must be a non-empty string, got {project!r}.")
+        folder = None if dir is None else pathlib.Path(dir).resolve()
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+        self._wandb = wandb
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            dir=None if folder is None else str(folder),
+            mode="offline" if offline else None,
+            reinit="create_new",
+        )
+        self._config: dict[str, str] = {}
+        self._step = 0
+        self._failed = False
+        self.closed = False
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(
+                f"WandbTracker(run {self.run.id}) is closed; it records nothing more."
+            )
+
+    def _check_step(self, step: int) -> int:
+        if step < self._step:
+            raise ValueError(
+                f"W&B takes steps in order: step {step} comes after step {self._step}, and W&B "
+                "would drop the report."
+            )
+        return int(step)
+
+    def log_params(self, values: Mapping[str, Any]) -> None:
+        self._check_open()
+        new: dict[str, Any] = {}
+        for key, value in flatten_parameters(values).items():
+            converted = _config_value(value)
+            identity = _identity(converted)
+            before = self._config.get(key)
+            if before is not None and before != identity:
+                raise ValueError(
+                    f"parameter {key!r} was already logged as {before}; W&B refuses a changed "
+                    f"value ({identity}). Log it under another key, or start a new run."
+                )
+            if before is None:
+                new[key] = converted
+        if new:
+            self.run.config.update(new)
+        self._config.update({key: _identity(value) for key, value in new.items()})
+
+    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
+        self._check_open()
+        step = self._check_step(step)
+        data = {}
+        for tag, value in values.items():
+            try:
+                data[tag] = float(value)
+            except (TypeError, ValueError) as error:
+                raise TypeError(
+                    f"metric {tag!r} must be a real scalar, got {value!r} of type "
+                    f"{type(value).__name__}."
+                ) from error
+        self.run.log(data, step=step)
+        self._step = step
+
+    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
+        self._check_open()
+        _check_name(name)
+        step = self._step if step is None else self._check_step(step)
+        wandb = self._wandb
+        if isinstance(value, Record):
+            data = {f"{REPORTING}/{value.type}": wandb.Html(_pre(value.to_json()), inject=False)}
+            if isinstance(value, FitEnded) and value.status != "completed":
+                self._failed = True
+        elif isinstance(value, Artifact):
+            with tempfile.TemporaryDirectory(prefix="dew-wandb-") as folder:
+                self.run.log(self._preview(value, pathlib.Path(folder)), step=step)
+            self._step = step
+            return
+        else:
+            try:
+                text = json.dumps(encode_json_value(value), allow_nan=False)
+            except (TypeError, ValueError) as error:
+                raise TypeError(
+                    f"WandbTracker cannot record artifact {name!r}: {type(value).__name__} is "
+                    "not a record, a preview artifact or a JSON value."
+                ) from error
+            data = {f"{ARTIFACTS}/{name}": wandb.Html(_pre(text), inject=False)}
+        self.run.log(data, step=step)
+        self._step = step
+
+    def _preview(self, value: Artifact, folder: pathlib.Path) -> dict[str, Any]:
+        wandb = self._wandb
+        if isinstance(value, TokenScores):
+            raise TypeError(
+                "TokenScores has no preview form; WandbTracker takes Images, Clips, TokenRows "
+                "or Representations previews."
+            )
+        if isinstance(value, Images):
+            data = {}
+            prompts = value.prompts or (None,) * value.num_rows
+            for (suffix, content), prompt in zip(preview_files(value), prompts, strict=True):
+                path = folder / suffix
+                path.write_bytes(content)  # wandb.Image copies the PNG file as it is
+                data[f"{SAMPLES}/{path.stem}"] = wandb.Image(str(path), caption=prompt)
+            return data
+        if isinstance(value, Clips):
+            return {
+                f"{SAMPLES}/{pathlib.Path(suffix).stem}": wandb.Video(
+                    io.BytesIO(content), format="gif"
+                )
+                for suffix, content in preview_files(value)
+            }
+        if isinstance(value, TokenRows):
+            tokens = np.asarray(value.tokens).tolist()
+            columns, rows = ["row", "tokens"], [[index, row] for index, row in enumerate(tokens)]
+            if value.mask is not None:
+                columns.append("mask")
+                for row, mask in zip(rows, np.asarray(value.mask).tolist(), strict=True):
+                    row.append(mask)
+            return {TOKENS: wandb.Table(columns=columns, data=rows)}
+        if isinstance(value, Representations):
+            spread = histogram(value.features)
+            counts, edges = np.asarray(spread["counts"]), np.asarray(spread["edges"])
+            return {SPREAD: wandb.Histogram(np_histogram=(counts, edges))}
+        raise TypeError(
+            f"no preview form for {type(value).__name__}; WandbTracker takes Images, Clips, "
+            "TokenRows or Representations previews."
+        )
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.run.finish(exit_code=1 if self._failed else 0)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            self._failed = True
+        super().__exit__(exc_type, exc, traceback)
