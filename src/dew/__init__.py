@@ -11,6 +11,8 @@ from dew import events as events
 from dew import metrics as metrics
 from dew import naming as naming
 from dew import tracking as tracking
+from dew.evaluation import Evaluation as Evaluation
+from dew.evaluation import evaluate as evaluate
 from dew.tracking import InMemoryTracker as InMemoryTracker
 from dew.tracking import LocalTracker as LocalTracker
 from dew.tracking import MLflowTracker as MLflowTracker
@@ -24,6 +26,7 @@ except _metadata.PackageNotFoundError:  # running from a source tree that is not
     __version__ = "0.0.0"
 
 __all__ = [
+    "Evaluation",
     "InMemoryTracker",
     "LocalTracker",
     "MLflowTracker",
@@ -31,6 +34,7 @@ __all__ = [
     "Trackers",
     "WandbTracker",
     "__version__",
+    "evaluate",
     "events",
     "metrics",
     "naming",

@@ -1,0 +1,78 @@
+"""Datasets as functions of a process's partition."""
+
+import dataclasses
+import numbers
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+
+__all__ = ["Batches", "Dataset", "Partition"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """Which share of the data one process reads: its index among `count` processes."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, numbers.Integral):
+            raise TypeError(f"Partition.count must be an integer, got {self.count!r}.")
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(
+                f"Partition needs 0 <= index < count, got index {self.index} and count "
+                f"{self.count}."
+            )
+
+    @classmethod
+    def current(cls) -> "Partition":
+        """This process's partition under `jax.distributed` (one partition otherwise)."""
+        return cls(jax.process_index(), jax.process_count())
+
+
+Batches = Callable[[Partition], Iterator[Mapping[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """Training and (optional) validation data, each a callable of a `Partition`
+    that returns an iterator of batches (mappings of arrays with a leading row axis).
+
+    - `train`: the training batches; the trainer draws one per step.
+    - `val`: the validation batches, read in full at each evaluation event.
+    - `records`: how many records one pass over the training data holds (optional).
+    - `batch`: the number of rows in a batch (optional; used for reporting).
+
+    ```python
+    >>> import itertools
+    >>> import numpy as np
+    >>> rows = np.zeros((8, 9), np.int32)
+    >>> data = Dataset(train=lambda partition: itertools.repeat({"text": rows}),
+    ...                val=lambda partition: iter([{"text": rows}]), records=8, batch=8)
+    >>> next(data.train(Partition()))["text"].shape
+    (8, 9)
+
+    ```
+    """
+
+    train: Batches
+    val: Batches | None = None
+    records: int | None = None
+    batch: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("train", "val"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                raise TypeError(
+                    f"Dataset.{field} must be a callable of a Partition returning an iterator of "
+                    f"batches (e.g. lambda partition: iter(batches)), got {type(value).__name__}."
+                )
+        for field in ("records", "batch"):
+            value = getattr(self, field)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
+            ):
+                raise ValueError(f"Dataset.{field} must be None or an integer >= 1, got {value!r}.")

@@ -1,0 +1,156 @@
+"""dew.evaluate and dew.data: one pass, its scores and counts, determinism, bad input."""
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+from _checks import rejects
+
+from dew import evaluate, metrics
+from dew.artifacts import TokenScores
+from dew.data import Dataset, Partition
+from dew.evaluation import scoring_key
+from dew.metrics import MetricSet
+from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.lm import LMObjective
+
+
+@pytest.fixture(scope="module")
+def objective():
+    model = CausalTransformer(
+        vocab_size=4, emb_features=16, num_layers=1, num_heads=2, mlp_features=32, max_seq_len=16
+    )
+    return LMObjective(model, seq_len=8)
+
+
+def _batches(seed, sizes=(8, 8, 3)):
+    rng = np.random.default_rng(seed)
+    return [{"text": rng.integers(0, 4, (rows, 9)).astype(np.int32)} for rows in sizes]
+
+
+def test_scores_are_the_metrics_reduced_over_every_batch(objective):
+    params = objective.init_params()
+    batches = _batches(0)
+    key = jax.random.key(5)
+    chosen = [metrics.perplexity(), metrics.token_accuracy(), metrics.mean_loss()]
+    result = evaluate(objective, params, batches, metrics=chosen, key=key, step=7)
+    artifacts = [
+        objective.evaluate(params, batch, scoring_key(key, index))
+        for index, batch in enumerate(batches)
+    ]
+    expected = MetricSet(chosen).reduce(artifacts)
+    assert list(result.scores) == ["perplexity", "token_accuracy", "mean_loss"]
+    for name, value in expected.items():
+        np.testing.assert_allclose(result.scores[name], float(value), rtol=1e-6)
+    assert (result.coordinated_batches, result.records, result.uneven_shards, result.step) == (
+        3,
+        19,
+        False,
+        7,
+    )
+    np.testing.assert_allclose(
+        np.log(result.scores["perplexity"]), result.scores["mean_loss"], rtol=1e-5
+    )
+
+
+def test_a_dataset_split_is_read_through_its_partition(objective):
+    seen = []
+    batches = _batches(1)
+
+    def val(partition):
+        seen.append(partition)
+        return iter(batches)
+
+    data = Dataset(train=lambda partition: itertools.repeat(batches[0]), val=val)
+    result = evaluate(
+        objective,
+        objective.init_params(),
+        data.val,
+        metrics=[metrics.perplexity()],
+        key=jax.random.key(0),
+    )
+    assert seen == [Partition(0, 1)]
+    assert result.coordinated_batches == 3
+
+
+def test_the_same_inputs_give_the_same_scores(objective):
+    params = objective.init_params()
+    run = lambda: evaluate(  # noqa: E731
+        objective, params, _batches(2), metrics=[metrics.perplexity()], key=jax.random.key(1)
+    )
+    assert run() == run()
+
+
+def test_an_empty_pass_returns_no_scores(objective):
+    result = evaluate(
+        objective,
+        objective.init_params(),
+        [],
+        metrics=[metrics.perplexity()],
+        key=jax.random.key(0),
+    )
+    assert result.scores == {}
+    assert (result.coordinated_batches, result.records) == (0, 0)
+
+
+class _Unscorable(LMObjective):
+    def evaluate(self, params, batch, key):
+        raise AssertionError("scoring ran although no metric asked for it")
+
+
+def test_without_metrics_the_scoring_work_is_skipped(objective):
+    silent = _Unscorable(objective.model, seq_len=8)
+    result = evaluate(silent, silent.init_params(), _batches(3), metrics=(), key=jax.random.key(0))
+    assert result.scores == {}
+    assert (result.coordinated_batches, result.records) == (3, 19)
+
+
+def test_a_pass_with_no_counted_target_raises(objective):
+    padded = LMObjective(objective.model, seq_len=8, pad_id=0)
+    batches = [{"text": np.zeros((2, 9), np.int32)}]
+    with pytest.raises(ValueError, match="'perplexity': the pass has token positions but no"):
+        evaluate(
+            padded,
+            padded.init_params(),
+            batches,
+            metrics=[metrics.perplexity()],
+            key=jax.random.key(0),
+        )
+
+
+def test_duplicate_metric_names_in_a_pass_raise(objective):
+    with pytest.raises(ValueError, match="metric names must be unique within a pass"):
+        evaluate(
+            objective,
+            objective.init_params(),
+            _batches(4),
+            metrics=[metrics.perplexity(), metrics.perplexity()],
+            key=jax.random.key(0),
+        )
+
+
+def test_the_objective_returns_token_scores_for_the_metrics(objective):
+    artifact = objective.evaluate(objective.init_params(), _batches(5)[0], jax.random.key(0))
+    assert isinstance(artifact, TokenScores)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message", "parameter"),
+    [
+        ({"train": [1, 2]}, TypeError, "Dataset.train must be a callable of a Partition", "train"),
+        ({"val": "batches"}, TypeError, "Dataset.val must be a callable", "val"),
+        ({"records": 0}, ValueError, "Dataset.records must be None or an integer >= 1", "records"),
+        ({"batch": 2.5}, ValueError, "Dataset.batch must be None or an integer >= 1", "batch"),
+    ],
+)
+def test_bad_datasets_raise(kwargs, error, message, parameter):
+    fields = {"train": lambda partition: iter([])} | kwargs
+    with rejects(error, message, parameter=parameter):
+        Dataset(**fields)
+
+
+def test_bad_partitions_raise():
+    with pytest.raises(ValueError, match="Partition needs 0 <= index < count, got index 2"):
+        Partition(2, 2)
+    assert Partition.current() == Partition(0, 1)
