@@ -7,12 +7,14 @@ say so (`batch_linear_probe_accuracy`, `batch_knn_probe_accuracy`).
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 from dew.artifacts import Artifact, Representations
@@ -97,7 +99,17 @@ class _Probe(Metric[Representations]):
                 f"metric {self.name!r} fits on the first half of a batch and tests on the "
                 f"second, so it needs at least 2 rows, got {artifact.features.shape[0]}."
             )
-        return artifact.features, artifact.labels
+        labels = artifact.labels
+        message = f"metric {self.name!r} needs labels in [0, {self.num_classes})"
+        if isinstance(labels, jax.core.Tracer):
+            bad = jnp.logical_or(labels < 0, labels >= self.num_classes).any()
+            labels = eqx.error_if(labels, bad, message + ".")
+        else:
+            host = np.asarray(labels)
+            outside = (host < 0) | (host >= self.num_classes)
+            if outside.any():
+                raise ValueError(f"{message}, got label {int(host[outside][0])}.")
+        return artifact.features, labels
 
 
 class LinearProbe(_Probe):
@@ -109,8 +121,8 @@ class LinearProbe(_Probe):
 
     def __check_init__(self) -> None:
         _check_positive_int("num_classes", self.num_classes)
-        if not (isinstance(self.l2, int | float) and self.l2 > 0):
-            raise ValueError(f"l2 must be a number > 0, got {self.l2!r}.")
+        if not (isinstance(self.l2, int | float) and math.isfinite(self.l2) and self.l2 > 0):
+            raise ValueError(f"l2 must be a finite number > 0, got {self.l2!r}.")
 
     def statistics(self, artifact: Representations) -> MeanState:
         features, labels = self._checked(artifact)
