@@ -254,9 +254,9 @@ def test_clips_are_animated_gifs_with_every_frame(tmp_path):
     with TensorBoardTracker(tmp_path) as tracker:
         tracker.log_artifact("clips", Clips(jnp.asarray(videos)), step=3)
     events = _accumulator(tmp_path)
-    assert sorted(events.Tags()["images"]) == ["validation/samples/0", "validation/samples/1"]
+    assert sorted(events.Tags()["images"]) == ["validation/clips/0", "validation/clips/1"]
     for index in range(2):
-        (image,) = events.Images(f"validation/samples/{index}")
+        (image,) = events.Images(f"validation/clips/{index}")
         assert (image.step, image.width, image.height) == (3, 7, 9)
         gif = Image.open(io.BytesIO(image.encoded_image_string))
         assert gif.format == "GIF"
@@ -274,8 +274,8 @@ def test_representations_become_a_histogram_of_their_per_dimension_spread(tmp_pa
     with TensorBoardTracker(tmp_path) as tracker:
         tracker.log_artifact("features", Representations(jnp.asarray(features)), step=4)
     events = _accumulator(tmp_path)
-    assert events.Tags()["histograms"] == ["validation/representations/spread"]
-    (event,) = events.Histograms("validation/representations/spread")
+    assert events.Tags()["histograms"] == ["validation/features/spread"]
+    (event,) = events.Histograms("validation/features/spread")
     histo = event.histogram_value
     expected = histogram(features)
     assert event.step == 4
@@ -286,7 +286,7 @@ def test_representations_become_a_histogram_of_their_per_dimension_spread(tmp_pa
     assert histo.min == pytest.approx(spread.min())
     assert histo.max == pytest.approx(spread.max())
     assert histo.sum == pytest.approx(spread.sum())
-    assert list(events.PluginTagToContent("histograms")) == ["validation/representations/spread"]
+    assert list(events.PluginTagToContent("histograms")) == ["validation/features/spread"]
 
 
 def test_token_rows_become_a_text_table_of_generated_tokens(tmp_path):
@@ -295,7 +295,7 @@ def test_token_rows_become_a_text_table_of_generated_tokens(tmp_path):
     with TensorBoardTracker(tmp_path) as tracker:
         tracker.log_artifact("text", TokenRows(jnp.asarray(tokens)), step=2)
         tracker.log_artifact("text", TokenRows(jnp.asarray(tokens), jnp.asarray(mask)), step=3)
-    texts = _texts(_accumulator(tmp_path), "validation/samples/tokens")
+    texts = _texts(_accumulator(tmp_path), "validation/text/tokens")
     assert texts == [(2, ["1 2 3", "4 5 6"]), (3, ["1 2", "5 6"])]
 
 
@@ -375,10 +375,14 @@ def test_every_kind_goes_to_one_event_file_flushed_before_each_call_returns(tmp_
         "artifacts/notes",
         "params",
         "reporting/fit_ended",
-        "validation/samples/tokens",
+        "validation/text/tokens",
     ]
-    assert sorted(tags["images"]) == ["validation/samples/0", "validation/samples/1"]
-    assert tags["histograms"] == ["validation/representations/spread"]
+    assert sorted(tags["images"]) == [
+        "validation/clips/0",
+        "validation/samples/0",
+        "validation/samples/1",
+    ]
+    assert tags["histograms"] == ["validation/features/spread"]
     tracker.close()
     assert len(list(tmp_path.iterdir())) == 1
     _event_file(tmp_path)

@@ -136,10 +136,11 @@ class LocalTracker(AbstractTracker):
             if isinstance(value, RunRecord):
                 self._write_run_record(value)
         elif isinstance(value, Artifact):
+            files = preview_files(value)  # render first: a refused preview leaves no folder
             folder = self.path / PREVIEWS / name / ("none" if step is None else str(step))
             folder.mkdir(parents=True, exist_ok=True)
             written = []
-            for suffix, content in preview_files(value):
+            for suffix, content in files:
                 (folder / suffix).write_bytes(content)
                 written.append(str((folder / suffix).relative_to(self.path)))
             entry["files"] = written

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from dew.artifacts import Artifact
-from dew.naming import flatten_parameters
+from dew.naming import check_name, flatten_parameters
 from dew.telemetry.records import FitEnded, Record, encode_json_value
 from dew.tracking._protocol import AbstractTracker
 from dew.tracking._render import preview_files
@@ -98,13 +98,6 @@ def _param_text(value: Any) -> str:
     if isinstance(value, list | tuple):
         return json.dumps(encode_json_value(list(value)), default=repr, allow_nan=False)
     return repr(value)
-
-
-def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
-        raise ValueError(
-            f"artifact name {name!r} must be a non-empty path segment (no '/', not '.' or '..')."
-        )
 
 
 def _step_name(step: int | None) -> str:
@@ -269,7 +262,7 @@ class MLflowTracker(AbstractTracker):
 
     def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
         self._check_open()
-        _check_name(name)
+        check_name("artifact name", name)
         if isinstance(value, Record):
             path = self._unique("records", f"{value.type}-{_step_name(step)}")
             with self._allowed():

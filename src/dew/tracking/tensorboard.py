@@ -125,19 +125,20 @@ class TensorBoardTracker(AbstractTracker):
       artifact or `close` (parameters logged later are in the `params` table
       only). Values HParams cannot store (tuples, lists, None) become strings.
     - `log_artifact(name, value, step=...)` (`step=None` writes step 0). The
-      value's kind chooses the tag; `name` must be a valid tag segment
-      (non-empty, no `/`) and enters the tag only for plain values:
+      value's kind chooses the form and `name` (a valid tag segment: non-empty,
+      no `/`) names the series, so previews of different names never collide.
+      The trainer names its previews `samples`:
 
       - a record (`dew.telemetry.records`): a text summary
         `reporting/<record.type>` holding the record's JSON;
       - `Images`: one PNG image summary per generated row,
-        `validation/samples/<index>` (`<index>` is the row);
+        `validation/<name>/<index>` (`<index>` is the row);
       - `Clips`: one animated GIF per generated row, under the same tags;
       - `Representations`: a histogram of their per-dimension spread,
-        `validation/representations/spread`;
+        `validation/<name>/spread`;
       - `TokenRows`: a text table with one row of token IDs per generated row
         (only the generated positions where a mask is given),
-        `validation/samples/tokens`;
+        `validation/<name>/tokens`;
       - `TokenScores`: raises `TypeError`, it has no summary form;
       - any other value: a text summary `artifacts/<name>` (strings as they
         are, else JSON, else `repr`).
@@ -267,10 +268,13 @@ class TensorBoardTracker(AbstractTracker):
                 image = self._tb.Summary.Image(
                     height=height, width=width, colorspace=channels, encoded_image_string=encoded
                 )
-                self._value(event, _tag(VALIDATION, SAMPLES, str(index)), "images", image=image)
+                self._value(event, _tag(VALIDATION, name, str(index)), "images", image=image)
         elif isinstance(value, Representations):
             spread = histogram(value.features)
             values = np.asarray(spread["spread"], np.float64)
+            values = values[np.isfinite(values)]
+            if values.size == 0:
+                values = np.zeros(1)
             histo = self._tb.HistogramProto(
                 min=float(values.min()),
                 max=float(values.max()),
@@ -280,7 +284,7 @@ class TensorBoardTracker(AbstractTracker):
                 bucket_limit=spread["edges"][1:],
                 bucket=spread["counts"],
             )
-            self._value(event, _tag(VALIDATION, REPRESENTATIONS, SPREAD), "histograms", histo=histo)
+            self._value(event, _tag(VALIDATION, name, SPREAD), "histograms", histo=histo)
         elif isinstance(value, TokenRows):
             tokens = np.asarray(value.tokens)
             mask = np.ones(tokens.shape, bool) if value.mask is None else np.asarray(value.mask)
@@ -288,7 +292,7 @@ class TensorBoardTracker(AbstractTracker):
                 " ".join(str(int(token)) for token in row[keep])
                 for row, keep in zip(tokens, mask, strict=True)
             ]
-            self._text(event, _tag(VALIDATION, SAMPLES, TOKENS), np.array(rows, dtype=object))
+            self._text(event, _tag(VALIDATION, name, TOKENS), np.array(rows, dtype=object))
         else:
             raise TypeError(
                 f"no summary form for {type(value).__name__} artifact {name!r}; "

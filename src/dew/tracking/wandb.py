@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
-from dew.naming import flatten_parameters
+from dew.naming import check_name, flatten_parameters
 from dew.telemetry.records import FitEnded, Record, encode_json_value
 from dew.tracking._protocol import AbstractTracker
 from dew.tracking._render import histogram, preview_files
@@ -24,9 +24,7 @@ from dew.tracking._render import histogram, preview_files
 __all__ = ["WandbTracker"]
 
 REPORTING = "reporting"
-SAMPLES = "validation/samples"
-SPREAD = "validation/representations/spread"
-TOKENS = "validation/samples/tokens"
+VALIDATION = "validation"
 ARTIFACTS = "artifacts"
 
 
@@ -58,11 +56,6 @@ def _pre(text: str) -> str:
     return f"<pre>{html.escape(text)}</pre>"
 
 
-def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not name or "/" in name:
-        raise ValueError(f"artifact name {name!r} must be a non-empty tag segment (no '/').")
-
-
 class WandbTracker(AbstractTracker):
     """Record one W&B run; the global `wandb.run` is never set.
 
@@ -83,13 +76,13 @@ class WandbTracker(AbstractTracker):
 
       - a record: `reporting/<type>`, a `wandb.Html` holding `<pre>record JSON</pre>`;
       - `Images`: one `wandb.Image` per generated row (its prompt as caption),
-        `validation/samples/<index>`; `Clips`: one `wandb.Video` (the animated GIF)
+        `validation/<name>/<index>`; `Clips`: one `wandb.Video` (the animated GIF)
         per row under the same keys. Both are the PNG and GIF files the local
         renderers write. `wandb.Image` needs Pillow;
       - `TokenRows`: a `wandb.Table` (`row`, `tokens`, and `mask` when given),
-        `validation/samples/tokens`;
+        `validation/<name>/tokens`;
       - `Representations`: a `wandb.Histogram` of their per-dimension spread,
-        `validation/representations/spread`;
+        `validation/<name>/spread`;
       - `TokenScores` raises `TypeError`; any other JSON value: `artifacts/<name>`,
         a `wandb.Html` of its JSON.
 
@@ -183,7 +176,7 @@ class WandbTracker(AbstractTracker):
 
     def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
         self._check_open()
-        _check_name(name)
+        check_name("artifact name", name)
         step = self._step if step is None else self._check_step(step)
         wandb = self._wandb
         if isinstance(value, Record):
@@ -192,7 +185,7 @@ class WandbTracker(AbstractTracker):
                 self._failed = True
         elif isinstance(value, Artifact):
             with tempfile.TemporaryDirectory(prefix="dew-wandb-") as folder:
-                self.run.log(self._preview(value, pathlib.Path(folder)), step=step)
+                self.run.log(self._preview(name, value, pathlib.Path(folder)), step=step)
             self._step = step
             return
         else:
@@ -207,8 +200,9 @@ class WandbTracker(AbstractTracker):
         self.run.log(data, step=step)
         self._step = step
 
-    def _preview(self, value: Artifact, folder: pathlib.Path) -> dict[str, Any]:
+    def _preview(self, name: str, value: Artifact, folder: pathlib.Path) -> dict[str, Any]:
         wandb = self._wandb
+        series = f"{VALIDATION}/{name}"
         if isinstance(value, TokenScores):
             raise TypeError(
                 "TokenScores has no preview form; WandbTracker takes Images, Clips, TokenRows "
@@ -220,11 +214,11 @@ class WandbTracker(AbstractTracker):
             for (suffix, content), prompt in zip(preview_files(value), prompts, strict=True):
                 path = folder / suffix
                 path.write_bytes(content)  # wandb.Image copies the PNG file as it is
-                data[f"{SAMPLES}/{path.stem}"] = wandb.Image(str(path), caption=prompt)
+                data[f"{series}/{path.stem}"] = wandb.Image(str(path), caption=prompt)
             return data
         if isinstance(value, Clips):
             return {
-                f"{SAMPLES}/{pathlib.Path(suffix).stem}": wandb.Video(
+                f"{series}/{pathlib.Path(suffix).stem}": wandb.Video(
                     io.BytesIO(content), format="gif"
                 )
                 for suffix, content in preview_files(value)
@@ -236,11 +230,11 @@ class WandbTracker(AbstractTracker):
                 columns.append("mask")
                 for row, mask in zip(rows, np.asarray(value.mask).tolist(), strict=True):
                     row.append(mask)
-            return {TOKENS: wandb.Table(columns=columns, data=rows)}
+            return {f"{series}/tokens": wandb.Table(columns=columns, data=rows)}
         if isinstance(value, Representations):
             spread = histogram(value.features)
             counts, edges = np.asarray(spread["counts"]), np.asarray(spread["edges"])
-            return {SPREAD: wandb.Histogram(np_histogram=(counts, edges))}
+            return {f"{series}/spread": wandb.Histogram(np_histogram=(counts, edges))}
         raise TypeError(
             f"no preview form for {type(value).__name__}; WandbTracker takes Images, Clips, "
             "TokenRows or Representations previews."
