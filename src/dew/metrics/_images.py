@@ -81,12 +81,26 @@ def per_image_psnr(
     return 10.0 * jnp.log10(jnp.asarray(data_range, mse.dtype) ** 2 / mse)
 
 
-def _filter_valid(images: Array, window: Array) -> Array:
-    """Separable correlation with `window` along height and width, 'valid' region only."""
+def _band(size: int, window: np.ndarray) -> np.ndarray:
+    """The `(size - taps + 1, size)` matrix whose rows slide `window` along an axis."""
     taps = window.shape[0]
+    band = np.zeros((size - taps + 1, size), np.float64)
+    for row in range(size - taps + 1):
+        band[row, row : row + taps] = window
+    return band
+
+
+def _filter_valid(images: Array, window: np.ndarray) -> Array:
+    """Separable correlation with `window` along height and width, 'valid' region only.
+
+    Each pass is a matmul with a banded matrix: XLA runs one dense contraction
+    several times faster than eleven shifted slices summed.
+    """
     height, width = images.shape[1], images.shape[2]
-    rows = sum(window[i] * images[:, i : height - taps + 1 + i] for i in range(taps))
-    return sum(window[i] * rows[:, :, i : width - taps + 1 + i] for i in range(taps))
+    along_height = jnp.asarray(_band(height, window), images.dtype)
+    along_width = jnp.asarray(_band(width, window), images.dtype)
+    rows = jnp.einsum("ih,nhwc->niwc", along_height, images)
+    return jnp.einsum("jw,niwc->nijc", along_width, rows)
 
 
 def per_image_ssim(
@@ -104,7 +118,7 @@ def per_image_ssim(
     x, y = _float(generated), _float(reference)
     dtype = jnp.result_type(x, y)
     x, y = x.astype(dtype), y.astype(dtype)
-    window = jnp.asarray(gaussian_window(), dtype)
+    window = gaussian_window()
     taps = window.shape[0]
     if x.shape[1] < taps or x.shape[2] < taps:
         raise ValueError(

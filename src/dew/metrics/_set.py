@@ -103,19 +103,23 @@ class MetricSet(eqx.Module):
         scores = device.finalize(device_state) | host.finalize(host_state)
         return {name: scores[name] for name in self.names}
 
-    def reduce_stacked(self, stacked: Artifact) -> dict[str, Any]:
-        """Reduce a whole pass in one compiled `lax.scan`.
+    def reduce_stacked(self, stacked: Artifact, *, chunk: int = 8) -> dict[str, Any]:
+        """Reduce a whole pass in one compiled call.
 
         `stacked` is one artifact whose arrays carry a leading axis of batches
-        (`jax.tree.map(lambda *xs: jnp.stack(xs), *batches)`). Every metric must be
-        a device metric.
+        (`stack_batches(batches)`). The pass runs as a `lax.scan` over chunks of
+        `chunk` batches: each chunk's statistics are computed at once (`vmap`) and
+        merged in order, which keeps the per-batch overhead low without holding the
+        whole pass's intermediates. Every metric must be a device metric.
         """
         if not self.on_device:
             hosts = [metric.name for metric in self.metrics if metric.host]
             raise ValueError(
                 f"reduce_stacked runs on the device, but {hosts} are host metrics; use reduce."
             )
-        return self.finalize(_compiled_scan(self, stacked))
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}.")
+        return self.finalize(_compiled_scan(self, stacked, chunk))
 
 
 @eqx.filter_jit
@@ -124,13 +128,35 @@ def _compiled_update(metrics: MetricSet, state: tuple[Any, ...], artifact: Artif
 
 
 @eqx.filter_jit
-def _compiled_scan(metrics: MetricSet, stacked: Artifact) -> tuple[Any, ...]:
-    # The scan returns the accumulator; finalizing outside it gives reduce and
+def _compiled_scan(metrics: MetricSet, stacked: Artifact, chunk: int) -> tuple[Any, ...]:
+    # Returns the accumulator; finalizing outside the compiled call gives reduce and
     # reduce_stacked the same errors (a plain ValueError for a pass with no target).
-    def step(state, artifact):
-        return metrics.update(state, artifact), None
+    batches = jax.tree.leaves(stacked)[0].shape[0]
+    chunk = max(1, min(chunk, batches))
+    whole = batches - batches % chunk
 
-    state, _ = jax.lax.scan(step, metrics.init(), stacked)
+    def statistics(artifact):
+        return tuple(metric(artifact) for metric in metrics.metrics)
+
+    def merge_all(state, contributions, count):
+        for index in range(count):
+            contribution = jax.tree.map(lambda leaf, i=index: leaf[i], contributions)
+            state = tuple(
+                metric.merge(accumulated, part)
+                for metric, accumulated, part in zip(
+                    metrics.metrics, state, contribution, strict=True
+                )
+            )
+        return state
+
+    def step(state, chunk_of_batches):
+        return merge_all(state, jax.vmap(statistics)(chunk_of_batches), chunk), None
+
+    chunks = jax.tree.map(lambda leaf: leaf[:whole].reshape(-1, chunk, *leaf.shape[1:]), stacked)
+    state, _ = jax.lax.scan(step, metrics.init(), chunks)
+    if whole < batches:
+        rest = jax.tree.map(lambda leaf: leaf[whole:], stacked)
+        state = merge_all(state, jax.vmap(statistics)(rest), batches - whole)
     return state
 
 

@@ -9,7 +9,9 @@ of relative precision, under jit and inside `lax.scan`.
 from __future__ import annotations
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Shaped
 
 __all__ = ["Sum", "two_sum"]
@@ -57,24 +59,26 @@ class Sum(eqx.Module):
         """The compensated sum of all elements of `values` (cast to float32).
 
         Elements are summed in blocks of 256 with XLA's reduction and the block
-        totals are combined with TwoSum, which bounds the error of a large batch.
+        totals are combined with TwoSum, which bounds the error of a large batch to
+        that of one 256-element float32 sum.
         """
         flat = jnp.ravel(jnp.asarray(values, jnp.float32))
         size = flat.shape[0]
         block = 256
         if size <= block:
             return Sum(jnp.sum(flat), jnp.zeros((), jnp.float32))
-        padded = jnp.pad(flat, (0, (-size) % block)).reshape(-1, block)
-        partial = jnp.sum(padded, axis=1)
-        # A tree of TwoSums keeps the error of combining the blocks at O(eps).
-        values_hi, values_lo = partial, jnp.zeros_like(partial)
-        while values_hi.shape[0] > 1:
-            if values_hi.shape[0] % 2:
-                values_hi = jnp.pad(values_hi, (0, 1))
-                values_lo = jnp.pad(values_lo, (0, 1))
-            s, e = two_sum(values_hi[0::2], values_hi[1::2])
-            values_hi, values_lo = s, e + values_lo[0::2] + values_lo[1::2]
-        hi, lo = two_sum(values_hi[0], values_lo[0])
+        partial = jnp.sum(jnp.pad(flat, (0, (-size) % block)).reshape(-1, block), axis=1)
+
+        def combine(left, right):
+            (left_hi, left_lo), (right_hi, right_lo) = left, right
+            total, error = two_sum(left_hi, right_hi)
+            return total, error + left_lo + right_lo
+
+        # One variadic reduction combines the block totals with TwoSum, so its error
+        # stays at O(eps) whatever order XLA reduces in.
+        zero = np.float32(0.0)
+        hi, lo = jax.lax.reduce((partial, jnp.zeros_like(partial)), (zero, zero), combine, (0,))
+        hi, lo = two_sum(hi, lo)
         return Sum(hi, lo)
 
     def add(self, other: Sum) -> Sum:

@@ -126,10 +126,7 @@ class DPOObjective(Objective):
         return min(self.policy.max_seq_len, self.reference.max_seq_len)
 
     def init_params(self) -> PyTree:
-        """Copies of the policy's trainable arrays: donating a train state built from
-        them never deletes the arrays this objective holds (the reference is often the
-        very model the policy starts from)."""
-        return jax.tree.map(jnp.copy, trainable(self.policy))
+        return trainable(self.policy)
 
     def _side(self, batch: Batch, side: str) -> tuple[Array, Array]:
         """One side's checked token IDs and prompt mask."""
@@ -176,7 +173,7 @@ class DPOObjective(Objective):
                 f"DPOObjective needs batch[{field!r}] shaped like batch[{side!r}] "
                 f"{tuple(tokens.shape)}, got {tuple(mask.shape)}."
             )
-        return tokens, jnp.asarray(mask)
+        return tokens.astype(jnp.int32), jnp.asarray(mask)
 
     def _counted(self, tokens: Array, prompt_mask: Array, side: str) -> Float[Array, "rows t"]:
         """1.0 on counted target positions `1 .. length - 1`, else 0.0; every row

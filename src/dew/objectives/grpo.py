@@ -82,10 +82,13 @@ def grpo_loss_terms(
 
     ```python
     >>> import jax.numpy as jnp
-    >>> zeros = jnp.zeros((1, 2, 3))
-    >>> terms = grpo_loss_terms(zeros, zeros, zeros, jnp.array([[1.0, -1.0]]), 0.2, 0.04)
-    >>> float(terms.loss), float(terms.kl.sum())
-    (0.0, 0.0)
+    >>> old = jnp.zeros((1, 2, 1))
+    >>> new = jnp.log(jnp.full((1, 2, 1), 1.5))  # a ratio of 1.5 for both completions
+    >>> terms = grpo_loss_terms(new, old, new, jnp.array([[1.0, -1.0]]), 0.2, 0.04)
+    >>> [round(float(x), 3) for x in terms.surrogate.ravel()], terms.clipped.ravel().tolist()
+    ([1.2, -1.5], [True, False])
+    >>> round(float(terms.loss), 3)
+    0.15
 
     ```
     """
@@ -160,13 +163,14 @@ class GRPOObjective(Objective):
     standard deviation: zero means no learning signal), `kl` (the mean k3 estimate
     per token) and `clip_fraction` (the fraction of tokens on the clipped branch).
 
-    `evaluate` samples one completion per prompt from the policy as training samples
-    (`max_new_tokens`, `temperature`) and returns them as `TokenRows` (prompt then
-    completion, the mask true on the completion), for a custom metric to score with
-    the reward. `preview` does the same for the first `samples.num_samples` prompts
-    with the `samples` settings, always from the live params, never the reference;
-    it generates `samples.max_new_tokens` tokens, or fewer where the prompt leaves
-    less room within `max_seq_len`.
+    `evaluate` samples one completion per prompt from the policy with the training
+    rollouts' `max_new_tokens` and `temperature`, deterministically from `key`, and
+    returns them as `TokenRows` (prompt then completion, the mask true on the
+    completion) for a custom metric to score, e.g. with the reward. `preview` does
+    the same for the first `samples.num_samples` prompts with the `samples`
+    settings, always from the live params, never the reference; it generates
+    `samples.max_new_tokens` tokens, or fewer where the prompt leaves less room
+    within `max_seq_len`.
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -242,10 +246,7 @@ class GRPOObjective(Objective):
         return min(self.policy.max_seq_len, self.reference.max_seq_len)
 
     def init_params(self) -> PyTree:
-        """Copies of the policy's trainable arrays: donating a train state built from
-        them never deletes the arrays this objective holds (the reference is often the
-        very model the policy starts from)."""
-        return jax.tree.map(jnp.copy, trainable(self.policy))
+        return trainable(self.policy)
 
     def _prompts(self, batch: Batch, new_tokens: int, setting: str) -> Array:
         if "prompts" not in batch:
@@ -265,7 +266,7 @@ class GRPOObjective(Objective):
                 f"({new_tokens}) exceed max_seq_len {self.max_seq_len}; shorten the prompts or "
                 f"lower {setting}."
             )
-        return prompts
+        return prompts.astype(jnp.int32)
 
     def _completion_log_probs(
         self, model: CausalTransformer, prompts: Array, completions: Array
@@ -377,7 +378,7 @@ class GRPOObjective(Objective):
         message = f"GRPOObjective: batch['completions'] holds token IDs outside [0, {vocab_size})"
         if isinstance(completions, jax.core.Tracer):
             bad = jnp.logical_or(completions < 0, completions >= vocab_size).any()
-            return eqx.error_if(completions, bad, message + ".")
+            return eqx.error_if(completions.astype(jnp.int32), bad, message + ".")
         host = np.asarray(completions)
         outside = (host < 0) | (host >= vocab_size)
         if outside.any():
@@ -386,7 +387,7 @@ class GRPOObjective(Objective):
                 f"{message}: ID {int(host[row, member, position])} at row {row}, group member "
                 f"{member}, position {position}; valid IDs are 0 to {vocab_size - 1}."
             )
-        return jnp.asarray(completions)
+        return jnp.asarray(completions).astype(jnp.int32)
 
     def loss(
         self, params: PyTree, batch: Batch, key: PRNGKeyArray
