@@ -28,6 +28,7 @@ RECORDS = "records.jsonl"
 PARAMS = "params.json"
 PREVIEWS = "previews"
 RUN_RECORD = "run.json"
+_ENCODER = json.JSONEncoder(allow_nan=False)
 
 
 def _encode_scalars(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,7 +124,12 @@ class LocalTracker(AbstractTracker):
 
     def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
         self._check_open()
-        line = json.dumps({"step": int(step), "values": _encode_scalars(values)}, allow_nan=False)
+        report = {"step": int(step), "values": values}
+        try:  # the common case: finite Python numbers, encoded by one shared encoder
+            line = _ENCODER.encode(report)
+        except (TypeError, ValueError):  # non-finite values, NumPy or JAX scalars
+            report["values"] = _encode_scalars(values)
+            line = _ENCODER.encode(report)
         self._scalars.write(line + "\n")
         self._scalars.flush()
 
