@@ -235,8 +235,9 @@ def test_token_rows_are_a_table_and_representations_a_histogram(full):
 
 
 def test_mistakes_are_refused_before_anything_is_sent(tmp_path):
-    # offline=False leaves the mode to W&B, here WANDB_MODE=offline.
-    tracker = WandbTracker("dew-tests", "mistakes", dir=tmp_path)
+    # offline=True explicitly: W&B reads WANDB_MODE once per process, so an earlier W&B
+    # run in the same test session (the docs) would decide the mode otherwise.
+    tracker = WandbTracker("dew-tests", "mistakes", offline=True, dir=tmp_path)
     assert tracker.run.offline and wandb.run is None
     tracker.log_params({"optimizer": {"learning_rate": 0.1}})
     with pytest.raises(
