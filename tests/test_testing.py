@@ -159,9 +159,12 @@ def test_law_checker_catches_a_non_associative_merge():
 @pytest.mark.usefixtures("no_shrinking")
 def test_law_checker_catches_a_halving_merge():
     report = _law_failures(HalvingMerge(), split_invariant=False)
-    # merge(init(), c) halves c. The checker's one-off eager check also merges init() first,
-    # so either message may come first, depending on the first example's values.
-    assert "init() is a left unit" in report or "jit agrees with eager" in report
+    # merge(init(), c) halves c and merge is not associative; which law the first failing
+    # example breaks first depends on its values (a ratio can survive halving both sums).
+    assert any(
+        law in report
+        for law in ("init() is a left unit", "merge is associative", "jit agrees with eager")
+    ), report
 
 
 @pytest.mark.usefixtures("no_shrinking")
