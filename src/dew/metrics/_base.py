@@ -45,6 +45,10 @@ class Metric(eqx.Module, Generic[A]):
     name: AbstractVar[str]
     artifact_type: ClassVar[type[Artifact]]
     host: ClassVar[bool] = False
+    # How many batches `MetricSet.reduce_stacked` should score at once: None for metrics
+    # whose statistics stream through memory (the whole pass at once is fastest), a small
+    # number for metrics with large per-batch intermediates (SSIM's filtered maps).
+    scan_chunk: ClassVar[int | None] = None
 
     def __check_init__(self) -> None:
         if not isinstance(self.name, str) or not _SNAKE_CASE.fullmatch(self.name):

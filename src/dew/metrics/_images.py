@@ -251,6 +251,8 @@ class PSNR(_ImageMean):
 class SSIM(_ImageMean):
     """Mean over images of each image's SSIM (Gaussian window, sigma 1.5, K1 0.01, K2 0.03)."""
 
+    scan_chunk: ClassVar[int | None] = 4
+
     data_range: float = eqx.field(static=True, default=1.0)
     name: str = eqx.field(static=True, default="ssim")
 
@@ -276,6 +278,8 @@ class VideoPSNR(_FrameMean):
 
 class VideoSSIM(_FrameMean):
     """Mean over every frame of every clip of the frame's SSIM."""
+
+    scan_chunk: ClassVar[int | None] = 4
 
     data_range: float = eqx.field(static=True, default=1.0)
     name: str = eqx.field(static=True, default="ssim")

@@ -103,22 +103,27 @@ class MetricSet(eqx.Module):
         scores = device.finalize(device_state) | host.finalize(host_state)
         return {name: scores[name] for name in self.names}
 
-    def reduce_stacked(self, stacked: Artifact, *, chunk: int = 8) -> dict[str, Any]:
+    def reduce_stacked(self, stacked: Artifact, *, chunk: int | None = None) -> dict[str, Any]:
         """Reduce a whole pass in one compiled call.
 
         `stacked` is one artifact whose arrays carry a leading axis of batches
         (`stack_batches(batches)`). The pass runs as a `lax.scan` over chunks of
         `chunk` batches: each chunk's statistics are computed at once (`vmap`) and
-        merged in order, which keeps the per-batch overhead low without holding the
-        whole pass's intermediates. Every metric must be a device metric.
+        merged in order. By default the chunk is the smallest `scan_chunk` of the
+        metrics: the whole pass at once for metrics that stream through memory, a
+        few batches for metrics with large intermediates (SSIM). Every metric must
+        be a device metric.
         """
         if not self.on_device:
             hosts = [metric.name for metric in self.metrics if metric.host]
             raise ValueError(
                 f"reduce_stacked runs on the device, but {hosts} are host metrics; use reduce."
             )
+        if chunk is None:
+            hints = [m.scan_chunk for m in self.metrics if m.scan_chunk is not None]
+            chunk = min(hints) if hints else jax.tree.leaves(stacked)[0].shape[0]
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}.")
+            raise ValueError(f"chunk must be None or an integer >= 1, got {chunk!r}.")
         return self.finalize(_compiled_scan(self, stacked, chunk))
 
 
