@@ -357,3 +357,18 @@ def test_renamed_builtin_is_a_separate_metric_in_one_pass():
     batches = _batches(seed=20)
     scores = MetricSet([MeanLoss(), MeanLoss(name="mean_loss_again")]).reduce(batches)
     assert float(scores["mean_loss"]) == float(scores["mean_loss_again"])
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 3, 7, 64])
+def test_reduce_stacked_gives_the_same_scores_for_every_chunk_size(chunk):
+    batches = _batches(seed=21, count=7)  # 7 batches: chunks of 3 leave a remainder of 1
+    metric_set = MetricSet([metrics.perplexity(), metrics.token_accuracy()])
+    expected = metric_set.reduce(batches)
+    scores = metric_set.reduce_stacked(stack_batches(batches), chunk=chunk)
+    for name, value in expected.items():
+        np.testing.assert_allclose(float(scores[name]), float(value), rtol=2e-6)
+
+
+def test_reduce_stacked_refuses_a_bad_chunk():
+    with pytest.raises(ValueError, match="chunk must be None or an integer >= 1, got 0"):
+        MetricSet([metrics.perplexity()]).reduce_stacked(stack_batches(_batches(seed=22)), chunk=0)
