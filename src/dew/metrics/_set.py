@@ -88,6 +88,17 @@ class MetricSet(eqx.Module):
             for metric, state in zip(self.metrics, accumulated, strict=True)
         }
 
+    def _finalize_compiled(self, accumulated: tuple[Any, ...]) -> dict[str, Any]:
+        """`finalize` in one compiled call; when a metric's check fires in it (a pass
+        with no counted target), finalize again eagerly to raise dew's own ValueError."""
+        if not self.metrics:
+            return {}
+        try:
+            scores = _compiled_finalize(self, accumulated)
+        except (RuntimeError, ValueError):
+            return self.finalize(accumulated)
+        return {name: scores[name] for name in self.names}  # jit returns dicts key-sorted
+
     def reduce(self, artifacts: Iterable[Artifact]) -> dict[str, Any]:
         """Fold a pass of artifacts and finalize it.
 
@@ -100,7 +111,7 @@ class MetricSet(eqx.Module):
         for artifact in artifacts:
             device_state = _compiled_update(device, device_state, artifact)
             host_state = host.update(host_state, artifact)
-        scores = device.finalize(device_state) | host.finalize(host_state)
+        scores = device._finalize_compiled(device_state) | host.finalize(host_state)
         return {name: scores[name] for name in self.names}
 
     def reduce_stacked(self, stacked: Artifact, *, chunk: int | None = None) -> dict[str, Any]:
@@ -124,12 +135,17 @@ class MetricSet(eqx.Module):
             chunk = min(hints) if hints else jax.tree.leaves(stacked)[0].shape[0]
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be None or an integer >= 1, got {chunk!r}.")
-        return self.finalize(_compiled_scan(self, stacked, chunk))
+        return self._finalize_compiled(_compiled_scan(self, stacked, chunk))
 
 
 @eqx.filter_jit
 def _compiled_update(metrics: MetricSet, state: tuple[Any, ...], artifact: Artifact):
     return metrics.update(state, artifact)
+
+
+@eqx.filter_jit
+def _compiled_finalize(metrics: MetricSet, accumulated: tuple[Any, ...]) -> dict[str, Any]:
+    return metrics.finalize(accumulated)
 
 
 @eqx.filter_jit
