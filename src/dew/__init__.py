@@ -19,6 +19,7 @@ from dew.tracking import MLflowTracker as MLflowTracker
 from dew.tracking import TensorBoardTracker as TensorBoardTracker
 from dew.tracking import Trackers as Trackers
 from dew.tracking import WandbTracker as WandbTracker
+from dew.training import Trainer as Trainer
 
 try:
     __version__ = _metadata.version("dew-ml")
@@ -31,6 +32,7 @@ __all__ = [
     "LocalTracker",
     "MLflowTracker",
     "TensorBoardTracker",
+    "Trainer",
     "Trackers",
     "WandbTracker",
     "__version__",

@@ -1,11 +1,4 @@
-"""The names the dew guide imports from `dew.training`: the trackers.
-
-```python
->>> from dew.training import LocalTracker, MLflowTracker, TensorBoardTracker, Trackers
->>> from dew.training import WandbTracker
-
-```
-"""
+"""The trainer, and the names the dew guide imports from `dew.training`: the trackers."""
 
 from dew.tracking import InMemoryTracker as InMemoryTracker
 from dew.tracking import LocalTracker as LocalTracker
@@ -13,6 +6,7 @@ from dew.tracking import MLflowTracker as MLflowTracker
 from dew.tracking import TensorBoardTracker as TensorBoardTracker
 from dew.tracking import Trackers as Trackers
 from dew.tracking import WandbTracker as WandbTracker
+from dew.training._trainer import Trainer as Trainer
 
 __all__ = [
     "InMemoryTracker",
@@ -20,5 +14,6 @@ __all__ = [
     "MLflowTracker",
     "TensorBoardTracker",
     "Trackers",
+    "Trainer",
     "WandbTracker",
 ]

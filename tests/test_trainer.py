@@ -1,0 +1,209 @@
+"""Trainer.fit: the guide's LM example, cadence rules, events, records and failures."""
+
+import itertools
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from dew import Trainer, metrics
+from dew.data import Dataset
+from dew.naming import Split
+from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.lm import LMObjective
+from dew.supervised import EarlyStopper
+from dew.tracking import InMemoryTracker
+
+TRAIN = np.tile(np.array([0, 1, 2, 3, 0, 1, 2, 3, 0], np.int32), (8, 1))
+VAL = np.tile(np.array([1, 2, 3, 0, 1, 2, 3, 0, 1], np.int32), (8, 1))
+
+
+def _data(val=True):
+    return Dataset(
+        train=lambda partition: itertools.repeat({"text": TRAIN}),
+        val=(lambda partition: iter([{"text": VAL}])) if val else None,
+        records=8,
+        batch=8,
+    )
+
+
+@pytest.fixture(scope="module")
+def objective():
+    model = CausalTransformer(
+        vocab_size=4,
+        emb_features=16,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=32,
+        max_seq_len=16,
+        dtype="float32",
+        attention_impl="xla",
+    )
+    return LMObjective(model, seq_len=8)
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def on_event(self, event):
+        self.events.append(event)
+
+
+def test_the_guides_language_model_example(objective, capsys):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    tracker = InMemoryTracker()
+    state = trainer.fit(
+        _data(),
+        steps=10,
+        log_every=5,
+        eval_every=5,
+        metrics=(metrics.perplexity(),),
+        tracker=tracker,
+    )
+    assert int(state.step) == 10
+    assert [step for step, _ in tracker.scalars["lm/train/loss"]] == [5, 10]
+    assert [step for step, _ in tracker.scalars["lm/validation/perplexity"]] == [5, 10]
+    assert set(state.metric_history) == set(tracker.scalars)
+    for tag, series in tracker.scalars.items():
+        assert list(state.metric_history[tag]) == series
+    printed = capsys.readouterr().out
+    assert "step 5  lm/train/loss" in printed
+    assert "step 10  lm/validation/perplexity" in printed
+    assert not tracker.closed  # fit borrows the tracker
+    kinds = [
+        type(record).__name__
+        for _, record in tracker.artifacts["fit_started"] + tracker.artifacts["fit_ended"]
+    ]
+    assert kinds == ["FitStarted", "FitEnded"]
+    assert tracker.artifacts["fit_ended"][0][1].status == "completed"
+
+
+def test_metrics_alone_do_not_turn_evaluation_on(objective):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    for kwargs in ({"metrics": (metrics.perplexity(),)}, {"eval_every": 5}):
+        tracker = InMemoryTracker()
+        trainer.fit(_data(), steps=5, log_every=5, tracker=tracker, progress=False, **kwargs)
+        assert set(tracker.scalars) == {"lm/train/loss", "lm/train/token_accuracy"}
+    tracker = InMemoryTracker()
+    trainer.fit(
+        _data(val=False),
+        steps=5,
+        log_every=5,
+        eval_every=5,
+        tracker=tracker,
+        metrics=(metrics.perplexity(),),
+        progress=False,
+    )
+    assert "lm/validation/perplexity" not in tracker.scalars
+
+
+def test_previews_need_preview_true_and_a_tracker(objective):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    common = {
+        "steps": 5,
+        "log_every": 5,
+        "eval_every": 5,
+        "metrics": (metrics.perplexity(),),
+        "progress": False,
+    }
+    quiet = InMemoryTracker()
+    trainer.fit(_data(), tracker=quiet, **common)
+    assert "samples" not in quiet.artifacts
+    shown = InMemoryTracker()
+    trainer.fit(_data(), tracker=shown, preview=True, **common)
+    ((step, rows),) = shown.artifacts["samples"]
+    assert step == 5
+    assert rows.tokens.shape[0] == objective.samples.num_samples
+    trainer.fit(_data(), preview=True, **common)  # no tracker: no preview work, no error
+
+
+def test_a_tracker_does_not_change_the_scores(objective):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(3))
+    common = {
+        "steps": 5,
+        "log_every": 5,
+        "eval_every": 5,
+        "metrics": (metrics.perplexity(),),
+        "progress": False,
+    }
+    plain = trainer.fit(_data(), **common)
+    tracked = trainer.fit(_data(), tracker=InMemoryTracker(), preview=True, **common)
+    assert (
+        plain.metric_history["lm/validation/perplexity"]
+        == (tracked.metric_history["lm/validation/perplexity"])
+    )
+
+
+def test_events_reach_every_sink_with_their_split(objective):
+    recorder = Recorder()
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0), stage="pretrain")
+    trainer.fit(
+        _data(),
+        steps=4,
+        log_every=2,
+        eval_every=4,
+        metrics=(metrics.perplexity(),),
+        event_sinks=[recorder],
+        progress=False,
+    )
+    seen = [(e.name, e.split, e.step, sorted(e.metrics)) for e in recorder.events]
+    assert seen == [
+        ("step_end", Split.TRAIN, 2, ["loss", "token_accuracy"]),
+        ("step_end", Split.TRAIN, 4, ["loss", "token_accuracy"]),
+        ("validation_end", Split.VALIDATION, 4, ["perplexity"]),
+    ]
+    assert {e.stage for e in recorder.events} == {"pretrain"}
+    assert int(recorder.events[-1].state.step) == 4
+
+
+def test_early_stopping_emits_decisions_and_stops(objective):
+    recorder = Recorder()
+    trainer = Trainer(objective, optax.sgd(0.0), key=jax.random.key(0))  # nothing improves
+    state = trainer.fit(
+        _data(),
+        steps=20,
+        log_every=1,
+        event_sinks=[recorder],
+        progress=False,
+        early_stopper=EarlyStopper(metric="loss", patience=1, source=Split.TRAIN),
+    )
+    decisions = [(e.name, e.step) for e in recorder.events if e.decision is not None]
+    assert decisions == [("best_model", 1), ("early_stop", 3)]
+    assert int(state.step) == 3
+    assert all(not e.metrics for e in recorder.events if e.decision is not None)
+
+
+def test_a_failing_step_reports_failed_and_reraises(objective):
+    bad = Dataset(train=lambda partition: iter([{"text": TRAIN}, {"text": TRAIN[:, :4]}]))
+    tracker = InMemoryTracker()
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    with pytest.raises(ValueError, match="rows of at least 9 token IDs"):
+        trainer.fit(bad, steps=5, log_every=1, tracker=tracker, progress=False)
+    ((step, ended),) = tracker.artifacts["fit_ended"]
+    assert (ended.status, step) == ("failed", 2)
+    assert "rows of at least 9 token IDs" in ended.error
+
+
+def test_an_interrupt_reports_interrupted(objective):
+    def batches(partition):
+        yield {"text": TRAIN}
+        raise KeyboardInterrupt
+
+    tracker = InMemoryTracker()
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit(Dataset(train=batches), steps=5, log_every=1, tracker=tracker, progress=False)
+    assert tracker.artifacts["fit_ended"][0][1].status == "interrupted"
+
+
+def test_running_out_of_batches_and_bad_cadences_raise(objective):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    short = Dataset(train=lambda partition: iter([{"text": TRAIN}]))
+    with pytest.raises(ValueError, match="ran out of batches at step 2 of 3"):
+        trainer.fit(short, steps=3, log_every=1, progress=False)
+    with pytest.raises(ValueError, match="log_every must be an integer >= 1, got 0"):
+        trainer.fit(_data(), steps=3, log_every=0)
+    with pytest.raises(ValueError, match="eval_every must be None or an integer >= 1"):
+        trainer.fit(_data(), steps=3, log_every=1, eval_every=-1)
