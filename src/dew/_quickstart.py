@@ -1,114 +1,134 @@
 """The built-in quick-start run behind `dew train` with no arguments.
 
-It fits a one-feature linear regression with an Equinox `Linear` and optax SGD,
-reports every epoch as `TrainingEvent`s through `TrackerEventSink`, and writes
-what the tracker received to a local run folder.
+A small causal transformer learns synthetic token sequences drawn from a fixed
+random Markov chain; it is evaluated on held-out sequences of the same chain
+(perplexity and token accuracy, whose floor the chain's entropy sets) and tracked
+to a local run folder with `LocalTracker`.
 """
 
-from __future__ import annotations
-
-import json
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-import equinox as eqx
 import jax
-import jax.numpy as jnp
+import numpy as np
 import optax
 
-from dew.events import TrackerEventSink, TrainingEvent
-from dew.naming import Split
-from dew.telemetry.records import FitEnded, FitStarted, RunRecord, encode_json_value
-from dew.tracking import InMemoryTracker
+from dew import metrics
+from dew.data import Dataset, Partition
+from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.lm import LMObjective, Samples
+from dew.steps import TrainState
+from dew.telemetry.records import RunRecord
+from dew.tracking import LocalTracker, read_journal
+from dew.training import Trainer
 
-STAGE = "supervised"
+VOCAB = 16
+SEQ_LEN = 32
+BATCH = 32
 
 
-def _squared_error(model: eqx.nn.Linear, inputs: jax.Array, targets: jax.Array) -> jax.Array:
-    predictions = jax.vmap(model)(inputs)
-    return jnp.mean(jnp.square(predictions - targets))
+def markov_chain(seed: int = 0) -> np.ndarray:
+    """A fixed transition matrix: each token has four likely successors."""
+    rng = np.random.default_rng(seed)
+    transitions = np.full((VOCAB, VOCAB), 0.02)
+    for token in range(VOCAB):
+        transitions[token, rng.choice(VOCAB, 4, replace=False)] += rng.dirichlet(np.ones(4))
+    return transitions / transitions.sum(axis=1, keepdims=True)
+
+
+def sample_rows(transitions: np.ndarray, rows: int, rng: np.random.Generator) -> np.ndarray:
+    """Token rows of `SEQ_LEN + 1` IDs walked through the chain."""
+    out = np.empty((rows, SEQ_LEN + 1), np.int32)
+    out[:, 0] = rng.integers(0, VOCAB, rows)
+    cumulative = np.cumsum(transitions, axis=1)
+    for position in range(1, SEQ_LEN + 1):
+        draws = rng.random(rows)[:, None]
+        out[:, position] = (draws > cumulative[out[:, position - 1]]).sum(axis=1)
+    return np.minimum(out, VOCAB - 1)
+
+
+def entropy_rate(transitions: np.ndarray) -> float:
+    """The chain's entropy rate in nats: the lowest mean loss any model can reach."""
+    values, vectors = np.linalg.eig(transitions.T)
+    stationary = np.real(vectors[:, np.argmin(np.abs(values - 1))])
+    stationary /= stationary.sum()
+    return float(-(stationary[:, None] * transitions * np.log(transitions)).sum())
 
 
 def run_quickstart(
     out: str | pathlib.Path = "runs/quickstart",
     *,
-    epochs: int = 60,
-    learning_rate: float = 0.1,
+    steps: int = 300,
     seed: int = 0,
     echo: Callable[[str], None] = print,
-) -> InMemoryTracker:
-    """Train the quick-start regression, write its tracking to `out` and return the tracker."""
+) -> TrainState:
+    """Train, evaluate and track the quick-start LM; return the final state."""
     out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    inputs = jnp.linspace(-1.0, 1.0, 32).reshape(-1, 1)
-    targets = 3.0 * inputs + 2.0
-    validation_inputs = jnp.linspace(-0.95, 0.95, 16).reshape(-1, 1)
-    validation_targets = 3.0 * validation_inputs + 2.0
+    transitions = markov_chain(seed)
+    validation = sample_rows(transitions, 4 * BATCH, np.random.default_rng(seed + 1))
 
-    model = eqx.nn.Linear(1, 1, key=jax.random.key(seed))
-    optimizer = optax.sgd(learning_rate)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    def train(partition: Partition) -> Iterator[dict[str, np.ndarray]]:
+        rng = np.random.default_rng([seed, partition.index])
+        while True:
+            yield {"text": sample_rows(transitions, BATCH, rng)}
 
-    @eqx.filter_jit
-    def train_step(model, opt_state):
-        loss, grads = eqx.filter_value_and_grad(_squared_error)(model, inputs, targets)
-        updates, opt_state = optimizer.update(grads, opt_state)
-        return eqx.apply_updates(model, updates), opt_state, loss
+    def val(partition: Partition) -> Iterator[dict[str, np.ndarray]]:
+        return iter({"text": validation[i : i + BATCH]} for i in range(0, len(validation), BATCH))
 
-    tracker = InMemoryTracker()
-    sink = TrackerEventSink(tracker)
-    tracker.log_params(
-        {
-            "model": {"name": "linear", "in_features": 1, "out_features": 1},
-            "optimizer": {"name": "sgd", "learning_rate": learning_rate},
-            "trainer": {"epochs": epochs, "seed": seed},
-        }
+    data = Dataset(train=train, val=val, batch=BATCH)
+    log_every, eval_every = min(50, steps), min(100, steps)
+    sizes = {
+        "vocab_size": VOCAB,
+        "emb_features": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "mlp_features": 128,
+        "max_seq_len": SEQ_LEN + 8,
+    }
+    model = CausalTransformer(
+        **sizes, dtype="float32", attention_impl="xla", key=jax.random.key(seed)
     )
-    tracker.log_artifact(
-        "run_record",
-        RunRecord(
-            model={"name": "linear", "in_features": 1, "out_features": 1},
-            data={"train": {"samples": 32}, "validation": {"samples": 16}},
-            optimizer={"name": "sgd", "learning_rate": learning_rate},
-            trainer={"epochs": epochs, "seed": seed},
-        ),
+    objective = LMObjective(model, seq_len=SEQ_LEN, samples=Samples(max_new_tokens=8))
+    optimizer = optax.adamw(3e-3)
+    trainer = Trainer(objective, optimizer, key=jax.random.key(seed), name="quickstart")
+    with LocalTracker(out / "tracking") as tracker:
+        tracker.log_params(
+            {
+                "model": {"name": "causal_transformer", **sizes},
+                "optimizer": {"name": "adamw", "learning_rate": 3e-3},
+                "trainer": {"steps": steps, "seed": seed},
+            }
+        )
+        tracker.log_artifact(
+            "run_record",
+            RunRecord(
+                model={"name": "causal_transformer", **sizes},
+                data={
+                    "name": "markov_chain",
+                    "vocab_size": VOCAB,
+                    "seq_len": SEQ_LEN,
+                    "batch_size": BATCH,
+                    "seed": seed,
+                },
+                optimizer={"name": "adamw", "learning_rate": 3e-3},
+                trainer={"steps": steps, "log_every": log_every, "eval_every": eval_every},
+            ),
+        )
+        state = trainer.fit(
+            data,
+            steps=steps,
+            log_every=log_every,
+            eval_every=eval_every,
+            metrics=(metrics.perplexity(), metrics.token_accuracy()),
+            tracker=tracker,
+            preview=True,
+        )
+    journal = read_journal(out / "tracking")
+    final = journal.scalars["lm/validation/perplexity"][-1][1]
+    floor = float(np.exp(entropy_rate(transitions)))
+    echo(
+        f"validation perplexity {final:.3f} (the chain's floor is {floor:.3f}; "
+        f"a uniform guess scores {VOCAB})"
     )
-    tracker.log_artifact("fit_started", FitStarted(stage=STAGE, start_step=0, steps=epochs), step=0)
-    for epoch in range(epochs):
-        model, opt_state, loss = train_step(model, opt_state)
-        validation_loss = _squared_error(model, validation_inputs, validation_targets)
-        sink.on_event(
-            TrainingEvent("epoch_end", STAGE, Split.TRAIN, epoch, model, {"loss": float(loss)})
-        )
-        sink.on_event(
-            TrainingEvent(
-                "validation_end",
-                STAGE,
-                Split.VALIDATION,
-                epoch,
-                model,
-                {"loss": float(validation_loss)},
-            )
-        )
-        if epoch % 5 == 4 or epoch == epochs - 1:
-            echo(
-                f"epoch {epoch:3d}  {STAGE}/train/loss {float(loss):.6f}  "
-                f"{STAGE}/validation/loss {float(validation_loss):.6f}"
-            )
-    tracker.log_artifact("fit_ended", FitEnded(status="completed", step=epochs), step=epochs)
-    tracker.close()
-
-    weight, bias = float(model.weight[0, 0]), float(model.bias[0])
-    echo(f"fitted y = {weight:.4f} x + {bias:.4f} (true: y = 3 x + 2)")
-    (out / "params.json").write_text(json.dumps(tracker.params, indent=2, sort_keys=True) + "\n")
-    with (out / "scalars.jsonl").open("w") as journal:
-        for tag, series in tracker.scalars.items():
-            for step, value in series:
-                line = {"tag": tag, "step": step, "value": encode_json_value(value)}
-                journal.write(json.dumps(line, allow_nan=False) + "\n")
-    with (out / "records.jsonl").open("w") as journal:
-        for series in tracker.artifacts.values():
-            for step, record in series:
-                journal.write(json.dumps({"step": step, "record": record.to_dict()}) + "\n")
-    echo(f"tracking written to {out}")
-    return tracker
+    echo(f"tracking written to {out / 'tracking'}")
+    return state

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dew", description="Train, evaluate and track models.")
     commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train the built-in quick-start run")
+    train = commands.add_parser("train", help="train the built-in quick-start language model")
     train.add_argument("--out", default="runs/quickstart", help="the local run folder")
-    train.add_argument("--epochs", type=int, default=60, help="epochs to train (>= 1)")
+    train.add_argument("--steps", type=int, default=300, help="optimizer steps (>= 1)")
     return parser
 
 
@@ -20,11 +20,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "train":
-        if args.epochs < 1:
-            parser.error(f"--epochs must be >= 1, got {args.epochs}")
+        if args.steps < 1:
+            parser.error(f"--steps must be >= 1, got {args.steps}")
         from dew._quickstart import run_quickstart
 
-        run_quickstart(args.out, epochs=args.epochs)
+        run_quickstart(args.out, steps=args.steps)
     return 0
 
 
