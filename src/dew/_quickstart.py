@@ -127,8 +127,8 @@ def run_quickstart(
     final = journal.scalars["lm/validation/perplexity"][-1][1]
     floor = float(np.exp(entropy_rate(transitions)))
     echo(
-        f"validation perplexity {final:.3f} (the chain's floor is {floor:.3f}; "
-        f"a uniform guess scores {VOCAB})"
+        f"validation perplexity {final:.3f} (the chain's entropy rate gives {floor:.3f}, "
+        f"a uniform guess {VOCAB})"
     )
     echo(f"tracking written to {out / 'tracking'}")
     return state

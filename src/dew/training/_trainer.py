@@ -1,13 +1,15 @@
 """`Trainer.fit`: the loop that drives the pure step functions."""
 
 import numbers
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
 import optax
 from jaxtyping import PRNGKeyArray
+from tqdm.auto import tqdm
 
 from dew.data import Dataset, Partition
 from dew.evaluation import PREVIEW_DOMAIN, run_pass
@@ -99,7 +101,9 @@ class Trainer:
           and a tracker; the base preview reuses the first scoring artifact.
         - The tracker is borrowed, never closed. It receives `FitStarted` and
           `FitEnded` (`completed`, `failed` with the error, or `interrupted`).
-        - `progress` prints one line per log and evaluation event.
+        - `progress` prints one line per log and evaluation event, and, when standard
+          error is a terminal, shows a progress bar (step, loss, steps/s) over the fit
+          and over each evaluation pass.
         """
         _positive("steps", steps)
         _positive("log_every", log_every)
@@ -145,6 +149,14 @@ class Trainer:
                 emit(EARLY_STOP, split, step, decision=decision)
             return stopping.stop
 
+        bar = tqdm(
+            total=steps,
+            initial=start,
+            unit="step",
+            disable=not (progress and sys.stderr.isatty()),
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
         step = start
         try:
             for step in range(start + 1, steps + 1):
@@ -156,21 +168,25 @@ class Trainer:
                         "make it yield at least one batch per step (e.g. itertools.cycle)."
                     ) from None
                 state, outputs = self._step(state, batch, self._objective_arrays)
+                bar.update()
                 stop = False
                 if step % log_every == 0:
                     values = {name: float(value) for name, value in jax.device_get(outputs).items()}
                     history = history.with_values(_tags(self.stage, Split.TRAIN, values), step)
+                    bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
                     if progress:
-                        _print(self.stage, Split.TRAIN, step, values)
+                        _print(self.stage, Split.TRAIN, step, values, bar)
                     emit("step_end", Split.TRAIN, step, values)
                     stop = judge(Split.TRAIN, step, values)
                 if evaluating and step % eval_every == 0:
-                    scores = self._evaluate(state, data, metric_set, step, tracker, preview)
+                    scores = self._evaluate(
+                        state, data, metric_set, step, tracker, preview, progress
+                    )
                     if scores:
                         tags = _tags(self.stage, Split.VALIDATION, scores)
                         history = history.with_values(tags, step)
                         if progress:
-                            _print(self.stage, Split.VALIDATION, step, scores)
+                            _print(self.stage, Split.VALIDATION, step, scores, bar)
                         emit("validation_end", Split.VALIDATION, step, scores)
                         stop = judge(Split.VALIDATION, step, scores) or stop
                 if stop:
@@ -189,6 +205,8 @@ class Trainer:
                     step=step,
                 )
             raise
+        finally:
+            bar.close()
         final = _with_history(state, history)
         if tracker is not None:
             tracker.log_artifact("fit_ended", FitEnded("completed", int(final.step)), step=step)
@@ -202,9 +220,19 @@ class Trainer:
         step: int,
         tracker: Tracker | None,
         preview: bool,
+        progress: bool,
     ) -> dict[str, float]:
         event_key = jax.random.fold_in(self.key, step)
-        batches = data.val(Partition.current())
+        batches: Iterable[Any] = data.val(Partition.current())
+        if progress and sys.stderr.isatty():
+            batches = tqdm(
+                batches,
+                desc=f"evaluation at step {step}",
+                unit="batch",
+                leave=False,
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
         scores, _, _, first_artifact, first_batch = run_pass(
             self.objective, state.params, batches, metric_set, event_key
         )
@@ -227,6 +255,10 @@ def _tags(stage: str, split: Split, values: dict[str, float]) -> dict[str, float
     return {metric_tag(stage, split, name): value for name, value in values.items()}
 
 
-def _print(stage: str, split: Split, step: int, values: dict[str, float]) -> None:
+def _print(stage: str, split: Split, step: int, values: dict[str, float], bar: Any) -> None:
     shown = "  ".join(f"{tag} {value:.4f}" for tag, value in _tags(stage, split, values).items())
-    print(f"step {step}  {shown}")
+    line = f"step {step}  {shown}"
+    if bar.disable:
+        print(line)
+    else:
+        bar.write(line)  # above the bar, which redraws below it
