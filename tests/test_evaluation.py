@@ -154,3 +154,11 @@ def test_bad_partitions_raise():
     with pytest.raises(ValueError, match="Partition needs 0 <= index < count, got index 2"):
         Partition(2, 2)
     assert Partition.current() == Partition(0, 1)
+
+
+def test_scalar_metadata_in_a_batch_adds_no_rows(objective):
+    batches = [{"epoch": 3, "text": rows["text"]} for rows in _batches(6)]
+    result = evaluate(
+        objective, objective.init_params(), batches, metrics=(), key=jax.random.key(0)
+    )
+    assert result.records == 19

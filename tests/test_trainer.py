@@ -182,7 +182,7 @@ def test_a_failing_step_reports_failed_and_reraises(objective):
     with pytest.raises(ValueError, match="rows of at least 9 token IDs"):
         trainer.fit(bad, steps=5, log_every=1, tracker=tracker, progress=False)
     ((step, ended),) = tracker.artifacts["fit_ended"]
-    assert (ended.status, step) == ("failed", 2)
+    assert (ended.status, ended.step, step) == ("failed", 1, 1)  # the last completed step
     assert "rows of at least 9 token IDs" in ended.error
 
 
@@ -196,6 +196,22 @@ def test_an_interrupt_reports_interrupted(objective):
     with pytest.raises(KeyboardInterrupt):
         trainer.fit(Dataset(train=batches), steps=5, log_every=1, tracker=tracker, progress=False)
     assert tracker.artifacts["fit_ended"][0][1].status == "interrupted"
+
+
+def test_a_state_passed_in_stays_usable(objective):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    first = trainer.fit(_data(), steps=2, log_every=1, progress=False)
+    second = trainer.fit(_data(), steps=4, log_every=1, state=first, progress=False)
+    assert int(first.step) == 2  # not donated away
+    assert int(second.step) == 4
+    assert [step for step, _ in second.metric_history["lm/train/loss"]] == [1, 2, 3, 4]
+
+
+def test_an_early_stopper_on_a_metric_the_split_lacks_raises(objective):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    stopper = EarlyStopper(metric="perplexty", source=Split.TRAIN)
+    with pytest.raises(ValueError, match="monitors 'perplexty' on the train split, but the train"):
+        trainer.fit(_data(), steps=2, log_every=1, early_stopper=stopper, progress=False)
 
 
 def test_running_out_of_batches_and_bad_cadences_raise(objective):

@@ -46,10 +46,12 @@ def _score(objective: Objective, params: PyTree, batch: Mapping[str, Any], key: 
 
 
 def _rows(batch: Mapping[str, Any]) -> int:
-    leaves = jax.tree.leaves(batch)
-    if not leaves:
-        raise ValueError("an evaluation batch holds no arrays.")
-    return int(np.shape(leaves[0])[0])
+    """The rows of a batch: the leading axis of its arrays (scalar metadata adds none)."""
+    shapes = [np.shape(leaf) for leaf in jax.tree.leaves(batch)]
+    rows = [shape[0] for shape in shapes if shape]
+    if not rows:
+        raise ValueError("an evaluation batch holds no arrays with a row axis.")
+    return int(rows[0])
 
 
 def scoring_key(key: PRNGKeyArray, batch_index: int) -> PRNGKeyArray:

@@ -113,6 +113,8 @@ class Trainer:
         sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
         if state is None:
             state = TrainState.create(self.objective, self.optimizer, key=self.key)
+        else:  # the step donates its input: never let fit delete the caller's arrays
+            state = jax.tree.map(lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state)
         history = state.metric_history
         # The jitted step sees the empty history only, so a growing history never
         # changes its static fields (and never recompiles it).
@@ -140,7 +142,10 @@ class Trainer:
                 return False
             metric = early_stopper.monitored_metric_name()
             if metric not in values:
-                return False
+                raise ValueError(
+                    f"the early stopper monitors {metric!r} on the {split.value} split, but "
+                    f"the {split.value} metrics are {sorted(values)}."
+                )
             stopping = early_stopper.update(stopping, values[metric], step=step)
             decision = Decision(metric, float(values[metric]))
             if stopping.improved:
@@ -193,16 +198,15 @@ class Trainer:
                     break
         except KeyboardInterrupt:
             if tracker is not None:
-                tracker.log_artifact(
-                    "fit_ended", FitEnded("interrupted", int(state.step)), step=step
-                )
+                done = _completed(state, step)
+                tracker.log_artifact("fit_ended", FitEnded("interrupted", done), step=done)
             raise
         except Exception as error:
             if tracker is not None:
+                done = _completed(state, step)
+                message = f"{type(error).__name__}: {error}"
                 tracker.log_artifact(
-                    "fit_ended",
-                    FitEnded("failed", step, error=f"{type(error).__name__}: {error}"),
-                    step=step,
+                    "fit_ended", FitEnded("failed", done, error=message), step=done
                 )
             raise
         finally:
@@ -243,6 +247,14 @@ class Trainer:
             )
             tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
         return scores
+
+
+def _completed(state: TrainState, step: int) -> int:
+    """The last completed step (a failed step's state may already be donated)."""
+    try:
+        return int(state.step)
+    except RuntimeError:
+        return max(step - 1, 0)
 
 
 def _with_history(state: TrainState, history: MetricHistory) -> TrainState:
