@@ -63,16 +63,19 @@ class Trainer:
         self.stage = check_name("stage", objective.name if stage is None else stage)
         self.name = name
         arrays, static = eqx.partition(objective, eqx.is_array)
-        self._objective_arrays = arrays
+        self._objective_leaves, objective_def = jax.tree.flatten(arrays)
 
-        def step(state: TrainState, batch: Any, objective_arrays: Any):
-            objective = eqx.combine(objective_arrays, static)
+        def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: Any):
+            objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
+            state = jax.tree.unflatten(state_def, state_leaves)
             key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_DOMAIN), state.step)
-            return train_step(objective, optimizer, state, batch, key)
+            next_state, outputs = train_step(objective, optimizer, state, batch, key)
+            return jax.tree.leaves(next_state), outputs
 
-        # The objective is partitioned once: each step passes the same arrays, and the
-        # state's buffers are donated, so a step adds no copies the hand loop lacks.
-        self._step = jax.jit(step, donate_argnums=0)
+        # The objective is partitioned and flattened once, and the state travels as a flat
+        # list of leaves with its buffers donated: a step pays no Python-level pytree
+        # flattening and adds no copies the hand-written loop lacks.
+        self._step = jax.jit(step, donate_argnums=0, static_argnums=3)
 
     def fit(
         self,
@@ -120,6 +123,11 @@ class Trainer:
         # changes its static fields (and never recompiles it).
         state = _with_history(state, EMPTY_HISTORY)
         start = int(state.step)
+        leaves, state_def = jax.tree.flatten(state)
+
+        def current() -> TrainState:
+            return jax.tree.unflatten(state_def, leaves)
+
         stopping = early_stopper.init() if early_stopper is not None else None
         if tracker is not None:
             tracker.log_artifact(
@@ -130,8 +138,16 @@ class Trainer:
         batches = iter(data.train(Partition.current()))
 
         def emit(name, split, step, values=None, decision=None):
+            if not sinks:
+                return
             event = TrainingEvent(
-                name, self.stage, split, step, _with_history(state, history), values or {}, decision
+                name,
+                self.stage,
+                split,
+                step,
+                _with_history(current(), history),
+                values or {},
+                decision,
             )
             for sink in sinks:
                 sink.on_event(event)
@@ -172,7 +188,7 @@ class Trainer:
                         f"Dataset.train ran out of batches at step {step} of {steps}; "
                         "make it yield at least one batch per step (e.g. itertools.cycle)."
                     ) from None
-                state, outputs = self._step(state, batch, self._objective_arrays)
+                leaves, outputs = self._step(leaves, batch, self._objective_leaves, state_def)
                 bar.update()
                 stop = False
                 if step % log_every == 0:
@@ -185,7 +201,7 @@ class Trainer:
                     stop = judge(Split.TRAIN, step, values)
                 if evaluating and step % eval_every == 0:
                     scores = self._evaluate(
-                        state, data, metric_set, step, tracker, preview, progress
+                        current(), data, metric_set, step, tracker, preview, progress
                     )
                     if scores:
                         tags = _tags(self.stage, Split.VALIDATION, scores)
@@ -198,12 +214,12 @@ class Trainer:
                     break
         except KeyboardInterrupt:
             if tracker is not None:
-                done = _completed(state, step)
+                done = _completed(current(), step)
                 tracker.log_artifact("fit_ended", FitEnded("interrupted", done), step=done)
             raise
         except Exception as error:
             if tracker is not None:
-                done = _completed(state, step)
+                done = _completed(current(), step)
                 message = f"{type(error).__name__}: {error}"
                 tracker.log_artifact(
                     "fit_ended", FitEnded("failed", done, error=message), step=done
@@ -211,7 +227,7 @@ class Trainer:
             raise
         finally:
             bar.close()
-        final = _with_history(state, history)
+        final = _with_history(current(), history)
         if tracker is not None:
             tracker.log_artifact("fit_ended", FitEnded("completed", int(final.step)), step=step)
         return final
