@@ -169,3 +169,51 @@ def test_bad_arguments_raise():
         )
     with pytest.raises(ValueError, match="no floating-point arrays to train"):
         create_optimizer({"n": 3}, optax.sgd(0.1))
+
+
+def test_the_shared_engine_reports_records_and_prints(capsys):
+    model, optimizer, state = _setup()
+    tracker = InMemoryTracker()
+    final = run_supervised(
+        model=model,
+        optimizer=optimizer,
+        train_loader=loader,
+        loss=squared_error,
+        state=state,
+        epochs=2,
+        validation=HeldOutValidation(model, loader, squared_error),
+        event_sinks=[TrackerEventSink(tracker)],
+        tracker=tracker,
+        progress=True,
+    )
+    [(_, started)] = tracker.artifacts["fit_started"]
+    [(_, ended)] = tracker.artifacts["fit_ended"]
+    assert (started.stage, started.start_step, started.steps) == ("supervised", 0, 2)
+    assert (ended.status, ended.step) == ("completed", int(final.step))
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0] for line in printed] == ["step 0", "step 0", "step 1", "step 1"]
+    assert printed[0].startswith("step 0  supervised/train/loss ")
+    assert printed[1].startswith("step 0  supervised/validation/loss ")
+    assert len(printed) == 4
+
+
+def test_a_failing_epoch_reports_failed_and_reraises():
+    model, optimizer, state = _setup()
+    tracker = InMemoryTracker()
+
+    def broken(*, split, epoch):
+        yield from loader(split=split, epoch=epoch)
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        run_supervised(
+            model=model,
+            optimizer=optimizer,
+            train_loader=broken,
+            loss=squared_error,
+            state=state,
+            epochs=2,
+            tracker=tracker,
+        )
+    [(_, ended)] = tracker.artifacts["fit_ended"]
+    assert ended.status == "failed" and ended.error == "OSError: disk gone"

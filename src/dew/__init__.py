@@ -19,6 +19,8 @@ from dew.tracking import MLflowTracker as MLflowTracker
 from dew.tracking import TensorBoardTracker as TensorBoardTracker
 from dew.tracking import Trackers as Trackers
 from dew.tracking import WandbTracker as WandbTracker
+from dew.profiling import Profile as Profile
+from dew.profiling import profile as profile
 from dew.training import Trainer as Trainer
 
 try:
@@ -32,6 +34,7 @@ __all__ = [
     "LocalTracker",
     "MLflowTracker",
     "TensorBoardTracker",
+    "Profile",
     "Trainer",
     "Trackers",
     "WandbTracker",
@@ -39,6 +42,7 @@ __all__ = [
     "evaluate",
     "events",
     "metrics",
+    "profile",
     "naming",
     "tracking",
 ]

@@ -12,18 +12,15 @@ import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew.events import (
-    BEST_MODEL,
-    EARLY_STOP,
     EPOCH_END,
     VALIDATION_END,
-    Decision,
     EventSink,
-    TrainingEvent,
 )
-from dew.naming import Split, check_name, metric_tag
+from dew.naming import Split, check_name
 from dew.objectives.base import combine, trainable
-from dew.steps import EMPTY_HISTORY, TrainState
+from dew.steps import TrainState
 from dew.supervised._early_stopping import EarlyStopper
+from dew.tracking import Tracker
 
 __all__ = [
     "Batch",
@@ -116,6 +113,8 @@ def run_supervised(
     early_stopper: EarlyStopper | None = None,
     event_sinks: Sequence[EventSink] = (),
     stage: str = "supervised",
+    tracker: Tracker | None = None,
+    progress: bool = False,
 ) -> TrainState:
     """Train `model` for `epochs` epochs and return the final state.
 
@@ -124,6 +123,11 @@ def run_supervised(
     then `validation_end` when `validation` is given, then the early stopper's
     `best_model` / `early_stop` decision events (no metrics). Steps are epochs,
     counted from zero. `state.metric_history` is keyed by the tags a tracker receives.
+
+    The loop is observed by the same engine as `Trainer.fit`: pass `tracker` to give
+    it the `FitStarted` / `FitEnded` records (its metrics still arrive through a
+    `TrackerEventSink` among `event_sinks`), and `progress=True` for a printed line
+    per report and a bar over the epochs.
     """
     check_name("stage", stage)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
@@ -142,63 +146,51 @@ def run_supervised(
             params = optax.apply_updates(params, updates)
         return params, opt_state, value
 
-    history = state.metric_history
-    stopping = early_stopper.init() if early_stopper is not None else None
+    from dew._loop import LoopEngine  # the engine imports this package's early stopper
+
     params, opt_state = state.params, state.opt_state
+    steps = int(state.step)
 
     def current() -> TrainState:
-        return TrainState(state.step, params, opt_state, state.key, state.ema_params, history)
-
-    def emit(name: str, split: Split, epoch: int, values=None, decision=None) -> None:
-        event = TrainingEvent(name, stage, split, epoch, current(), values or {}, decision)
-        for sink in event_sinks:
-            sink.on_event(event)
-
-    def record(split: Split, epoch: int, values: dict[str, float]) -> None:
-        nonlocal history
-        tags = {metric_tag(stage, split, name): value for name, value in values.items()}
-        history = history.with_values(tags, epoch)
-
-    steps = int(state.step)
-    for epoch in range(epochs):
-        total = rows = 0.0
-        for batch in train_loader(split="train", epoch=epoch):
-            key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_DOMAIN), steps)
-            params, opt_state, value = step(
-                params, opt_state, batch.inputs, batch.targets, batch.sample_weight, key
-            )
-            steps += 1
-            count = _rows(batch)
-            total, rows = total + float(value) * count, rows + count
-        state = TrainState(
-            jnp.asarray(steps, jnp.int32),
-            params,
-            opt_state,
-            state.key,
-            state.ema_params,
-            EMPTY_HISTORY,
+        return TrainState(
+            jnp.asarray(steps, jnp.int32), params, opt_state, state.key, state.ema_params
         )
-        measured: dict[Split, dict[str, float]] = {}
-        if rows:
-            measured[Split.TRAIN] = {"loss": total / rows}
-            record(Split.TRAIN, epoch, measured[Split.TRAIN])
-            emit(EPOCH_END, Split.TRAIN, epoch, measured[Split.TRAIN])
-        if validation is not None:
-            key = jax.random.fold_in(state.key, epoch)
-            scores = validation.evaluate(params, epoch, key)
-            if scores:
-                measured[Split.VALIDATION] = scores
-                record(Split.VALIDATION, epoch, scores)
-                emit(VALIDATION_END, Split.VALIDATION, epoch, scores)
-        if early_stopper is not None:
-            values = measured.get(early_stopper.source, {})
-            metric = early_stopper.monitored_metric_name()
-            if metric in values:
-                stopping = early_stopper.update(stopping, values[metric], step=epoch)
-                decision = Decision(metric, float(values[metric]))
-                if stopping.improved:
-                    emit(BEST_MODEL, early_stopper.source, epoch, decision=decision)
-                if stopping.stop:
-                    emit(EARLY_STOP, early_stopper.source, epoch, decision=decision)
-                    break
-    return current()
+
+    engine = LoopEngine(
+        stage=stage,
+        current=current,
+        history=state.metric_history,
+        sinks=event_sinks,
+        tracker=tracker,
+        early_stopper=early_stopper,
+        progress=progress,
+        total=epochs,
+        unit="epoch",
+    )
+    with engine.running(start=0, steps=epochs, completed=lambda: steps):
+        for epoch in range(epochs):
+            total = rows = 0.0
+            for batch in train_loader(split="train", epoch=epoch):
+                key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_DOMAIN), steps)
+                params, opt_state, value = step(
+                    params, opt_state, batch.inputs, batch.targets, batch.sample_weight, key
+                )
+                steps += 1
+                count = _rows(batch)
+                total, rows = total + float(value) * count, rows + count
+            engine.advance()
+            measured: dict[Split, dict[str, float]] = {}
+            if rows:
+                measured[Split.TRAIN] = {"loss": total / rows}
+                engine.report(EPOCH_END, Split.TRAIN, epoch, measured[Split.TRAIN])
+            if validation is not None:
+                key = jax.random.fold_in(state.key, epoch)
+                scores = validation.evaluate(params, epoch, key)
+                if scores:
+                    measured[Split.VALIDATION] = scores
+                    engine.report(VALIDATION_END, Split.VALIDATION, epoch, scores)
+            if early_stopper is not None and engine.judge(
+                early_stopper.source, epoch, measured.get(early_stopper.source, {})
+            ):
+                break
+    return engine.state()

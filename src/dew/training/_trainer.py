@@ -1,25 +1,32 @@
 """`Trainer.fit`: the loop that drives the pure step functions."""
 
+import contextlib
+import dataclasses
+import functools
 import numbers
+import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
+import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
+from dew._loop import LoopEngine, with_history
 from dew.data import Dataset, Partition
 from dew.evaluation import PREVIEW_DOMAIN, run_pass
-from dew.events import BEST_MODEL, EARLY_STOP, Decision, EventSink, TrackerEventSink, TrainingEvent
+from dew.events import STEP_END, VALIDATION_END, EventSink, TrackerEventSink
 from dew.metrics import Metric, MetricSet
-from dew.naming import Split, check_name, metric_tag
+from dew.naming import Split, check_name
 from dew.objectives.base import Objective
-from dew.steps import EMPTY_HISTORY, MetricHistory, TrainState, train_step
-from dew.supervised import EarlyStopper
-from dew.telemetry.records import FitEnded, FitStarted
+from dew.profiling import Profile
+from dew.steps import EMPTY_HISTORY, TrainState, train_step
+from dew.supervised import EarlyStopper, EarlyStopping
+from dew.telemetry.records import CheckpointRequested, ProfileWindow
 from dew.tracking import Tracker
 
 __all__ = ["Trainer"]
@@ -36,6 +43,28 @@ def _positive(name: str, value: Any, *, optional: bool = False) -> None:
         raise ValueError(f"{name} must be {allowed}, got {value!r}.")
 
 
+def _compile_step(objective_def: Any, static: Any, optimizer: optax.GradientTransformation):
+    def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: Any):
+        objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
+        state = jax.tree.unflatten(state_def, state_leaves)
+        key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_DOMAIN), state.step)
+        next_state, outputs = train_step(objective, optimizer, state, batch, key)
+        return jax.tree.leaves(next_state), outputs
+
+    # The objective is partitioned and flattened once, and the state travels as a flat
+    # list of leaves with its buffers donated: a step pays no Python-level pytree
+    # flattening and adds no copies the hand-written loop lacks.
+    return jax.jit(step, donate_argnums=0, static_argnums=3)
+
+
+_cached_step = functools.lru_cache(maxsize=32)(_compile_step)
+
+
+def key_text(key: PRNGKeyArray) -> str:
+    """A key's raw data as one hex string (how the trainer prints an event key)."""
+    return "".join(f"{int(word):08x}" for word in np.ravel(jax.random.key_data(key)))
+
+
 class Trainer:
     """Train an objective with an optax optimizer, evaluating and reporting on a cadence.
 
@@ -46,6 +75,9 @@ class Trainer:
     - `key`: the run key; step keys and evaluation keys derive from it.
     - `stage`: the first segment of every metric tag (default: the objective's name).
     - `name`: the run's name (used by recipes).
+    - `checkpoint_dir`: where `fit` saves checkpoints (orbax-checkpoint) and resumes
+      from: a fit started again with the same directory continues at its latest
+      checkpoint.
     """
 
     def __init__(
@@ -56,26 +88,22 @@ class Trainer:
         *,
         stage: str | None = None,
         name: str | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.objective = objective
         self.optimizer = optimizer
         self.key = key
         self.stage = check_name("stage", objective.name if stage is None else stage)
         self.name = name
+        if checkpoint_dir is not None and not os.fspath(checkpoint_dir):
+            raise ValueError("checkpoint_dir must be None or a non-empty path, got ''.")
+        self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         arrays, static = eqx.partition(objective, eqx.is_array)
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
-
-        def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: Any):
-            objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
-            state = jax.tree.unflatten(state_def, state_leaves)
-            key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_DOMAIN), state.step)
-            next_state, outputs = train_step(objective, optimizer, state, batch, key)
-            return jax.tree.leaves(next_state), outputs
-
-        # The objective is partitioned and flattened once, and the state travels as a flat
-        # list of leaves with its buffers donated: a step pays no Python-level pytree
-        # flattening and adds no copies the hand-written loop lacks.
-        self._step = jax.jit(step, donate_argnums=0, static_argnums=3)
+        try:  # Trainers of one model structure and one optimizer share a compiled step
+            self._step = _cached_step(objective_def, static, optimizer)
+        except TypeError:  # an unhashable static field: compile for this Trainer alone
+            self._step = _compile_step(objective_def, static, optimizer)
 
     def fit(
         self,
@@ -89,6 +117,8 @@ class Trainer:
         event_sinks: Sequence[EventSink] = (),
         preview: bool = False,
         early_stopper: EarlyStopper | None = None,
+        checkpoint_every: int | None = None,
+        profile: Profile | None = None,
         state: TrainState | None = None,
         progress: bool = True,
     ) -> TrainState:
@@ -102,146 +132,202 @@ class Trainer:
           `<stage>/validation/<metric>`).
         - Previews (`tracker.log_artifact("samples", ...)`) only with `preview=True`
           and a tracker; the base preview reuses the first scoring artifact.
-        - The tracker is borrowed, never closed. It receives `FitStarted` and
-          `FitEnded` (`completed`, `failed` with the error, or `interrupted`).
-        - `progress` prints one line per log and evaluation event, and, when standard
-          error is a terminal, shows a progress bar (step, loss, steps/s) over the fit
-          and over each evaluation pass.
+        - The tracker is borrowed, never closed. It receives `FitStarted`,
+          `CheckpointRequested`, `ProfileWindow` and `FitEnded` (`completed`,
+          `failed` with the error, or `interrupted`).
+        - Checkpoints (needs the Trainer's `checkpoint_dir`): a save is submitted
+          every `checkpoint_every` steps and at the end, asynchronously
+          (`CheckpointRequested` means submitted, not durable); `fit` waits for every
+          save before it returns or raises. When the directory already holds a
+          checkpoint, `fit` resumes from the latest one: its state, metric history
+          and early-stopping state, and it draws and discards the training batches
+          the saved run had consumed, so the data order continues where it was.
+        - `profile`: a `dew.profiling.Profile` window traced with `jax.profiler`; the
+          `ProfileWindow` record is reported once the trace has stopped.
+        - `progress` prints one line per log and evaluation event (an evaluation's
+          line adds its batch and record counts and its event key) and, when
+          standard error is a terminal, shows a progress bar (step, loss, steps/s)
+          over the fit and over each evaluation pass.
         """
         _positive("steps", steps)
         _positive("log_every", log_every)
         _positive("eval_every", eval_every, optional=True)
+        _positive("checkpoint_every", checkpoint_every, optional=True)
+        if checkpoint_every is not None and self.checkpoint_dir is None:
+            raise ValueError(
+                f"checkpoint_every={checkpoint_every} needs somewhere to save: construct the "
+                "Trainer with checkpoint_dir=..."
+            )
         metric_set = MetricSet(metrics)
         evaluating = data.val is not None and eval_every is not None and bool(metrics)
         sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
-        if state is None:
-            state = TrainState.create(self.objective, self.optimizer, key=self.key)
-        else:  # the step donates its input: never let fit delete the caller's arrays
-            state = jax.tree.map(lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state)
-        history = state.metric_history
+
+        checkpoints = None
+        stopping: EarlyStopping | None = None
+        data_start = None
+        if self.checkpoint_dir is not None:
+            from dew.checkpoints import Checkpointer
+
+            checkpoints = Checkpointer(self.checkpoint_dir)
+        try:
+            if checkpoints is not None and checkpoints.latest_step() is not None:
+                if state is not None:
+                    raise ValueError(
+                        f"fit was given state= and checkpoint_dir {self.checkpoint_dir!r} "
+                        f"already holds checkpoints (steps {checkpoints.all_steps()}); resume "
+                        "from the checkpoints without state=, or use a new checkpoint_dir."
+                    )
+                template = TrainState.create(self.objective, self.optimizer, key=self.key)
+                state, extra = checkpoints.restore(template)
+                data_start = int(extra.get("data_start", 0))
+                saved = extra.get("early_stopping")
+                if early_stopper is not None and saved is not None:
+                    stopping = EarlyStopping(**saved)
+            elif state is None:
+                state = TrainState.create(self.objective, self.optimizer, key=self.key)
+            else:  # the step donates its input: never let fit delete the caller's arrays
+                state = jax.tree.map(
+                    lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state
+                )
+            return self._run(
+                data,
+                steps,
+                state,
+                log_every=log_every,
+                eval_every=eval_every if evaluating else None,
+                metric_set=metric_set,
+                tracker=tracker,
+                sinks=sinks,
+                preview=preview,
+                early_stopper=early_stopper,
+                stopping=stopping,
+                checkpoints=checkpoints,
+                checkpoint_every=checkpoint_every,
+                data_start=data_start,
+                profile=profile,
+                progress=progress,
+            )
+        finally:
+            if checkpoints is not None:
+                checkpoints.close()  # every submitted save is durable before fit returns
+
+    def _run(
+        self,
+        data: Dataset,
+        steps: int,
+        state: TrainState,
+        *,
+        log_every: int,
+        eval_every: int | None,
+        metric_set: MetricSet,
+        tracker: Tracker | None,
+        sinks: list[EventSink],
+        preview: bool,
+        early_stopper: EarlyStopper | None,
+        stopping: EarlyStopping | None,
+        checkpoints: Any,
+        checkpoint_every: int | None,
+        data_start: int | None,
+        profile: Profile | None,
+        progress: bool,
+    ) -> TrainState:
         # The jitted step sees the empty history only, so a growing history never
         # changes its static fields (and never recompiles it).
-        state = _with_history(state, EMPTY_HISTORY)
+        history = state.metric_history
+        state = with_history(state, EMPTY_HISTORY)
         start = int(state.step)
+        data_start = start if data_start is None else data_start
         leaves, state_def = jax.tree.flatten(state)
 
         def current() -> TrainState:
             return jax.tree.unflatten(state_def, leaves)
 
-        stopping = early_stopper.init() if early_stopper is not None else None
-        if tracker is not None:
-            tracker.log_artifact(
-                "fit_started",
-                FitStarted(stage=self.stage, start_step=start, steps=steps),
-                step=start,
-            )
-        batches = iter(data.train(Partition.current()))
-
-        def emit(name, split, step, values=None, decision=None):
-            if not sinks:
-                return
-            event = TrainingEvent(
-                name,
-                self.stage,
-                split,
-                step,
-                _with_history(current(), history),
-                values or {},
-                decision,
-            )
-            for sink in sinks:
-                sink.on_event(event)
-
-        def judge(split, step, values):
-            nonlocal stopping
-            if early_stopper is None or early_stopper.source != split:
-                return False
-            metric = early_stopper.monitored_metric_name()
-            if metric not in values:
-                raise ValueError(
-                    f"the early stopper monitors {metric!r} on the {split.value} split, but "
-                    f"the {split.value} metrics are {sorted(values)}."
-                )
-            stopping = early_stopper.update(stopping, values[metric], step=step)
-            decision = Decision(metric, float(values[metric]))
-            if stopping.improved:
-                emit(BEST_MODEL, split, step, decision=decision)
-            if stopping.stop:
-                emit(EARLY_STOP, split, step, decision=decision)
-            return stopping.stop
-
-        bar = tqdm(
+        engine = LoopEngine(
+            stage=self.stage,
+            current=current,
+            history=history,
+            sinks=sinks,
+            tracker=tracker,
+            early_stopper=early_stopper,
+            stopping=stopping,
+            progress=progress,
             total=steps,
-            initial=start,
+            initial=min(start, steps),
             unit="step",
-            disable=not (progress and sys.stderr.isatty()),
-            file=sys.stderr,
-            dynamic_ncols=True,
         )
+        saved_step = start if checkpoints is not None and start > 0 else None
+
+        def checkpoint(step: int) -> None:
+            nonlocal saved_step
+            extra: dict[str, Any] = {"data_start": data_start}
+            if engine.stopping is not None:
+                extra["early_stopping"] = dataclasses.asdict(engine.stopping)
+            checkpoints.save(step, engine.state(), extra)
+            saved_step = step
+            engine.record(
+                "checkpoint_requested",
+                CheckpointRequested(step=step, directory=checkpoints.directory),
+                step,
+            )
+
+        window = _Window(profile, engine)
         step = start
-        try:
-            for step in range(start + 1, steps + 1):
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    raise ValueError(
-                        f"Dataset.train ran out of batches at step {step} of {steps}; "
-                        "make it yield at least one batch per step (e.g. itertools.cycle)."
-                    ) from None
-                leaves, outputs = self._step(leaves, batch, self._objective_leaves, state_def)
-                bar.update()
-                stop = False
-                if step % log_every == 0:
-                    values = {name: float(value) for name, value in jax.device_get(outputs).items()}
-                    history = history.with_values(_tags(self.stage, Split.TRAIN, values), step)
-                    bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
-                    if progress:
-                        _print(self.stage, Split.TRAIN, step, values, bar)
-                    emit("step_end", Split.TRAIN, step, values)
-                    stop = judge(Split.TRAIN, step, values)
-                if evaluating and step % eval_every == 0:
-                    scores = self._evaluate(
-                        current(), data, metric_set, step, tracker, preview, progress
-                    )
-                    if scores:
-                        tags = _tags(self.stage, Split.VALIDATION, scores)
-                        history = history.with_values(tags, step)
-                        if progress:
-                            _print(self.stage, Split.VALIDATION, step, scores, bar)
-                        emit("validation_end", Split.VALIDATION, step, scores)
-                        stop = judge(Split.VALIDATION, step, scores) or stop
-                if stop:
-                    break
-        except KeyboardInterrupt:
-            if tracker is not None:
-                done = _completed(current(), step)
-                tracker.log_artifact("fit_ended", FitEnded("interrupted", done), step=done)
-            raise
-        except Exception as error:
-            if tracker is not None:
-                done = _completed(current(), step)
-                message = f"{type(error).__name__}: {error}"
-                tracker.log_artifact(
-                    "fit_ended", FitEnded("failed", done, error=message), step=done
-                )
-            raise
-        finally:
-            bar.close()
-        final = _with_history(current(), history)
-        if tracker is not None:
-            tracker.log_artifact("fit_ended", FitEnded("completed", int(final.step)), step=step)
-        return final
+        done_before = engine.stopping is not None and engine.stopping.stop
+        with engine.running(
+            start=start, steps=steps, completed=lambda: _completed(current(), step)
+        ):
+            try:
+                remaining = range(start + 1, steps + 1) if not done_before else range(0)
+                if remaining:  # a finished run resumes to its end without drawing a batch
+                    batches = _skip(iter(data.train(Partition.current())), start - data_start)
+                for step in remaining:
+                    try:
+                        batch = next(batches)
+                    except StopIteration:
+                        raise ValueError(
+                            f"Dataset.train ran out of batches at step {step} of {steps}; "
+                            "make it yield at least one batch per step (e.g. itertools.cycle)."
+                        ) from None
+                    window.before(step)
+                    leaves, outputs = self._step(leaves, batch, self._objective_leaves, state_def)
+                    engine.advance()
+                    window.after(step, leaves)
+                    stop = False
+                    if step % log_every == 0:
+                        values = {
+                            name: float(value) for name, value in jax.device_get(outputs).items()
+                        }
+                        engine.report(STEP_END, Split.TRAIN, step, values)
+                        stop = engine.judge(Split.TRAIN, step, values)
+                    if eval_every is not None and step % eval_every == 0:
+                        stop = (
+                            self._evaluate(
+                                engine, data, metric_set, step, tracker, preview, progress
+                            )
+                            or stop
+                        )
+                    if checkpoint_every is not None and step % checkpoint_every == 0:
+                        checkpoint(step)
+                    if stop:
+                        break
+            finally:
+                window.close(leaves)
+            if checkpoints is not None and saved_step != int(current().step):
+                checkpoint(int(current().step))
+        return engine.state()
 
     def _evaluate(
         self,
-        state: TrainState,
+        engine: LoopEngine,
         data: Dataset,
         metric_set: MetricSet,
         step: int,
         tracker: Tracker | None,
         preview: bool,
         progress: bool,
-    ) -> dict[str, float]:
+    ) -> bool:
+        """One evaluation event at `step`; returns whether the early stopper says stop."""
+        state = engine.current()
         event_key = jax.random.fold_in(self.key, step)
         batches: Iterable[Any] = data.val(Partition.current())
         if progress and sys.stderr.isatty():
@@ -253,7 +339,7 @@ class Trainer:
                 file=sys.stderr,
                 dynamic_ncols=True,
             )
-        scores, _, _, first_artifact, first_batch = run_pass(
+        scores, count, records, first_artifact, first_batch = run_pass(
             self.objective, state.params, batches, metric_set, event_key
         )
         if preview and tracker is not None and first_batch is not None:
@@ -262,7 +348,78 @@ class Trainer:
                 state.params, first_batch, preview_key, scored=first_artifact
             )
             tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
-        return scores
+        counts = (
+            f"evaluation/coordinated_batches {count}  evaluation/records {records}  "
+            f"evaluation/uneven_shards False  event key {key_text(event_key)}"
+        )
+        if not scores:
+            if progress:
+                engine.print(f"step {step}  empty validation pass  {counts}")
+            return False
+        engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=f"\n  {counts}")
+        return engine.judge(Split.VALIDATION, step, scores)
+
+
+class _Window:
+    """A `Profile` window over the loop: start before its first step, stop after its last."""
+
+    def __init__(self, profile: Profile | None, engine: LoopEngine) -> None:
+        self.profile = profile
+        self.engine = engine
+        self.tracing = False
+        self.finished = profile is None
+        self.traced = 0
+        self.first = 0
+
+    def before(self, step: int) -> None:
+        if self.finished or self.tracing or step < self.profile.start:
+            return
+        if step > self.profile.stop:
+            self.finished = True
+            return
+        directory = os.fspath(self.profile.directory)
+        os.makedirs(directory, exist_ok=True)
+        jax.profiler.start_trace(directory)
+        self.tracing, self.first = True, step
+
+    def after(self, step: int, leaves: list) -> None:
+        if not self.tracing:
+            return
+        self.traced += 1
+        if step >= self.profile.stop:
+            self.close(leaves)
+
+    def close(self, leaves: list) -> None:
+        if not self.tracing:
+            return
+        self.tracing, self.finished = False, True
+        # The traced steps have run when the trace stops (a failed step's buffers may be
+        # donated already: stop the trace anyway).
+        with contextlib.suppress(RuntimeError):
+            jax.block_until_ready(leaves)
+        jax.profiler.stop_trace()
+        self.engine.record(
+            "profile_window",
+            ProfileWindow(
+                directory=os.fspath(self.profile.directory),
+                traced_steps=self.traced,
+                start_step=self.first,
+            ),
+            self.first + self.traced - 1,
+        )
+
+
+def _skip(batches: Iterator[Any], count: int) -> Iterator[Any]:
+    """Draw and discard the `count` batches a resumed run's checkpoint had consumed."""
+    for index in range(count):
+        try:
+            next(batches)
+        except StopIteration:
+            raise ValueError(
+                f"resuming needs the {count} training batches the checkpointed run consumed "
+                f"replayed first, but Dataset.train ended after {index}."
+            ) from None
+    return batches
 
 
 def _completed(state: TrainState, step: int) -> int:
@@ -271,22 +428,3 @@ def _completed(state: TrainState, step: int) -> int:
         return int(state.step)
     except RuntimeError:
         return max(step - 1, 0)
-
-
-def _with_history(state: TrainState, history: MetricHistory) -> TrainState:
-    return TrainState(
-        state.step, state.params, state.opt_state, state.key, state.ema_params, history
-    )
-
-
-def _tags(stage: str, split: Split, values: dict[str, float]) -> dict[str, float]:
-    return {metric_tag(stage, split, name): value for name, value in values.items()}
-
-
-def _print(stage: str, split: Split, step: int, values: dict[str, float], bar: Any) -> None:
-    shown = "  ".join(f"{tag} {value:.4f}" for tag, value in _tags(stage, split, values).items())
-    line = f"step {step}  {shown}"
-    if bar.disable:
-        print(line)
-    else:
-        bar.write(line)  # above the bar, which redraws below it

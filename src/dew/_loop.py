@@ -1,0 +1,197 @@
+"""The loop engine both runners share: reporting, history, early stopping, progress, records.
+
+`Trainer.fit` (one event per optimizer step on a cadence) and `run_supervised` (one
+event per epoch) drive their own compiled steps, and hand everything they observe to
+one `LoopEngine`: it appends to the metric history under the tags a tracker receives,
+emits `TrainingEvent`s to the sinks, asks the early stopper, prints a line and draws
+the progress bar, and reports `FitStarted` / `FitEnded` to a tracker. A runner thus
+differs from the other only in what a step is, never in how a run is observed.
+"""
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from dew.events import BEST_MODEL, EARLY_STOP, Decision, EventSink, TrainingEvent
+from dew.naming import Split, metric_tag
+from dew.steps import MetricHistory, TrainState
+from dew.supervised._early_stopping import EarlyStopper, EarlyStopping
+from dew.telemetry.records import FitEnded, FitStarted, Record
+from dew.tracking import Tracker
+
+__all__ = ["LoopEngine", "with_history"]
+
+
+def with_history(state: TrainState, history: MetricHistory) -> TrainState:
+    """`state` with its (static) metric history replaced."""
+    return TrainState(
+        state.step, state.params, state.opt_state, state.key, state.ema_params, history
+    )
+
+
+class LoopEngine:
+    """Observe one run of a loop.
+
+    - `stage`: the first segment of every tag.
+    - `current`: returns the run's state now (its history is ignored).
+    - `sinks`: event sinks; `tracker`: borrowed, receives records (a runner that
+      reports metrics to it passes a `TrackerEventSink` among the sinks).
+    - `early_stopper`, `stopping`: the stopper and its state so far (`None`: fresh).
+    - `progress`: print one line per report; draw a bar (over `total` units of
+      `unit`, from `initial`) when standard error is a terminal.
+    """
+
+    def __init__(
+        self,
+        *,
+        stage: str,
+        current: Callable[[], TrainState],
+        history: MetricHistory,
+        sinks: Sequence[EventSink] = (),
+        tracker: Tracker | None = None,
+        early_stopper: EarlyStopper | None = None,
+        stopping: EarlyStopping | None = None,
+        progress: bool = False,
+        total: int | None = None,
+        initial: int = 0,
+        unit: str = "step",
+    ) -> None:
+        self.stage = stage
+        self.current = current
+        self.history = history
+        self.sinks = tuple(sinks)
+        self.tracker = tracker
+        self.early_stopper = early_stopper
+        if early_stopper is not None and stopping is None:
+            stopping = early_stopper.init()
+        self.stopping = stopping
+        self.progress = progress
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            unit=unit,
+            disable=not (progress and sys.stderr.isatty()),
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+
+    # -- observation ---------------------------------------------------------------------
+
+    def state(self) -> TrainState:
+        """The current state with the history reported so far."""
+        return with_history(self.current(), self.history)
+
+    def emit(
+        self,
+        name: str,
+        split: Split,
+        step: int,
+        values: Mapping[str, float] | None = None,
+        decision: Decision | None = None,
+    ) -> None:
+        """Send one event to every sink (no work at all without sinks)."""
+        if not self.sinks:
+            return
+        event = TrainingEvent(
+            name, self.stage, split, step, self.state(), dict(values or {}), decision
+        )
+        for sink in self.sinks:
+            sink.on_event(event)
+
+    def report(
+        self,
+        name: str,
+        split: Split,
+        step: int,
+        values: Mapping[str, float],
+        *,
+        note: str = "",
+    ) -> None:
+        """Record `values` (bare names) at `step`: history, printed line, then the event."""
+        tags = {metric_tag(self.stage, split, metric): value for metric, value in values.items()}
+        self.history = self.history.with_values(tags, step)
+        if "loss" in values and split is Split.TRAIN:
+            self.bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
+        if self.progress:
+            shown = "  ".join(f"{tag} {value:.4f}" for tag, value in tags.items())
+            self.print(f"step {step}  {shown}{note}")
+        self.emit(name, split, step, values)
+
+    def judge(self, split: Split, step: int, values: Mapping[str, float]) -> bool:
+        """Update the early stopper with `split`'s values; emit its decisions; `True`: stop.
+
+        A split the stopper does not watch, or a report with no values, decides
+        nothing; values that lack the monitored metric are an error.
+        """
+        stopper = self.early_stopper
+        if stopper is None or stopper.source != split or not values:
+            return False
+        metric = stopper.monitored_metric_name()
+        if metric not in values:
+            raise ValueError(
+                f"the early stopper monitors {metric!r} on the {split.value} split, but "
+                f"the {split.value} metrics are {sorted(values)}."
+            )
+        assert self.stopping is not None
+        self.stopping = stopper.update(self.stopping, values[metric], step=step)
+        decision = Decision(metric, float(values[metric]))
+        if self.stopping.improved:
+            self.emit(BEST_MODEL, split, step, decision=decision)
+        if self.stopping.stop:
+            self.emit(EARLY_STOP, split, step, decision=decision)
+        return self.stopping.stop
+
+    def print(self, line: str) -> None:
+        """Print a line (above the progress bar when one is drawn)."""
+        if self.bar.disable:
+            print(line)
+        else:
+            self.bar.write(line)
+
+    def advance(self, units: int = 1) -> None:
+        """Move the progress bar."""
+        self.bar.update(units)
+
+    # -- records ---------------------------------------------------------------------------
+
+    def record(self, name: str, record: Record, step: int | None) -> None:
+        """Report a typed record to the tracker, if any."""
+        if self.tracker is not None:
+            self.tracker.log_artifact(name, record, step=step)
+
+    @contextlib.contextmanager
+    def running(
+        self, *, start: int, steps: int, completed: Callable[[], int]
+    ) -> Iterator["LoopEngine"]:
+        """Report `FitStarted`, then `FitEnded`: `completed` when the body returns,
+        `interrupted` on KeyboardInterrupt and `failed` (with the error) on any other
+        exception, which is re-raised. `completed()` gives the last completed step."""
+        self.record(
+            "fit_started", FitStarted(stage=self.stage, start_step=start, steps=steps), start
+        )
+        try:
+            yield self
+        except KeyboardInterrupt:
+            done = completed()
+            self.record("fit_ended", FitEnded("interrupted", done), done)
+            raise
+        except Exception as error:
+            done = completed()
+            self.record(
+                "fit_ended",
+                FitEnded("failed", done, error=f"{type(error).__name__}: {error}"),
+                done,
+            )
+            raise
+        finally:
+            self.bar.close()
+        done = completed()
+        self.record("fit_ended", FitEnded("completed", done), done)
+
+
+def describe(values: Mapping[str, Any]) -> str:
+    """`key value` pairs for a printed line."""
+    return ", ".join(f"{key} {value}" for key, value in values.items())

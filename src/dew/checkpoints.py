@@ -1,0 +1,198 @@
+"""Asynchronous checkpoints of a `TrainState` with orbax-checkpoint, and resume.
+
+A `Checkpointer` owns one directory of step-numbered checkpoints. `save` submits a
+save and returns once orbax holds its own copy of the arrays; the files are written
+in the background and become visible (atomically, under the step's folder) when
+complete, so a process killed mid-save leaves the previous checkpoint as the latest.
+`wait` blocks until every submitted save is durable.
+
+What a checkpoint holds: every array leaf of the state (the step, the parameters,
+the optimizer state, the run key as raw key data, the EMA), plus a JSON side item
+with the metric history and the early stopper's state, so a resumed run continues
+its curves and its patience where they were.
+
+```python
+>>> import tempfile, jax, jax.numpy as jnp, optax
+>>> from dew.nn.backbones.causal_transformer import CausalTransformer
+>>> from dew.objectives.lm import LMObjective
+>>> from dew.steps import TrainState
+>>> objective = LMObjective(CausalTransformer(4, 16, 1, 2, 32, 16), seq_len=8)
+>>> state = TrainState.create(objective, optax.adam(1e-2), key=jax.random.key(0))
+>>> with Checkpointer(tempfile.mkdtemp()) as checkpoints:
+...     checkpoints.save(0, state)
+...     checkpoints.wait()
+...     restored, extra = checkpoints.restore(state)
+>>> same = jax.tree.map(lambda a, b: bool(jnp.all(a == b)), restored.params, state.params)
+>>> checkpoints.latest_step(), all(jax.tree.leaves(same))
+(0, True)
+
+```
+"""
+
+import os
+import pathlib
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dew.steps import MetricHistory, TrainState
+from dew.telemetry.records import decode_json_value, encode_json_value
+
+__all__ = ["Checkpointer", "history_from_json", "history_to_json"]
+
+STATE_ITEM = "state"
+EXTRA_ITEM = "extra"
+
+
+def _orbax() -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import orbax.checkpoint as ocp
+    except ImportError as error:  # pragma: no cover - a core dependency
+        raise ImportError(
+            'checkpoints need orbax-checkpoint: pip install "dew-ml[checkpoint]".'
+        ) from error
+    return ocp
+
+
+def _is_key(leaf: Any) -> bool:
+    return isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def history_to_json(history: MetricHistory) -> dict[str, Any]:
+    """The history as JSON data (non-finite values as `"NaN"`, `"+Inf"`, `"-Inf"`)."""
+    return encode_json_value(
+        {tag: [list(point) for point in series] for tag, series in history.items()}
+    )
+
+
+def history_from_json(data: Mapping[str, Any]) -> MetricHistory:
+    """Inverse of `history_to_json`."""
+    decoded = decode_json_value(dict(data))
+    return MetricHistory(
+        {
+            tag: tuple((int(step), value) for step, value in series)
+            for tag, series in decoded.items()
+        }
+    )
+
+
+class Checkpointer:
+    """Step-numbered asynchronous checkpoints of a `TrainState` under `directory`.
+
+    **Arguments:**
+
+    - `directory`: a local path or any URI orbax writes (created if absent).
+    - `max_to_keep`: keep only the newest this many checkpoints (`None`: all).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, max_to_keep: int | None = None):
+        ocp = _orbax()
+        self.directory = str(directory)
+        if "://" not in self.directory:
+            self.directory = str(pathlib.Path(self.directory).absolute())
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
+        )
+        self._ocp = ocp
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        """The step of the newest complete checkpoint, or `None`."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """The steps of every complete checkpoint, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def save(self, step: int, state: TrainState, extra: Mapping[str, Any] | None = None) -> None:
+        """Submit a save of `state` (and JSON `extra`) as checkpoint `step`; does not wait.
+
+        The arrays are copied first, so the caller may donate or delete `state`'s
+        buffers as soon as this returns.
+        """
+        leaves = [
+            jax.random.key_data(leaf) if _is_key(leaf) else jnp.array(leaf, copy=True)
+            for leaf in jax.tree.leaves(state)
+        ]
+        payload = {
+            "history": history_to_json(state.metric_history),
+            **encode_json_value(dict(extra or {})),
+        }
+        ocp = self._ocp
+        self._manager.save(
+            int(step),
+            args=ocp.args.Composite(
+                **{
+                    STATE_ITEM: ocp.args.StandardSave(leaves),
+                    EXTRA_ITEM: ocp.args.JsonSave(payload),
+                }
+            ),
+        )
+
+    def restore(
+        self, template: TrainState, step: int | None = None
+    ) -> tuple[TrainState, dict[str, Any]]:
+        """Checkpoint `step` (default: the latest) restored into `template`'s structure.
+
+        Returns the state (with its saved metric history) and the JSON `extra` saved
+        with it. Raises `FileNotFoundError` when there is no such checkpoint.
+        """
+        if step is None:
+            step = self.latest_step()
+        if step is None or step not in self._manager.all_steps():
+            raise FileNotFoundError(
+                f"no checkpoint {'at all' if step is None else f'for step {step}'} under "
+                f"{self.directory!r}; its steps are {self.all_steps()}."
+            )
+        template_leaves, treedef = jax.tree.flatten(template)
+        abstract = [
+            jax.ShapeDtypeStruct(jax.random.key_data(leaf).shape, jax.random.key_data(leaf).dtype)
+            if _is_key(leaf)
+            else jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf))
+            for leaf in template_leaves
+        ]
+        ocp = self._ocp
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    STATE_ITEM: ocp.args.StandardRestore(abstract),
+                    EXTRA_ITEM: ocp.args.JsonRestore(),
+                }
+            ),
+        )
+        leaves = [
+            jax.random.wrap_key_data(saved, impl=jax.random.key_impl(leaf))
+            if _is_key(leaf)
+            else jnp.asarray(saved)
+            for saved, leaf in zip(restored[STATE_ITEM], template_leaves, strict=True)
+        ]
+        extra = dict(decode_json_value(dict(restored[EXTRA_ITEM] or {})))
+        history = history_from_json(extra.pop("history", {}))
+        state = jax.tree.unflatten(treedef, leaves)
+        return (
+            TrainState(
+                state.step, state.params, state.opt_state, state.key, state.ema_params, history
+            ),
+            extra,
+        )
+
+    def wait(self) -> None:
+        """Block until every submitted save is durable."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Wait for pending saves and release the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

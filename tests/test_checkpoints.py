@@ -1,0 +1,279 @@
+"""Checkpoints and resume (orbax-checkpoint), and profile windows (jax.profiler)."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dew import Trainer, metrics
+from dew.checkpoints import Checkpointer, history_from_json, history_to_json
+from dew.data import Dataset
+from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.lm import LMObjective
+from dew.profiling import Profile, profile
+from dew.steps import MetricHistory, TrainState
+from dew.supervised import EarlyStopper
+from dew.telemetry.records import CheckpointRequested, ProfileWindow
+from dew.tracking import InMemoryTracker
+
+HERE = pathlib.Path(__file__).parent
+OPTIMIZER = optax.adam(3e-3)  # one optimizer: the Trainers share one compiled step
+
+
+@pytest.fixture(scope="module")
+def objective():
+    model = CausalTransformer(8, 16, 1, 2, 32, 16, key=jax.random.key(3))
+    return LMObjective(model, seq_len=8)
+
+
+def _batches(fail_at=None):
+    """Batches that differ per step, drawn in a fixed order; optionally raise at a step."""
+    rng = np.random.default_rng(7)
+    step = 0
+    while True:
+        step += 1
+        if fail_at is not None and step == fail_at:
+            raise RuntimeError(f"the loader broke at step {step}")
+        yield {"text": rng.integers(0, 8, (8, 9)).astype(np.int32)}
+
+
+VAL = np.random.default_rng(1).integers(0, 8, (8, 9)).astype(np.int32)
+
+
+def _data(fail_at=None):
+    return Dataset(
+        train=lambda partition: _batches(fail_at), val=lambda partition: iter([{"text": VAL}])
+    )
+
+
+def _fit(objective, directory, *, steps=12, fail_at=None, tracker=None, **kwargs):
+    trainer = Trainer(objective, OPTIMIZER, key=jax.random.key(11), checkpoint_dir=directory)
+    options = {"checkpoint_every": 4, **kwargs}
+    return trainer.fit(
+        _data(fail_at),
+        steps=steps,
+        log_every=3,
+        eval_every=6,
+        metrics=(metrics.perplexity(),),
+        tracker=tracker,
+        progress=False,
+        **options,
+    )
+
+
+def _same_bits(left, right):
+    pairs = zip(jax.tree.leaves(left), jax.tree.leaves(right), strict=True)
+    return all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
+
+
+def test_a_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(objective, tmp_path):
+    whole = _fit(objective, tmp_path / "whole")
+    with pytest.raises(RuntimeError, match="loader broke at step 7"):
+        _fit(objective, tmp_path / "broken", fail_at=7)
+    assert Checkpointer(tmp_path / "broken").all_steps() == [4]
+    tracker = InMemoryTracker()
+    resumed = _fit(objective, tmp_path / "broken", tracker=tracker)
+    assert int(resumed.step) == 12
+    assert _same_bits(resumed.params, whole.params)
+    assert _same_bits(resumed.opt_state, whole.opt_state)
+    # The curves continue where the checkpoint left them: the same history as one run.
+    assert dict(resumed.metric_history) == dict(whole.metric_history)
+    assert [step for step, _ in resumed.metric_history["lm/train/loss"]] == [3, 6, 9, 12]
+    started = tracker.artifacts["fit_started"][0][1]
+    assert (started.start_step, started.steps) == (4, 12)
+    requested = [record for _, record in tracker.artifacts["checkpoint_requested"]]
+    assert all(isinstance(record, CheckpointRequested) for record in requested)
+    assert [record.step for record in requested] == [8, 12]  # 12 is not saved twice
+    assert requested[0].directory == str((tmp_path / "broken").absolute())
+
+
+def test_a_finished_run_resumes_to_its_end_without_training(objective, tmp_path):
+    first = _fit(objective, tmp_path / "run", steps=5)
+    assert Checkpointer(tmp_path / "run").all_steps() == [4, 5]  # the end is saved too
+    again = _fit(objective, tmp_path / "run", steps=5, fail_at=1)  # no batch is drawn
+    assert int(again.step) == 5
+    assert _same_bits(again.params, first.params)
+    longer = _fit(objective, tmp_path / "run", steps=8)
+    assert _same_bits(longer.params, _fit(objective, tmp_path / "straight", steps=8).params)
+
+
+def test_saves_are_durable_when_fit_returns(objective, tmp_path):
+    _fit(objective, tmp_path / "run", steps=8)
+    folder = tmp_path / "run"
+    assert sorted(path.name for path in folder.iterdir() if path.is_dir()) == ["4", "8"]
+    assert not [path for path in folder.rglob("*") if "tmp" in path.name]
+
+
+def test_the_early_stopper_state_is_resumed(objective, tmp_path):
+    stopper = EarlyStopper(metric="loss", mode="min", patience=100, source="train")
+    whole = _fit(objective, tmp_path / "whole", early_stopper=stopper)
+    with pytest.raises(RuntimeError):
+        _fit(objective, tmp_path / "broken", fail_at=7, early_stopper=stopper)
+    extra = Checkpointer(tmp_path / "broken").restore(
+        TrainState.create(objective, OPTIMIZER, key=jax.random.key(11))
+    )[1]
+    assert extra["early_stopping"]["best_step"] == 3
+    resumed = _fit(objective, tmp_path / "broken", early_stopper=stopper)
+    assert _same_bits(resumed.params, whole.params)
+
+
+def test_checkpoint_errors_are_clear(objective, tmp_path):
+    trainer = Trainer(objective, OPTIMIZER, key=jax.random.key(11))
+    with pytest.raises(ValueError, match="checkpoint_every=4 needs somewhere to save"):
+        trainer.fit(_data(), steps=4, log_every=2, checkpoint_every=4, progress=False)
+    with pytest.raises(ValueError, match="checkpoint_every must be None or an integer >= 1"):
+        _fit(objective, tmp_path / "x", checkpoint_every=0)
+    state = _fit(objective, tmp_path / "run", steps=4)
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        Trainer(objective, OPTIMIZER, key=jax.random.key(11), checkpoint_dir=tmp_path / "run").fit(
+            _data(), steps=8, log_every=2, state=state, progress=False
+        )
+    with pytest.raises(FileNotFoundError, match="no checkpoint for step 3"):
+        Checkpointer(tmp_path / "run").restore(state, step=3)
+
+
+def test_a_resume_that_cannot_replay_its_batches_raises(objective, tmp_path):
+    _fit(objective, tmp_path / "run", steps=4)
+    short = Dataset(train=lambda partition: iter([{"text": VAL}] * 2))
+    trainer = Trainer(objective, OPTIMIZER, key=jax.random.key(11), checkpoint_dir=tmp_path / "run")
+    with pytest.raises(ValueError, match="the 4 training batches the checkpointed run consumed"):
+        trainer.fit(short, steps=8, log_every=2, progress=False)
+
+
+def test_the_history_json_round_trips_non_finite_values():
+    history = MetricHistory({"lm/validation/psnr": ((1, float("inf")), (2, float("nan")))})
+    back = history_from_json(history_to_json(history))
+    assert back["lm/validation/psnr"][0] == (1, float("inf"))
+    assert np.isnan(back["lm/validation/psnr"][1][1])
+
+
+def test_the_run_key_survives_a_checkpoint(objective, tmp_path):
+    state = TrainState.create(objective, OPTIMIZER, key=jax.random.key(42), ema=True)
+    with Checkpointer(tmp_path) as checkpoints:
+        checkpoints.save(0, state, {"note": float("nan")})
+        checkpoints.wait()
+        restored, extra = checkpoints.restore(state)
+    assert jnp.array_equal(jax.random.key_data(restored.key), jax.random.key_data(state.key))
+    assert jax.random.key_impl(restored.key) == jax.random.key_impl(state.key)
+    assert _same_bits(restored.ema_params, state.ema_params)
+    assert np.isnan(extra["note"])
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    worker = [sys.executable, str(HERE / "_checkpoint_worker.py")]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    subprocess.run(
+        [*worker, str(tmp_path / "whole"), str(tmp_path / "whole.npz"), "0"],
+        check=True,
+        env=env,
+        timeout=300,
+    )
+    run = tmp_path / "killed"
+    process = subprocess.Popen([*worker, str(run), str(tmp_path / "killed.npz"), "0.15"], env=env)
+    deadline = time.monotonic() + 240
+    # Kill it mid-run, once a checkpoint past the first is complete (and more are coming).
+    while not (run / "8").is_dir():
+        assert process.poll() is None, "the worker ended before it was killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    assert not (tmp_path / "killed.npz").exists()
+    assert 8 <= Checkpointer(run).latest_step() < 24
+    subprocess.run(
+        [*worker, str(run), str(tmp_path / "killed.npz"), "0"], check=True, env=env, timeout=300
+    )
+    whole, resumed = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "killed.npz")
+    assert sorted(whole.files) == sorted(resumed.files)
+    assert int(resumed["step"]) == 24
+    for name in whole.files:
+        assert np.array_equal(whole[name], resumed[name]), name
+
+
+def _traces(folder):
+    return list(pathlib.Path(folder).rglob("*.xplane.pb"))
+
+
+class _TraceChecker(InMemoryTracker):
+    """Asserts the trace file exists when the ProfileWindow record arrives."""
+
+    def log_artifact(self, name, value, *, step=None):
+        if isinstance(value, ProfileWindow):
+            assert _traces(value.directory), "ProfileWindow reported before the trace stopped"
+        super().log_artifact(name, value, step=step)
+
+
+def test_a_profile_window_traces_its_steps_then_reports(objective, tmp_path):
+    tracker = _TraceChecker()
+    trainer = Trainer(objective, OPTIMIZER, key=jax.random.key(11))
+    trainer.fit(
+        _data(),
+        steps=8,
+        log_every=4,
+        profile=Profile(tmp_path / "trace", start=3, steps=2),
+        tracker=tracker,
+        progress=False,
+    )
+    [(step, record)] = tracker.artifacts["profile_window"]
+    assert record == ProfileWindow(str(tmp_path / "trace"), traced_steps=2, start_step=3)
+    assert step == 4
+    assert len(_traces(tmp_path / "trace")) == 1
+
+
+def test_a_window_cut_short_reports_the_steps_it_traced(objective, tmp_path):
+    tracker = InMemoryTracker()
+    trainer = Trainer(objective, OPTIMIZER, key=jax.random.key(11))
+    trainer.fit(
+        _data(),
+        steps=4,
+        log_every=4,
+        profile=Profile(tmp_path / "trace", start=3, steps=10),
+        tracker=tracker,
+        progress=False,
+    )
+    [(_, record)] = tracker.artifacts["profile_window"]
+    assert (record.start_step, record.traced_steps) == (3, 2)
+    assert _traces(tmp_path / "trace")
+    # A window past the end of the fit traces nothing and reports nothing.
+    tracker = InMemoryTracker()
+    trainer.fit(
+        _data(),
+        steps=1,
+        log_every=1,
+        profile=Profile(tmp_path / "late"),
+        tracker=tracker,
+        progress=False,
+    )
+    assert "profile_window" not in tracker.artifacts
+    assert not (tmp_path / "late").exists()
+
+
+def test_a_standalone_capture_writes_its_directory(tmp_path):
+    with profile(tmp_path / "capture") as directory:
+        (jnp.ones((8, 8)) @ jnp.ones((8, 8))).block_until_ready()
+    assert directory == str(tmp_path / "capture")
+    assert _traces(directory)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"start": 0}, "Profile.start must be an integer >= 1, got 0"),
+        ({"steps": True}, "Profile.steps must be an integer >= 1, got True"),
+        ({"directory": ""}, "Profile.directory must be a non-empty path"),
+    ],
+)
+def test_bad_profile_windows_raise(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Profile(**{"directory": "trace", **kwargs})
