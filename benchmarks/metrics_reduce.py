@@ -104,6 +104,8 @@ class Group:
     warmup_s: dict[str, float] = field(default_factory=dict)
     dew_values: dict[str, dict[str, float]] = field(default_factory=dict)
     torch_values: dict[str, float] = field(default_factory=dict)
+    floor: Callable[[], dict[str, float]] | None = None
+    floor_ms: float = float("nan")
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,6 +152,8 @@ def time_groups(groups: list[Group], repeats: int, time_torch: bool = True) -> N
         sides = dict(group.dew)
         if time_torch:
             sides["torchmetrics"] = group.torch
+        if group.floor is not None:
+            sides["floor"] = group.floor
         samples: dict[str, list[float]] = {label: [] for label in sides}
         values: dict[str, dict[str, float]] = {}
         for label, fn in sides.items():
@@ -158,6 +162,8 @@ def time_groups(groups: list[Group], repeats: int, time_torch: bool = True) -> N
             for label, fn in sides.items():
                 samples[label].append(run(fn)[0])
         group.dew_ms = {label: 1e3 * statistics.median(samples[label]) for label in group.dew}
+        if group.floor is not None:
+            group.floor_ms = 1e3 * statistics.median(samples["floor"])
         group.dew_values = {label: values[label] for label in group.dew}
         if time_torch:
             group.torch_ms = 1e3 * statistics.median(samples["torchmetrics"])
@@ -224,7 +230,40 @@ def dew_groups(
         "psnr": {"reduce_stacked": lambda: psnr.reduce_stacked(stacked_images)},
         "ssim": {"reduce_stacked": lambda: ssim.reduce_stacked(stacked_images)},
     }
-    return groups, np.array(losses.losses)
+    floors = floor_kernels(logits, targets, weights, losses, images)
+    return groups, np.array(losses.losses), floors
+
+
+def floor_kernels(logits, targets, weights, losses, images):
+    """The least work each group's value needs, as one bare `jax.jit` kernel over the
+    whole pass (no metric layer, no artifacts, no compensated sums, no scan): the time
+    any implementation on this CPU needs at least, so `torchmetrics / floor` bounds the
+    ratio any implementation could reach. Not dew's code."""
+    import jax
+    import jax.numpy as jnp
+
+    generated, reference = jnp.asarray(images["generated"]), jnp.asarray(images["reference"])
+
+    @jax.jit
+    def perplexity_from_logits(logits, targets, weights):
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        return {"perplexity": jnp.exp(jnp.sum(weights * (lse - picked)) / jnp.sum(weights))}
+
+    @jax.jit
+    def perplexity_from_losses(losses, weights):
+        return {"perplexity": jnp.exp(jnp.sum(weights * losses) / jnp.sum(weights))}
+
+    @jax.jit
+    def psnr(generated, reference):
+        mse = jnp.mean(jnp.square(generated - reference), axis=(-3, -2, -1))
+        return {"psnr": jnp.mean(10.0 * jnp.log10(1.0 / mse))}
+
+    return {
+        "perplexity (logits)": lambda: perplexity_from_logits(logits, targets, weights),
+        "perplexity (losses)": lambda: perplexity_from_losses(losses.losses, losses.weights),
+        "psnr": lambda: psnr(generated, reference),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,6 +469,23 @@ def print_table(groups: list[Group]) -> None:
             )
 
 
+def print_floors(groups: list[Group]) -> None:
+    header = (
+        f"{'metric group':<21} {'floor ms/pass':>14} {'dew / floor':>12} "
+        f"{'torchmetrics / floor':>21}"
+    )
+    print(header)
+    print("-" * len(header))
+    for group in groups:
+        if group.floor is None:
+            continue
+        best = min(group.dew_ms.values())
+        print(
+            f"{group.name:<21} {group.floor_ms:>14.1f} {best / group.floor_ms:>11.2f}x "
+            f"{group.torch_ms / group.floor_ms:>20.2f}x"
+        )
+
+
 def print_values(groups: list[Group]) -> None:
     header = (
         f"{'metric group':<21} {'dew variant':<30} {'dew value':>14} {'torchmetrics':>14} "
@@ -514,13 +570,20 @@ def main(argv: list[str] | None = None) -> int:
     lm = make_lm_pass(sizes, rng)
     images = make_image_pass(sizes, rng)
 
-    dew_side, losses = dew_groups(lm, images, sizes)
+    dew_side, losses, floors = dew_groups(lm, images, sizes)
     torch_side = torch_groups(lm, images, losses)
-    groups = [Group(name, dew_side[name], torch_side[name]) for name in torch_side]
+    groups = [
+        Group(name, dew_side[name], torch_side[name], floor=floors.get(name)) for name in torch_side
+    ]
     time_groups(groups, repeats)
 
     print()
     print_table(groups)
+    print()
+    print("Floors: one bare jax.jit kernel per group doing the least work the value needs (not")
+    print("dew's code; timed in the same alternation). torchmetrics / floor is the highest ratio")
+    print("any implementation could reach on this machine and data:")
+    print_floors(groups)
     print()
     print("Values (same pass, both sides):")
     print_values(groups)

@@ -135,7 +135,13 @@ class MetricSet(eqx.Module):
             chunk = min(hints) if hints else jax.tree.leaves(stacked)[0].shape[0]
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be None or an integer >= 1, got {chunk!r}.")
-        return self._finalize_compiled(_compiled_scan(self, stacked, chunk))
+        if not self.metrics:
+            return {}
+        try:  # the pass and its finalize in one compiled call
+            scores = _compiled_scan_and_finalize(self, stacked, chunk)
+        except (RuntimeError, ValueError):  # a check fired: raise dew's own error eagerly
+            return self.finalize(_compiled_scan(self, stacked, chunk))
+        return {name: scores[name] for name in self.names}  # jit returns dicts key-sorted
 
 
 @eqx.filter_jit
@@ -179,6 +185,13 @@ def _compiled_scan(metrics: MetricSet, stacked: Artifact, chunk: int) -> tuple[A
         rest = jax.tree.map(lambda leaf: leaf[whole:], stacked)
         state = merge_all(state, jax.vmap(statistics)(rest), batches - whole)
     return state
+
+
+@eqx.filter_jit
+def _compiled_scan_and_finalize(
+    metrics: MetricSet, stacked: Artifact, chunk: int
+) -> dict[str, Any]:
+    return metrics.finalize(_compiled_scan(metrics, stacked, chunk))
 
 
 def reduce(metrics: Sequence[Metric], artifacts: Iterable[Artifact]) -> dict[str, Any]:
