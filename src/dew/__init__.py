@@ -13,14 +13,14 @@ from dew import naming as naming
 from dew import tracking as tracking
 from dew.evaluation import Evaluation as Evaluation
 from dew.evaluation import evaluate as evaluate
+from dew.profiling import Profile as Profile
+from dew.profiling import profile as profile
 from dew.tracking import InMemoryTracker as InMemoryTracker
 from dew.tracking import LocalTracker as LocalTracker
 from dew.tracking import MLflowTracker as MLflowTracker
 from dew.tracking import TensorBoardTracker as TensorBoardTracker
 from dew.tracking import Trackers as Trackers
 from dew.tracking import WandbTracker as WandbTracker
-from dew.profiling import Profile as Profile
-from dew.profiling import profile as profile
 from dew.training import Trainer as Trainer
 
 try:

@@ -1,31 +1,307 @@
-"""The `dew` command."""
+"""The `dew` command: `dew train`, `dew sweep`, `dew eval` and `dew runs`.
 
-from __future__ import annotations
+- `dew train [CONFIG.toml]`: train a run configuration (with no file, the built-in tiny
+  LM) as an ordinary recipe run under `<trainer.checkpoint_dir>/<trainer.name>`.
+- `dew sweep CONFIG.toml SPACE.toml`: one trial per point of the space, with a ledger;
+  several `dew sweep --search optuna --storage URL` workers share one study.
+- `dew eval RUN_DIR`: score a run's latest checkpoint on its validation data.
+- `dew runs [FOLDER]`: a table of the runs under a folder with their final metrics.
+"""
 
 import argparse
-from collections.abc import Sequence
+import math
+import pathlib
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dew", description="Train, evaluate and track models.")
     commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train the built-in quick-start language model")
-    train.add_argument("--out", default="runs/quickstart", help="the local run folder")
-    train.add_argument("--steps", type=int, default=300, help="optimizer steps (>= 1)")
+
+    train = commands.add_parser("train", help="train a run configuration (default: tiny LM)")
+    train.add_argument("config", nargs="?", help="a RunConfig TOML file (default: built-in)")
+    _run_options(train)
+
+    sweep = commands.add_parser("sweep", help="search a hyperparameter space")
+    sweep.add_argument("config", help="a RunConfig TOML file")
+    sweep.add_argument("space", help="a TOML file: dotted paths to choices or ranges")
+    _run_options(sweep)
+    sweep.add_argument("--trials", type=int, required=True, help="the trial budget (>= 1)")
+    sweep.add_argument("--search", choices=("grid", "random", "optuna"), default="random")
+    sweep.add_argument("--search-seed", type=int, default=0, help="random search's seed")
+    sweep.add_argument("--ledger", help="default: <checkpoint_dir>/<name>/ledger.json")
+    sweep.add_argument("--storage", help="an Optuna storage URL shared by several workers")
+    sweep.add_argument("--study-name", help="the Optuna study (needed with --storage)")
+    sweep.add_argument("--metric", help="the score: a validation (else training) metric")
+    sweep.add_argument("--direction", choices=("minimize", "maximize"), default="minimize")
+
+    evaluate = commands.add_parser("eval", help="score a run's latest checkpoint")
+    evaluate.add_argument("run_dir", help="a run folder (it holds run.json)")
+
+    runs = commands.add_parser("runs", help="list runs and their final metrics")
+    runs.add_argument("folder", nargs="?", default="runs", help="where to look (default runs)")
     return parser
+
+
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", help="the run name (overrides trainer.name)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (overrides trainer.steps)")
+    parser.add_argument("--checkpoint-dir", help="overrides trainer.checkpoint_dir")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a dotted path with a TOML value, e.g. --set optim.learning_rate=0.01",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no per-step lines or progress bar")
+
+
+def _toml_value(text: str, where: str) -> Any:
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string: --set optim.optimizer=sgd
+
+
+def _configure(args: argparse.Namespace) -> Any:
+    from dew.config import RunConfig, override
+    from dew.config._builtin import tiny_lm
+
+    config = tiny_lm() if args.config is None else RunConfig.load(args.config)
+    point: dict[str, Any] = {}
+    for item in args.set:
+        path, separator, text = item.partition("=")
+        if not separator or not path:
+            raise ValueError(f"--set takes PATH=VALUE, got {item!r}.")
+        point[path.strip()] = _toml_value(text.strip(), path)
+    if args.name is not None:
+        point["trainer.name"] = args.name
+    if args.steps is not None:
+        point["trainer.steps"] = args.steps
+    if args.checkpoint_dir is not None:
+        point["trainer.checkpoint_dir"] = args.checkpoint_dir
+    return override(config, point) if point else config
+
+
+def default_metrics(objective_name: str) -> tuple[Any, ...]:
+    """The validation metrics the command scores an objective with."""
+    from dew import metrics
+
+    if objective_name == "lm":
+        return (metrics.perplexity(), metrics.token_accuracy())
+    return ()
+
+
+def _summary(history: Mapping[str, Sequence[tuple[int, float]]]) -> str:
+    return "  ".join(f"{tag} {series[-1][1]:.4f}" for tag, series in history.items() if series)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from dew.config._recipe import run_folder
+
+    config = _configure(args)
+    name = config.trainer.name
+    if name is None:
+        raise ValueError("dew train needs a run name: set trainer.name or pass --name.")
+    state = config.train(metrics=default_metrics(config.objective.name), progress=not args.quiet)
+    _, folder = run_folder(config, name)
+    print(f"step {int(state.step)}  {_summary(state.metric_history)}")
+    print(f"run folder {folder}")
+    return 0
+
+
+def _space(path: str) -> dict[str, Any]:
+    from dew.config.sweep import IntUniform, Uniform
+
+    with open(path, "rb") as handle:
+        tree = tomllib.load(handle)
+    space: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and "low" in value and "high" in value:
+            unknown = sorted(set(value) - {"low", "high", "log", "type"})
+            if unknown:
+                raise ValueError(
+                    f"{path}: the range at {prefix!r} has unknown keys {unknown}; a range takes "
+                    "low, high, log and type ('float' or 'int')."
+                )
+            kind = value.get("type", "float")
+            if kind not in ("float", "int"):
+                raise ValueError(
+                    f"{path}: the range at {prefix!r} has type {kind!r}; use 'float' or 'int'."
+                )
+            cls = IntUniform if kind == "int" else Uniform
+            space[prefix] = cls(value["low"], value["high"], log=bool(value.get("log", False)))
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, item)
+        else:
+            space[prefix] = value
+
+    walk("", tree)
+    return space
+
+
+def _search(args: argparse.Namespace) -> Any:
+    from dew.config.sweep import grid_search, optuna_search, random_search
+
+    if args.search == "grid":
+        return grid_search
+    if args.search == "random":
+        return random_search(seed=args.search_seed)
+    return optuna_search(storage=args.storage, study_name=args.study_name, direction=args.direction)
+
+
+def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> float:
+    for split in ("validation", "train"):
+        for tag, series in history.items():
+            if tag.endswith(f"/{split}/{metric}") and series:
+                return float(series[-1][1])
+    raise ValueError(
+        f"the trial reported no {metric!r}; its metrics are {sorted(history)}. Pick one with "
+        "--metric (a bare name)."
+    )
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from dew.config._recipe import is_uri
+    from dew.config.sweep import sweep
+    from dew.tracking import LocalTracker
+
+    config = _configure(args)
+    if config.trainer.name is None:
+        raise ValueError("dew sweep needs trainer.name (or --name): it names every trial.")
+    if args.storage is not None and args.search != "optuna":
+        raise ValueError(f"--storage is Optuna's; use it with --search optuna, not {args.search}.")
+    metrics = default_metrics(config.objective.name)
+    metric = args.metric or (metrics[0].name if metrics else "loss")
+    root = config.trainer.checkpoint_dir
+    local = pathlib.Path("runs" if is_uri(root) else root) / config.trainer.name
+    ledger = args.ledger or str(local / "ledger.json")
+
+    def trial(run: Any) -> float:
+        state = run.train(metrics=metrics, progress=not args.quiet)
+        return _score(state.metric_history, metric)
+
+    with LocalTracker(local / "sweep") as tracker:
+        trials = sweep(
+            config,
+            _space(args.space),
+            train=trial,
+            trials=args.trials,
+            ledger=ledger,
+            tracker=tracker,
+            search=_search(args),
+        )
+    for finished in trials:
+        print(f"trial {finished.index}  {metric} {finished.value:.4f}  {finished.overrides}")
+    scored = [t for t in trials if not math.isnan(t.value)]
+    if scored:
+        pick = max if args.direction == "maximize" else min
+        best = pick(scored, key=lambda t: t.value)
+        print(f"best trial {best.index}  {metric} {best.value:.4f}  {best.overrides}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import jax
+
+    from dew.checkpoints import Checkpointer
+    from dew.config import RunConfig
+    from dew.config._recipe import MODEL_DOMAIN, RUN_DOMAIN, build_objective
+    from dew.data import Partition
+    from dew.evaluation import evaluate
+    from dew.steps import TrainState
+    from dew.training._trainer import key_text
+
+    folder = pathlib.Path(args.run_dir)
+    config = RunConfig.from_run_record(folder / "run.json")
+    seed = jax.random.key(config.trainer.seed)
+    objective = build_objective(config, None, jax.random.fold_in(seed, MODEL_DOMAIN))
+    optimizer = config.optim.build(config.trainer.steps)
+    run_key = jax.random.fold_in(seed, RUN_DOMAIN)
+    template = TrainState.create(objective, optimizer, key=run_key)
+    checkpoints = folder / "checkpoints"
+    if not checkpoints.is_dir():
+        raise FileNotFoundError(f"{folder} has no checkpoints folder to evaluate.")
+    with Checkpointer(checkpoints) as saved:
+        state, _ = saved.restore(template)
+    data = config.data.build(batch_size=config.trainer.batch_size, seed=config.trainer.seed)
+    if data.val is None:
+        raise ValueError(f"the run's dataset {config.data.name!r} has no validation data.")
+    step = int(state.step)
+    event_key = jax.random.fold_in(run_key, step)
+    metrics = default_metrics(config.objective.name)
+    result = evaluate(
+        objective,
+        state.params,
+        data.val(Partition.current()),
+        metrics=metrics,
+        key=event_key,
+        step=step,
+    )
+    shown = "  ".join(f"{name} {value:.4f}" for name, value in result.scores.items())
+    print(f"step {step}  {shown}")
+    print(
+        f"  evaluation/coordinated_batches {result.coordinated_batches}  evaluation/records "
+        f"{result.records}  evaluation/uneven_shards {result.uneven_shards}  event key "
+        f"{key_text(event_key)}"
+    )
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from dew.tracking import read_journal
+
+    root = pathlib.Path(args.folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no folder {str(root)!r} to list runs from.")
+    rows = []
+    for journal_file in sorted(root.rglob("scalars.jsonl")):
+        folder = journal_file.parent
+        journal = read_journal(folder)
+        ended = [record for _, _, record in journal.records if record.type == "fit_ended"]
+        started = [record for _, _, record in journal.records if record.type == "fit_started"]
+        status = ended[-1].status if ended else ("running or killed" if started else "-")
+        last = max((series[-1][0] for series in journal.scalars.values() if series), default=0)
+        rows.append(
+            (str(folder.relative_to(root)) or ".", status, str(last), _summary(journal.scalars))
+        )
+    if not rows:
+        print(f"no runs under {root}")
+        return 0
+    headers = ("run", "status", "step", "final metrics")
+    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(3)]
+    for row in [headers, *rows]:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+            + "  "
+            + row[3]
+        )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dew` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "train":
-        if args.steps < 1:
-            parser.error(f"--steps must be >= 1, got {args.steps}")
-        from dew._quickstart import run_quickstart
-
-        run_quickstart(args.out, steps=args.steps)
-    return 0
+    for option in ("steps", "trials"):
+        value = getattr(args, option, None)
+        if value is not None and value < 1:
+            parser.error(f"--{option} must be >= 1, got {value}")
+    commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
+    try:
+        return commands[args.command](args)
+    except (ValueError, TypeError, KeyError, FileNotFoundError, ImportError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"dew {args.command}: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

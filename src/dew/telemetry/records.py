@@ -192,6 +192,7 @@ class RunRecord(Record):
     optimizer: Mapping[str, Any]
     trainer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     packages: Mapping[str, str] = dataclasses.field(default_factory=package_versions)
+    objective: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

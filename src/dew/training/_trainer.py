@@ -236,6 +236,7 @@ class Trainer:
         history = state.metric_history
         state = with_history(state, EMPTY_HISTORY)
         start = int(state.step)
+        resumed = data_start is not None  # restored from a checkpoint
         data_start = start if data_start is None else data_start
         leaves, state_def = jax.tree.flatten(state)
 
@@ -256,6 +257,8 @@ class Trainer:
             unit="step",
         )
         saved_step = start if checkpoints is not None and start > 0 else None
+        if progress and resumed:
+            engine.print(f"resuming at step {start} from {checkpoints.directory}")
 
         def checkpoint(step: int) -> None:
             nonlocal saved_step

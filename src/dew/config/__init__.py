@@ -1,0 +1,70 @@
+"""Run configurations: what a run is built from, as validated plain data.
+
+A `RunConfig` holds a `ModelConfig` and a `DataConfig` (each a name registered in
+`dew.registry` plus its keyword arguments), an `OptimConfig` and a `TrainerConfig`.
+Every config is a frozen dataclass that checks its fields when constructed, naming a bad
+field by its dotted path (`trainer.steps must be an integer >= 1, got 0.`), and turns
+into plain data and back exactly: `RunConfig.from_dict(config.to_dict()) == config`,
+and likewise through a TOML file (`dump_toml` / `load`).
+
+- Names (`model.name`, `data.name`, `optim.optimizer`) are looked up in `dew.registry`
+  by `build`, not when the config is constructed, so a config can name an entry that a
+  plugin registers later; `build` checks the kwargs against the entry's signature.
+- A value of the wrong type raises `TypeError`, a value out of range `ValueError`, an
+  unknown key in `from_dict` `ValueError`, each naming the field and what is allowed.
+- Numbers are finite: NaN and infinities are refused, so a config always equals itself.
+  Integers are accepted for float fields and stored as floats; `bool` is not an integer.
+  Integers must fit in 64 bits (TOML's range).
+- `kwargs` mappings are stored read-only and compared by value: nested lists become
+  tuples and nested mappings read-only mappings (the builders receive them so). Their
+  top-level keys are Python identifiers and nested keys hold no `.`, so every value has
+  one dotted path.
+- `override(config, point)` sets dotted paths (`"optim.learning_rate"`,
+  `"model.kwargs.emb_features"`) through `to_dict` and `from_dict`; a path the config
+  does not declare raises `UndeclaredPathError` naming the nearest declared paths.
+
+```python
+>>> from dew.registry import datasets
+>>> config = RunConfig(
+...     model=ModelConfig("causal_transformer", {"vocab_size": 4, "emb_features": 16,
+...                       "num_layers": 1, "num_heads": 2, "mlp_features": 32,
+...                       "max_seq_len": 16}),
+...     data=datasets["token_windows"](seq_len=8, vocab_size=4),
+...     optim=OptimConfig(optimizer="adam"),
+...     trainer=TrainerConfig(name="lm-rate", checkpoint_dir="runs/sweep", steps=10,
+...                           batch_size=8),
+... )
+>>> override(config, {"optim.learning_rate": 0.003}).optim.learning_rate
+0.003
+>>> override(config, {"trainer.steps": 0})
+Traceback (most recent call last):
+...
+ValueError: trainer.steps must be an integer >= 1, got 0.
+(while applying the override {'trainer.steps': 0})
+
+```
+"""
+
+from dew.config._config import SCHEDULES as SCHEDULES
+from dew.config._config import DataConfig as DataConfig
+from dew.config._config import ModelConfig as ModelConfig
+from dew.config._config import ObjectiveConfig as ObjectiveConfig
+from dew.config._config import OptimConfig as OptimConfig
+from dew.config._config import RunConfig as RunConfig
+from dew.config._config import TrainerConfig as TrainerConfig
+from dew.config._config import UndeclaredPathError as UndeclaredPathError
+from dew.config._config import declared_paths as declared_paths
+from dew.config._config import override as override
+
+__all__ = [
+    "SCHEDULES",
+    "DataConfig",
+    "ModelConfig",
+    "ObjectiveConfig",
+    "OptimConfig",
+    "RunConfig",
+    "TrainerConfig",
+    "UndeclaredPathError",
+    "declared_paths",
+    "override",
+]

@@ -1,0 +1,191 @@
+"""The training recipe behind `RunConfig.train`: one run folder per named run.
+
+Layout of a run named `name` with `trainer.checkpoint_dir = root`:
+
+- `root/name/run.json`: the `RunRecord` (the resolved configuration and the package
+  versions), written when the run first starts and never overwritten;
+- `root/name/checkpoints/<step>/`: orbax checkpoints; a run started again resumes here;
+- `root/name/scalars.jsonl`, `records.jsonl`, `params.json`: the `LocalTracker` journals.
+
+When `root` is a URI (`gs://bucket/runs`), the checkpoints go there and the local
+tracker writes under `runs/<name>` in the working directory; the recipe prints that path.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import equinox as eqx
+import jax
+
+from dew.data import Dataset
+from dew.metrics import Metric
+from dew.objectives.base import Objective
+from dew.steps import TrainState
+from dew.telemetry.records import RunRecord
+from dew.tracking import LocalTracker, Tracker, Trackers
+from dew.training import Trainer
+
+if TYPE_CHECKING:
+    from dew.config._config import RunConfig
+
+__all__ = ["run_folder", "train_run"]
+
+MODEL_DOMAIN = 0
+RUN_DOMAIN = 1
+LOCAL_ROOT = "runs"
+
+
+def is_uri(path: str) -> bool:
+    """Whether `path` names a remote store (`scheme://...`) rather than a local folder."""
+    return "://" in path
+
+
+def run_folder(config: "RunConfig", name: str) -> tuple[str, pathlib.Path]:
+    """Where a run named `name` keeps its checkpoints, and its local folder (journals
+    and run.json)."""
+    root = config.trainer.checkpoint_dir
+    if is_uri(root):
+        return f"{root.rstrip('/')}/{name}/checkpoints", pathlib.Path(LOCAL_ROOT) / name
+    folder = pathlib.Path(root) / name
+    return str(folder / "checkpoints"), folder
+
+
+def _record(config: "RunConfig") -> RunRecord:
+    plain = config.to_dict()
+    return RunRecord(
+        model=plain["model"],
+        data=plain["data"],
+        optimizer=plain["optim"],
+        trainer=plain["trainer"],
+        objective=plain.get("objective", {}),
+    )
+
+
+def _check_same_run(folder: pathlib.Path, record: RunRecord) -> None:
+    """A run folder's existing run.json must describe the same configuration."""
+    path = folder / "run.json"
+    if not path.exists():
+        return
+    saved = json.loads(path.read_text())
+    fresh = record.to_dict()
+    differing = [
+        field
+        for field in ("model", "data", "optimizer", "trainer", "objective")
+        if saved.get(field, {}) != fresh.get(field, {})
+    ]
+    if differing:
+        raise ValueError(
+            f"{path} records another configuration (sections that differ: "
+            f"{', '.join(differing)}), and a run's run.json is never overwritten: give this "
+            "run another trainer.name (or name=), or remove that folder to start it over."
+        )
+
+
+def build_objective(
+    config: "RunConfig", objective: Objective | str | Callable[..., Objective] | None, key: Any
+) -> Objective:
+    model = config.model.build(key=key)
+    defaults = {"seq_len": config.data.kwargs["seq_len"]} if "seq_len" in config.data.kwargs else {}
+    if objective is None:
+        return config.objective.build(model, **defaults)
+    if isinstance(objective, str):
+        return dataclasses.replace(config.objective, name=objective).build(model, **defaults)
+    if isinstance(objective, Objective):
+        if hasattr(objective, "model"):  # train what the run records: the configured model
+            return eqx.tree_at(lambda o: o.model, objective, model)
+        return objective
+    if callable(objective):
+        built = objective(model)
+        if not isinstance(built, Objective):
+            raise TypeError(
+                f"the objective factory returned {type(built).__name__}; it must return a "
+                "dew Objective built on the model it is given."
+            )
+        return built
+    raise TypeError(
+        "objective must be None (config.objective), a registered objective name, an "
+        f"Objective or a callable model -> Objective, got {type(objective).__name__}."
+    )
+
+
+def train_run(
+    config: "RunConfig",
+    objective: Objective | str | Callable[..., Objective] | None = None,
+    data: Dataset | None = None,
+    *,
+    name: str | None = None,
+    metrics: Sequence[Metric] = (),
+    tracker: Tracker | None = None,
+    preview: bool = False,
+    progress: bool = True,
+) -> TrainState:
+    """Train `config` as the run `name` (default `config.trainer.name`); see
+    `RunConfig.train`."""
+    from dew.config._config import TrainerConfig
+
+    name = config.trainer.name if name is None else name
+    if name is None:
+        raise ValueError(
+            "RunConfig.train needs a run name, which names its folder and its checkpoints: "
+            "pass name=... or set trainer.name."
+        )
+    TrainerConfig(name=name)  # the same rules as trainer.name
+    settings = config.trainer
+    checkpoints, folder = run_folder(config, name)
+    record = _record(config)
+    _check_same_run(folder, record)
+    seed = jax.random.key(settings.seed)
+    built = build_objective(config, objective, jax.random.fold_in(seed, MODEL_DOMAIN))
+    if data is None:
+        data = config.data.build(batch_size=settings.batch_size, seed=settings.seed)
+    trainer = Trainer(
+        built,
+        config.optim.build(settings.steps),
+        key=jax.random.fold_in(seed, RUN_DOMAIN),
+        name=name,
+        checkpoint_dir=checkpoints if is_uri(checkpoints) else os.fspath(checkpoints),
+    )
+    if is_uri(checkpoints) and progress:
+        print(f"checkpoints at {checkpoints}; local tracking at {folder.absolute()}")
+    with LocalTracker(folder) as local:
+        local.log_artifact("run_record", record)  # writes run.json when absent
+        local.log_params({"config": config.to_dict()})
+        reporting = local if tracker is None else Trackers(local, tracker)
+        return trainer.fit(
+            data,
+            settings.steps,
+            log_every=settings.log_every,
+            eval_every=settings.eval_every,
+            metrics=metrics,
+            checkpoint_every=settings.checkpoint_every,
+            tracker=reporting,
+            preview=preview and tracker is not None,
+            progress=progress,
+        )
+
+
+def config_from_run_record(path: str | os.PathLike[str]) -> "RunConfig":
+    """The `RunConfig` a run folder's run.json records."""
+    from dew.config._config import RunConfig
+
+    path = pathlib.Path(path)
+    if path.is_dir():
+        path = path / "run.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no run.json at {str(path)!r}: is this a run folder?")
+    saved = json.loads(path.read_text())
+    if saved.get("type") != "run_record":
+        raise ValueError(f"{path} holds a {saved.get('type')!r} record, not a run_record.")
+    plain = {
+        "model": saved["model"],
+        "data": saved["data"],
+        "optim": saved["optimizer"],
+        "trainer": saved["trainer"],
+    }
+    if saved.get("objective"):
+        plain["objective"] = saved["objective"]
+    return RunConfig.from_dict(plain)
