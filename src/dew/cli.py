@@ -155,6 +155,12 @@ def _search(args: argparse.Namespace) -> Any:
         return grid_search
     if args.search == "random":
         return random_search(seed=args.search_seed)
+    try:  # the command, unlike the library, keeps Optuna's per-study INFO lines quiet
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    except ImportError:
+        pass  # optuna_search raises its own error naming the extra
     return optuna_search(storage=args.storage, study_name=args.study_name, direction=args.direction)
 
 
