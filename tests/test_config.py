@@ -19,6 +19,7 @@ from dew.config import (
     SCHEDULES,
     DataConfig,
     ModelConfig,
+    ObjectiveConfig,
     OptimConfig,
     RunConfig,
     TrainerConfig,
@@ -120,16 +121,17 @@ def sections(*, none: bool):
         checkpoint_every=st.none() | counts,
         seed=st.integers(0, 2**32 - 1),
     )
-    return models, datas, optims, trainers
+    objectives = st.builds(ObjectiveConfig, names, kwargs({"model"}, none=none))
+    return models, datas, optims, trainers, objectives
 
 
 @st.composite
 def run_configs(draw, *, none: bool = True):
-    models, datas, optims, trainers = SECTIONS[none]
+    models, datas, optims, trainers, objectives = SECTIONS[none]
     optim, trainer = draw(optims), draw(trainers)
     if optim.warmup_steps > trainer.steps:
         optim = dataclasses.replace(optim, warmup_steps=trainer.steps)
-    return RunConfig(draw(models), draw(datas), optim, trainer)
+    return RunConfig(draw(models), draw(datas), optim, trainer, draw(objectives))
 
 
 SECTIONS = {none: sections(none=none) for none in (False, True)}
@@ -186,7 +188,7 @@ def test_a_config_round_trips_exactly_through_toml(config):
 
 @given(RUN_CONFIGS)
 def test_each_section_round_trips_on_its_own(config):
-    for section in (config.model, config.data, config.optim, config.trainer):
+    for section in (config.model, config.data, config.optim, config.trainer, config.objective):
         assert type(section).from_dict(section.to_dict()) == section
 
 
