@@ -196,3 +196,27 @@ def test_console_script_is_installed(tmp_path):
         ["dew", "train", str(path)], capture_output=True, text=True, check=True, cwd=tmp_path
     )
     assert "step 6  lm/train/loss" in result.stdout
+
+
+def test_a_space_file_holds_choices_ranges_and_nested_tables(tmp_path):
+    from dew.cli import _space
+    from dew.config.sweep import IntUniform, Uniform
+
+    path = tmp_path / "space.toml"
+    path.write_text(
+        '"optim.learning_rate" = { low = 1, high = 10, log = true }\n'
+        '"trainer.batch_size" = { low = 8, high = 64, type = "int" }\n'
+        "[model.kwargs]\n"
+        "emb_features = [16, 32]\n"
+    )
+    assert _space(str(path)) == {
+        "optim.learning_rate": Uniform(1.0, 10.0, log=True),
+        "trainer.batch_size": IntUniform(8, 64),
+        "model.kwargs.emb_features": [16, 32],
+    }
+    path.write_text('"optim.learning_rate" = { low = 1, high = 10, step = 2 }\n')
+    with pytest.raises(ValueError, match=r"unknown keys \['step'\]"):
+        _space(str(path))
+    path.write_text('"optim.learning_rate" = { low = 1, high = 10, type = "bool" }\n')
+    with pytest.raises(ValueError, match="has type 'bool'; use 'float' or 'int'"):
+        _space(str(path))

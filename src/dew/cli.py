@@ -136,8 +136,11 @@ def _space(path: str) -> dict[str, Any]:
                 raise ValueError(
                     f"{path}: the range at {prefix!r} has type {kind!r}; use 'float' or 'int'."
                 )
-            cls = IntUniform if kind == "int" else Uniform
-            space[prefix] = cls(value["low"], value["high"], log=bool(value.get("log", False)))
+            log = bool(value.get("log", False))
+            if kind == "int":
+                space[prefix] = IntUniform(value["low"], value["high"], log=log)
+            else:  # TOML writes 1 for 1.0
+                space[prefix] = Uniform(_number(value["low"]), _number(value["high"]), log=log)
         elif isinstance(value, Mapping):
             for key, item in value.items():
                 walk(f"{prefix}.{key}" if prefix else key, item)
@@ -146,6 +149,10 @@ def _space(path: str) -> dict[str, Any]:
 
     walk("", tree)
     return space
+
+
+def _number(value: Any) -> Any:
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def _search(args: argparse.Namespace) -> Any:
