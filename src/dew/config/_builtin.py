@@ -14,8 +14,9 @@ __all__ = ["tiny_lm"]
 
 def tiny_lm() -> RunConfig:
     """A small causal LM on `token_windows`' synthetic Markov chain (16 token IDs, 32
-    predicted positions), trained for 300 steps, evaluated every 100 and checkpointed
-    every 100, as the run `quickstart` under `runs/`. About half a minute on 2 CPU cores.
+    predicted positions), trained for 300 steps with a cosine-decayed AdamW, evaluated
+    every 100 and checkpointed every 100, as the run `quickstart` under `runs/`. About
+    15 seconds on 2 CPU cores; it ends near the chain's entropy rate (perplexity about 6.3).
 
     ```python
     >>> config = tiny_lm()
@@ -36,8 +37,12 @@ def tiny_lm() -> RunConfig:
                 "max_seq_len": 40,
             },
         ),
-        data=DataConfig("token_windows", {"seq_len": 32, "vocab_size": 16}),
-        optim=OptimConfig(optimizer="adamw", learning_rate=3e-3),
+        # 8191 windows, 2% held out: 300 steps of 32 rows see each training window about once.
+        data=DataConfig(
+            "token_windows",
+            {"seq_len": 32, "vocab_size": 16, "num_tokens": 262144, "val_fraction": 0.02},
+        ),
+        optim=OptimConfig(optimizer="adamw", learning_rate=3e-3, schedule="cosine"),
         trainer=TrainerConfig(
             name="quickstart",
             checkpoint_dir="runs",
