@@ -227,7 +227,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from dew.checkpoints import Checkpointer
     from dew.config import RunConfig
-    from dew.config._recipe import MODEL_DOMAIN, RUN_DOMAIN, build_objective
+    from dew.config._recipe import MODEL_DOMAIN, RUN_DOMAIN, build_objective, is_uri, run_folder
     from dew.data import Partition
     from dew.evaluation import evaluate
     from dew.steps import TrainState
@@ -240,8 +240,10 @@ def _eval(args: argparse.Namespace) -> int:
     optimizer = config.optim.build(config.trainer.steps)
     run_key = jax.random.fold_in(seed, RUN_DOMAIN)
     template = TrainState.create(objective, optimizer, key=run_key)
-    checkpoints = folder / "checkpoints"
-    if not checkpoints.is_dir():
+    checkpoints: Any = folder / "checkpoints"
+    if is_uri(config.trainer.checkpoint_dir) and config.trainer.name is not None:
+        checkpoints, _ = run_folder(config, config.trainer.name)  # the run's remote store
+    elif not checkpoints.is_dir():
         raise FileNotFoundError(f"{folder} has no checkpoints folder to evaluate.")
     with Checkpointer(checkpoints) as saved:
         state, _ = saved.restore(template)

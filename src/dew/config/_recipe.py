@@ -125,15 +125,14 @@ def train_run(
 ) -> TrainState:
     """Train `config` as the run `name` (default `config.trainer.name`); see
     `RunConfig.train`."""
-    from dew.config._config import TrainerConfig
-
     name = config.trainer.name if name is None else name
     if name is None:
         raise ValueError(
             "RunConfig.train needs a run name, which names its folder and its checkpoints: "
             "pass name=... or set trainer.name."
         )
-    TrainerConfig(name=name)  # the same rules as trainer.name
+    # The record holds the resolved configuration: the name the run trains under included.
+    config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, name=name))
     settings = config.trainer
     checkpoints, folder = run_folder(config, name)
     record = _record(config)
