@@ -11,6 +11,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray
@@ -43,7 +44,7 @@ def _positive(name: str, value: Any, *, optional: bool = False) -> None:
         raise ValueError(f"{name} must be {allowed}, got {value!r}.")
 
 
-def _compile_step(objective_def: Any, static: Any, optimizer: optax.GradientTransformation):
+def _step_function(objective_def: Any, static: Any, optimizer: optax.GradientTransformation):
     def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: Any):
         objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
         state = jax.tree.unflatten(state_def, state_leaves)
@@ -51,13 +52,35 @@ def _compile_step(objective_def: Any, static: Any, optimizer: optax.GradientTran
         next_state, outputs = train_step(objective, optimizer, state, batch, key)
         return jax.tree.leaves(next_state), outputs
 
+    return step
+
+
+def _compile_step(objective_def: Any, static: Any, optimizer: optax.GradientTransformation):
     # The objective is partitioned and flattened once, and the state travels as a flat
     # list of leaves with its buffers donated: a step pays no Python-level pytree
     # flattening and adds no copies the hand-written loop lacks.
-    return jax.jit(step, donate_argnums=0, static_argnums=3)
+    return jax.jit(
+        _step_function(objective_def, static, optimizer), donate_argnums=0, static_argnums=3
+    )
+
+
+def _compile_fused(objective_def: Any, static: Any, optimizer: optax.GradientTransformation):
+    """Several steps in one compiled call: a `lax.scan` of the step over stacked batches,
+    returning the last step's training metrics."""
+    step = _step_function(objective_def, static, optimizer)
+
+    def fused(state_leaves: list, batches: Any, objective_leaves: list, state_def: Any):
+        def body(leaves: list, batch: Any):
+            return step(leaves, batch, objective_leaves, state_def)
+
+        leaves, outputs = jax.lax.scan(body, state_leaves, batches)
+        return leaves, jax.tree.map(lambda value: value[-1], outputs)
+
+    return jax.jit(fused, donate_argnums=0, static_argnums=3)
 
 
 _cached_step = functools.lru_cache(maxsize=32)(_compile_step)
+_cached_fused = functools.lru_cache(maxsize=32)(_compile_fused)
 
 
 def key_text(key: PRNGKeyArray) -> str:
@@ -102,8 +125,10 @@ class Trainer:
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
         try:  # Trainers of one model structure and one optimizer share a compiled step
             self._step = _cached_step(objective_def, static, optimizer)
+            self._fused = _cached_fused(objective_def, static, optimizer)
         except TypeError:  # an unhashable static field: compile for this Trainer alone
             self._step = _compile_step(objective_def, static, optimizer)
+            self._fused = _compile_fused(objective_def, static, optimizer)
 
     def fit(
         self,
@@ -121,6 +146,7 @@ class Trainer:
         profile: Profile | None = None,
         state: TrainState | None = None,
         progress: bool = True,
+        steps_per_call: int = 1,
     ) -> TrainState:
         """Train to `steps` optimizer steps and return the final state.
 
@@ -144,6 +170,11 @@ class Trainer:
           the saved run had consumed, so the data order continues where it was.
         - `profile`: a `dew.profiling.Profile` window traced with `jax.profiler`; the
           `ProfileWindow` record is reported once the trace has stopped.
+        - `steps_per_call` (fused mode, opt-in): run this many steps in one compiled
+          call (a `lax.scan` over that many stacked batches) between the points where
+          the loop must look: `log_every`, `eval_every` and `checkpoint_every` must be
+          multiples of it. It saves the per-step dispatch of small models; a profile
+          window then traces whole calls.
         - `progress` prints one line per log and evaluation event (an evaluation's
           line adds its batch and record counts and its event key) and, when
           standard error is a terminal, shows a progress bar (step, loss, steps/s)
@@ -153,6 +184,18 @@ class Trainer:
         _positive("log_every", log_every)
         _positive("eval_every", eval_every, optional=True)
         _positive("checkpoint_every", checkpoint_every, optional=True)
+        _positive("steps_per_call", steps_per_call)
+        for name, every in (
+            ("log_every", log_every),
+            ("eval_every", eval_every),
+            ("checkpoint_every", checkpoint_every),
+        ):
+            if every is not None and every % steps_per_call:
+                raise ValueError(
+                    f"{name}={every} is not a multiple of steps_per_call={steps_per_call}: a "
+                    "fused call runs whole blocks of steps, so the loop can only look at their "
+                    "ends."
+                )
         if checkpoint_every is not None and self.checkpoint_dir is None:
             raise ValueError(
                 f"checkpoint_every={checkpoint_every} needs somewhere to save: construct the "
@@ -206,6 +249,7 @@ class Trainer:
                 data_start=data_start,
                 profile=profile,
                 progress=progress,
+                steps_per_call=steps_per_call,
             )
         finally:
             if checkpoints is not None:
@@ -230,6 +274,7 @@ class Trainer:
         data_start: int | None,
         profile: Profile | None,
         progress: bool,
+        steps_per_call: int,
     ) -> TrainState:
         # The jitted step sees the empty history only, so a growing history never
         # changes its static fields (and never recompiles it).
@@ -274,27 +319,30 @@ class Trainer:
             )
 
         window = _Window(profile, engine)
-        step = start
+        step = start  # the last completed step
         done_before = engine.stopping is not None and engine.stopping.stop
         with engine.running(
             start=start, steps=steps, completed=lambda: _completed(current(), step)
         ):
             try:
-                remaining = range(start + 1, steps + 1) if not done_before else range(0)
-                if remaining:  # a finished run resumes to its end without drawing a batch
+                if step < steps and not done_before:  # a finished run draws no batch
                     batches = _skip(iter(data.train(Partition.current())), start - data_start)
-                for step in remaining:
-                    try:
-                        batch = next(batches)
-                    except StopIteration:
-                        raise ValueError(
-                            f"Dataset.train ran out of batches at step {step} of {steps}; "
-                            "make it yield at least one batch per step (e.g. itertools.cycle)."
-                        ) from None
-                    window.before(step)
-                    leaves, outputs = self._step(leaves, batch, self._objective_leaves, state_def)
-                    engine.advance()
-                    window.after(step, leaves)
+                while step < steps and not done_before:
+                    aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
+                    block = steps_per_call if aligned else 1
+                    drawn = [_draw(batches, step + offset, steps) for offset in range(1, block + 1)]
+                    window.before(step + 1)
+                    if block == 1:
+                        leaves, outputs = self._step(
+                            leaves, drawn[0], self._objective_leaves, state_def
+                        )
+                    else:
+                        leaves, outputs = self._fused(
+                            leaves, _stack(drawn), self._objective_leaves, state_def
+                        )
+                    step += block
+                    engine.advance(block)
+                    window.after(step, leaves, block)
                     stop = False
                     if step % log_every == 0:
                         values = {
@@ -385,10 +433,10 @@ class _Window:
         jax.profiler.start_trace(directory)
         self.tracing, self.first = True, step
 
-    def after(self, step: int, leaves: list) -> None:
+    def after(self, step: int, leaves: list, count: int = 1) -> None:
         if not self.tracing:
             return
-        self.traced += 1
+        self.traced += count
         if step >= self.profile.stop:
             self.close(leaves)
 
@@ -412,6 +460,25 @@ class _Window:
         )
 
 
+def _draw(batches: Iterator[Any], step: int, steps: int) -> Any:
+    """The batch of `step`."""
+    try:
+        return next(batches)
+    except StopIteration:
+        raise ValueError(
+            f"Dataset.train ran out of batches at step {step} of {steps}; "
+            "make it yield at least one batch per step (e.g. itertools.cycle)."
+        ) from None
+
+
+def _stack(batches: list[Any]) -> Any:
+    """Batches stacked on a new leading axis (device arrays stay on the device)."""
+    return jax.tree.map(
+        lambda *leaves: jnp.stack(leaves) if isinstance(leaves[0], jax.Array) else np.stack(leaves),
+        *batches,
+    )
+
+
 def _skip(batches: Iterator[Any], count: int) -> Iterator[Any]:
     """Draw and discard the `count` batches a resumed run's checkpoint had consumed."""
     for index in range(count):
@@ -426,8 +493,9 @@ def _skip(batches: Iterator[Any], count: int) -> Iterator[Any]:
 
 
 def _completed(state: TrainState, step: int) -> int:
-    """The last completed step (a failed step's state may already be donated)."""
+    """The last completed step: the state's, or `step` when a failed call had already
+    donated the state's buffers."""
     try:
         return int(state.step)
     except RuntimeError:
-        return max(step - 1, 0)
+        return step
