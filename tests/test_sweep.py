@@ -18,7 +18,14 @@ from _sweep_worker import SPACE, base_config, make_train
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dew.config import DataConfig, ModelConfig, RunConfig, TrainerConfig, UndeclaredPathError
+from dew.config import (
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    TrainerConfig,
+    UndeclaredPathError,
+    override,
+)
 from dew.config.sweep import (
     VALUE_TAG,
     Choice,
@@ -210,6 +217,7 @@ def test_sweep_trains_one_named_run_per_point_and_returns_the_ledger(tmp_path):
             "trainer.batch_size": {"kind": "choice", "values": [8, 16]},
         },
         "search": "random(seed=0)",
+        "config": config().to_dict(),
         "trials": [
             {"index": trial.index, "overrides": trial.overrides, "value": trial.value}
             for trial in trials
@@ -443,7 +451,7 @@ def test_a_trial_that_failed_mid_training_is_retrained_first(tmp_path):
     assert json.loads(ledger.read_text())["running"] == []
 
 
-def _refused(tmp_path, ledger, match, **kwargs):
+def _refused(tmp_path, ledger, match, base=None, **kwargs):
     before = ledger.read_bytes()
     train = Recorder()
     arguments = {
@@ -453,7 +461,7 @@ def _refused(tmp_path, ledger, match, **kwargs):
         **kwargs,
     }
     with pytest.raises(ValueError, match=match) as caught:
-        sweep(config(), arguments.pop("space"), train=train, ledger=ledger, **arguments)
+        sweep(base or config(), arguments.pop("space"), train=train, ledger=ledger, **arguments)
     assert str(ledger) in str(caught.value)
     assert train.runs == []
     assert ledger.read_bytes() == before
@@ -478,6 +486,14 @@ def test_a_ledger_for_another_space_is_refused(tmp_path):
         tmp_path, ledger, "another space", space={"optim.learning_rate": Uniform(0.001, 0.01)}
     )
     assert "'kind': 'uniform'" in message
+
+
+def test_a_ledger_for_another_base_configuration_is_refused(tmp_path):
+    ledger = tmp_path / "l.json"
+    sweep(config(), {"optim.learning_rate": RATES}, train=Recorder(), trials=2, ledger=ledger)
+    longer = override(config(), {"trainer.steps": config().trainer.steps + 1})
+    message = _refused(tmp_path, ledger, "another base configuration", base=longer)
+    assert "sections that differ: trainer" in message
 
 
 def test_a_ledger_for_paths_in_another_order_is_refused(tmp_path):
@@ -507,8 +523,8 @@ def test_a_ledger_for_another_search_is_refused(tmp_path):
     [
         ('{"version": 1, "space": {', "is not valid JSON"),
         ("[]", "holds list, not a JSON object"),
-        ('{"version": 1}', "it has no 'space', 'search', 'trials'"),
-        ('{"version": 2, "space": {}, "search": "x", "trials": []}', "has version 2"),
+        ('{"version": 1}', "it has no 'space', 'search', 'config', 'trials'"),
+        ('{"version": 2, "space": {}, "search": "x", "config": {}, "trials": []}', "has version 2"),
     ],
 )
 def test_a_corrupt_ledger_is_refused(tmp_path, text, match):

@@ -20,13 +20,13 @@ Three search backends ship, and `Search` is the protocol for writing another:
 - `optuna_search` asks Optuna's sampler (extra `hpo`); with a shared RDB storage, several
   worker processes split one sweep's trials.
 
-The ledger is a JSON file:
-`{"version": 1, "space": ..., "search": ..., "trials": [{"index", "overrides", "value"}],
-"running": [{"index", "overrides"}]}`. A finished trial is written to it (atomically, and
-made durable) before it is reported to the tracker; a rerun of the same call skips the
-finished trials, retrains from its start a trial that was cut off mid-training (its
-checkpoints resume it) and continues. A ledger written for another space or another search
-is refused before any training. Non-finite scores are written `"NaN"`, `"+Inf"`, `"-Inf"`.
+The ledger is a JSON file: `{"version": 1, "space": ..., "search": ..., "config": ...,
+"trials": [{"index", "overrides", "value"}], "running": [{"index", "overrides"}]}`. A
+finished trial is written to it (atomically, and made durable) before it is reported to the
+tracker; a rerun of the same call skips the finished trials, retrains from its start a trial
+that was cut off mid-training (its checkpoints resume it) and continues. A ledger written for
+another space, another search or another base configuration (`config.to_dict()`) is refused
+before any training. Non-finite scores are written `"NaN"`, `"+Inf"`, `"-Inf"`.
 
 A tracker passed to `sweep` receives each trial's score under `VALUE_TAG`
 (`sweep/validation/value`, dew's `stage/split/metric` scheme) at step `index`, and its
@@ -769,11 +769,19 @@ class _Ledger:
     a live trial from one whose process died (the kernel drops a dead process's locks).
     """
 
-    def __init__(self, path: str | os.PathLike[str], space: dict[str, Any], search: str) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        space: dict[str, Any],
+        search: str,
+        config: dict[str, Any],
+    ) -> None:
         self.path = pathlib.Path(path)
         self.space, self.search = space, search
+        self.config = json.loads(_dumps(config))  # as the ledger's JSON reads back
         self._header = (
             f'"version": {LEDGER_VERSION},\n "space": {_dumps(space)},\n "search": {_dumps(search)}'
+            f',\n "config": {_dumps(config)}'
         )
         self.descriptor: int | None = None
         # The text last read or written and its state: a ledger no other process changed
@@ -852,7 +860,9 @@ class _Ledger:
             raise self._malformed(f"it is not valid JSON ({error})") from None
         if not isinstance(data, dict):
             raise self._malformed(f"it holds {type(data).__name__}, not a JSON object")
-        missing = [key for key in ("version", "space", "search", "trials") if key not in data]
+        missing = [
+            key for key in ("version", "space", "search", "config", "trials") if key not in data
+        ]
         if missing:
             raise self._malformed(f"it has no {', '.join(map(repr, missing))}")
         if data["version"] != LEDGER_VERSION:
@@ -864,6 +874,17 @@ class _Ledger:
             raise ValueError(
                 f"ledger {str(self.path)!r} was written by search {data['search']!r}, but this "
                 f"sweep uses {self.search!r}; use another ledger path for another search."
+            )
+        if data["config"] != self.config:
+            sections = sorted(
+                section
+                for section in {*self.config, *(data["config"] or {})}
+                if (data["config"] or {}).get(section) != self.config.get(section)
+            )
+            raise ValueError(
+                f"ledger {str(self.path)!r} was written for another base configuration (sections "
+                f"that differ: {', '.join(sections)}); its trials would not be comparable. Use "
+                "another ledger path for this configuration."
             )
         if not isinstance(data["space"], dict) or list(data["space"].items()) != list(
             self.space.items()
@@ -1036,7 +1057,7 @@ def sweep(
     _check_paths(config, normalized)
     search.check(normalized)
 
-    with _Ledger(ledger, _space_json(normalized), search.name) as book:
+    with _Ledger(ledger, _space_json(normalized), search.name, config.to_dict()) as book:
         with book.locked():
             book.clean()
             state = book.load()
