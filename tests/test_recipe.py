@@ -124,6 +124,8 @@ def test_a_tracker_receives_what_the_local_tracker_does(tmp_path):
     _config(tmp_path).train(metrics=PERPLEXITY, tracker=tracker, progress=False)
     journal = read_journal(tmp_path / "tiny")
     assert tracker.scalars == journal.scalars
+    assert tracker.params == journal.params
+    assert [type(record).type for _, record in tracker.artifacts["run_record"]] == ["run_record"]
     assert not tracker.closed
     assert "samples" not in tracker.artifacts  # previews only when asked for
 

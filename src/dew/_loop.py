@@ -11,7 +11,6 @@ differs from the other only in what a step is, never in how a run is observed.
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -190,8 +189,3 @@ class LoopEngine:
             self.bar.close()
         done = completed()
         self.record("fit_ended", FitEnded("completed", done), done)
-
-
-def describe(values: Mapping[str, Any]) -> str:
-    """`key value` pairs for a printed line."""
-    return ", ".join(f"{key} {value}" for key, value in values.items())

@@ -151,9 +151,9 @@ def train_run(
     if is_uri(checkpoints) and progress:
         print(f"checkpoints at {checkpoints}; local tracking at {folder.absolute()}")
     with LocalTracker(folder) as local:
-        local.log_artifact("run_record", record)  # writes run.json when absent
-        local.log_params({"config": config.to_dict()})
         reporting = local if tracker is None else Trackers(local, tracker)
+        reporting.log_artifact("run_record", record)  # the local one writes run.json if absent
+        reporting.log_params({"config": config.to_dict()})
         return trainer.fit(
             data,
             settings.steps,
