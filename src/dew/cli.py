@@ -172,9 +172,12 @@ def _search(args: argparse.Namespace) -> Any:
 
 
 def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> float:
-    for split in ("validation", "train"):
+    from dew.naming import Split, parse_metric_tag
+
+    for split in (Split.VALIDATION, Split.TRAIN):
         for tag, series in history.items():
-            if tag.endswith(f"/{split}/{metric}") and series:
+            parsed = parse_metric_tag(tag)
+            if (parsed.split, parsed.metric) == (split, metric) and series:
                 return float(series[-1][1])
     raise ValueError(
         f"the trial reported no {metric!r}; its metrics are {sorted(history)}. Pick one with "
@@ -183,7 +186,7 @@ def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> f
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from dew.config._recipe import is_uri
+    from dew.config._recipe import run_folder
     from dew.config.sweep import sweep
     from dew.tracking import LocalTracker
 
@@ -194,8 +197,7 @@ def _sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"--storage is Optuna's; use it with --search optuna, not {args.search}.")
     metrics = default_metrics(config.objective.name)
     metric = args.metric or (metrics[0].name if metrics else "loss")
-    root = config.trainer.checkpoint_dir
-    local = pathlib.Path("runs" if is_uri(root) else root) / config.trainer.name
+    _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
     ledger = args.ledger or str(local / "ledger.json")
 
     def trial(run: Any) -> float:
