@@ -74,9 +74,10 @@ def test_ema_update_is_the_exponential_moving_average():
 def test_train_step_updates_the_ema_when_asked(objective):
     optimizer = optax.sgd(0.5)
     state = TrainState.create(objective, optimizer, key=jax.random.key(0), ema=True)
-    next_state, _ = train_step(
-        objective, optimizer, state, BATCH, jax.random.key(1), ema_decay=0.75
-    )
+    step = jax.jit(
+        lambda s: train_step(objective, optimizer, s, BATCH, jax.random.key(1), ema_decay=0.75)
+    )  # eager, the grad dispatches op by op
+    next_state, _ = step(state)
     for ema, old, new in zip(
         jax.tree.leaves(next_state.ema_params),
         jax.tree.leaves(state.params),
