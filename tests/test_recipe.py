@@ -170,3 +170,27 @@ def test_each_sweep_trial_is_an_ordinary_run_with_its_own_record(tmp_path):
         recorded = RunConfig.from_run_record(tmp_path / "rate" / f"trial-{index}")
         assert recorded.optim.learning_rate == rate
         assert recorded.trainer.name == f"rate/trial-{index}"
+
+
+def test_a_run_checkpointing_to_a_uri_tracks_locally_and_says_where(tmp_path, monkeypatch, capsys):
+    import dew.config._recipe as recipe
+
+    given = []
+
+    class LocalStandIn(recipe.Trainer):
+        """Records the URI the recipe chose, and checkpoints to a local folder instead
+        (orbax has no local URI scheme to test with)."""
+
+        def __init__(self, *args, checkpoint_dir=None, **kwargs):
+            given.append(checkpoint_dir)
+            super().__init__(*args, checkpoint_dir=tmp_path / "remote", **kwargs)
+
+    monkeypatch.setattr(recipe, "Trainer", LocalStandIn)
+    monkeypatch.chdir(tmp_path)
+    config = _config("gs://bucket/runs", eval_every=None, checkpoint_every=None)
+    config.train(progress=True)
+    assert given == ["gs://bucket/runs/tiny/checkpoints"]
+    local = tmp_path / "runs" / "tiny"
+    assert f"local tracking at {local}" in capsys.readouterr().out
+    assert RunConfig.from_run_record(local) == config
+    assert read_journal(local).scalars["lm/train/loss"]
