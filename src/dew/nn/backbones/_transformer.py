@@ -165,3 +165,39 @@ class TransformerStack(eqx.Module):
             x = block(x, causal=causal, implementation=self.attention_impl)
         x = jax.vmap(model.final_norm)(x)
         return jax.vmap(model.head)(x).astype(jnp.float32)
+
+
+def build_stack(
+    kind: str,
+    *,
+    vocab_size: int,
+    extra_tokens: int = 0,
+    emb_features: int,
+    num_layers: int,
+    num_heads: int,
+    mlp_features: int,
+    max_seq_len: int,
+    dtype: str,
+    attention_impl: str,
+    key: PRNGKeyArray | None,
+) -> TransformerStack:
+    """Check a backbone's configuration (errors name `kind`), then build its stack: an
+    embedding of `vocab_size + extra_tokens` rows and logits over the `vocab_size` tokens."""
+    sizes = {
+        "emb_features": emb_features,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "mlp_features": mlp_features,
+        "max_seq_len": max_seq_len,
+    }
+    check_configuration(
+        kind, vocab_size=vocab_size, dtype=dtype, attention_impl=attention_impl, **sizes
+    )
+    return TransformerStack(
+        vocab_size=vocab_size + extra_tokens,
+        out_features=vocab_size,
+        dtype=dtype,
+        attention_impl=attention_impl,
+        key=jax.random.key(0) if key is None else key,
+        **sizes,
+    )

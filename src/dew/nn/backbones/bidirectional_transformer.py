@@ -1,10 +1,9 @@
 """A bidirectional transformer denoiser over token IDs (masked diffusion)."""
 
 import equinox as eqx
-import jax
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from dew.nn.backbones._transformer import TransformerStack, check_configuration
+from dew.nn.backbones._transformer import TransformerStack, build_stack
 
 __all__ = ["BidirectionalTransformer"]
 
@@ -42,27 +41,18 @@ class BidirectionalTransformer(eqx.Module):
         *,
         key: PRNGKeyArray | None = None,
     ):
-        sizes = {
-            "emb_features": emb_features,
-            "num_layers": num_layers,
-            "num_heads": num_heads,
-            "mlp_features": mlp_features,
-            "max_seq_len": max_seq_len,
-        }
-        check_configuration(
+        self.stack = build_stack(
             "BidirectionalTransformer",
             vocab_size=vocab_size,
+            extra_tokens=1,
+            emb_features=emb_features,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            mlp_features=mlp_features,
+            max_seq_len=max_seq_len,
             dtype=dtype,
             attention_impl=attention_impl,
-            **sizes,
-        )
-        self.stack = TransformerStack(
-            vocab_size=vocab_size + 1,
-            out_features=vocab_size,
-            dtype=dtype,
-            attention_impl=attention_impl,
-            key=jax.random.key(0) if key is None else key,
-            **sizes,
+            key=key,
         )
         self.vocab_size = vocab_size
 

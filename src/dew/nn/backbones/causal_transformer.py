@@ -1,10 +1,9 @@
 """A decoder-only transformer language model."""
 
 import equinox as eqx
-import jax
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from dew.nn.backbones._transformer import TransformerStack, check_configuration
+from dew.nn.backbones._transformer import TransformerStack, build_stack
 
 __all__ = ["CausalTransformer"]
 
@@ -53,23 +52,17 @@ class CausalTransformer(eqx.Module):
         *,
         key: PRNGKeyArray | None = None,
     ):
-        sizes = {
-            "vocab_size": vocab_size,
-            "emb_features": emb_features,
-            "num_layers": num_layers,
-            "num_heads": num_heads,
-            "mlp_features": mlp_features,
-            "max_seq_len": max_seq_len,
-        }
-        check_configuration(
-            "CausalTransformer", dtype=dtype, attention_impl=attention_impl, **sizes
-        )
-        self.stack = TransformerStack(
-            out_features=vocab_size,
+        self.stack = build_stack(
+            "CausalTransformer",
+            vocab_size=vocab_size,
+            emb_features=emb_features,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            mlp_features=mlp_features,
+            max_seq_len=max_seq_len,
             dtype=dtype,
             attention_impl=attention_impl,
-            key=jax.random.key(0) if key is None else key,
-            **sizes,
+            key=key,
         )
         self.vocab_size = vocab_size
 
