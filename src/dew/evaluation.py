@@ -4,20 +4,17 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import equinox as eqx
 import jax
-import numpy as np
 from jaxtyping import PRNGKeyArray, PyTree
 
-from dew.artifacts import Artifact
+from dew._pass import SCORING_DOMAIN, PassResult, run_pass, scoring_key
 from dew.data import Partition
 from dew.metrics import Metric, MetricSet
 from dew.objectives.base import Objective
 
-__all__ = ["SCORING_DOMAIN", "Evaluation", "evaluate"]
+__all__ = ["SCORING_DOMAIN", "Evaluation", "PassResult", "evaluate", "run_pass", "scoring_key"]
 
-# Fixed RNG domains: scoring draws and preview draws never share a key stream.
-SCORING_DOMAIN = 0x5C0
+# Scoring draws (dew._pass.SCORING_DOMAIN) and preview draws never share a key stream.
 PREVIEW_DOMAIN = 0x9EE
 
 
@@ -38,53 +35,6 @@ class Evaluation:
     records: int
     uneven_shards: bool
     step: int
-
-
-@eqx.filter_jit
-def _score(objective: Objective, params: PyTree, batch: Mapping[str, Any], key: PRNGKeyArray):
-    return objective.evaluate(params, batch, key)
-
-
-def _rows(batch: Mapping[str, Any]) -> int:
-    """The rows of a batch: the leading axis of its arrays (scalar metadata adds none)."""
-    shapes = [np.shape(leaf) for leaf in jax.tree.leaves(batch)]
-    rows = [shape[0] for shape in shapes if shape]
-    if not rows:
-        raise ValueError("an evaluation batch holds no arrays with a row axis.")
-    return int(rows[0])
-
-
-def scoring_key(key: PRNGKeyArray, batch_index: int) -> PRNGKeyArray:
-    """The key batch `batch_index` of a pass is scored with, in the scoring domain."""
-    return jax.random.fold_in(jax.random.fold_in(key, SCORING_DOMAIN), batch_index)
-
-
-def run_pass(
-    objective: Objective,
-    params: PyTree,
-    batches: Iterable[Mapping[str, Any]],
-    metrics: MetricSet,
-    key: PRNGKeyArray,
-) -> tuple[dict[str, float], int, int, Artifact | None, Mapping[str, Any] | None]:
-    """Score and reduce a pass; returns scores, batches, records, and the first batch's
-    scoring artifact and batch (for a preview that reuses them)."""
-    state = metrics.init()
-    first_artifact = first_batch = None
-    count = records = 0
-    for index, batch in enumerate(batches):
-        count, records = count + 1, records + _rows(batch)
-        if first_batch is None:
-            first_batch = batch
-        if not metrics.metrics:
-            continue
-        artifact = _score(objective, params, batch, scoring_key(key, index))
-        if first_artifact is None:
-            first_artifact = artifact
-        state = metrics.update(state, artifact)
-    if count == 0 or not metrics.metrics:
-        return {}, count, records, first_artifact, first_batch
-    scores = {name: float(value) for name, value in metrics.finalize(state).items()}
-    return scores, count, records, first_artifact, first_batch
 
 
 def evaluate(
@@ -128,5 +78,7 @@ def evaluate(
     metric_set = MetricSet(metrics)
     if callable(batches):
         batches = batches(Partition.current())
-    scores, count, records, _, _ = run_pass(objective, params, batches, metric_set, key)
-    return Evaluation(scores, count, records, uneven_shards=False, step=int(step))
+    result = run_pass(objective, params, batches, metric_set, key)
+    return Evaluation(
+        result.scores, result.batches, result.records, uneven_shards=False, step=int(step)
+    )

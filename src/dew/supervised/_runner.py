@@ -1,6 +1,7 @@
 """`run_supervised`: epochs of supervised training over a loader, reporting events."""
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -16,8 +17,9 @@ from dew.events import (
     VALIDATION_END,
     EventSink,
 )
+from dew.metrics._sums import Sum
 from dew.naming import Split, check_name
-from dew.objectives.base import combine, trainable
+from dew.objectives.base import trainable
 from dew.steps import TrainState
 from dew.supervised._early_stopping import EarlyStopper
 from dew.tracking import Tracker
@@ -85,20 +87,40 @@ class HeldOutValidation:
     loss: Loss
 
     def evaluate(self, params: PyTree, epoch: int, key: PRNGKeyArray) -> dict[str, float]:
-        """The validation metrics of `params` at `epoch` (`{}` for an empty loader)."""
-        model = combine(params, self.model)
-        total = rows = 0.0
+        """The validation metrics of `params` at `epoch` (`{}` for an empty loader).
+
+        Each batch is one compiled call that adds its row-weighted loss to a donated
+        compensated sum on the device; the sum is fetched once, after the last batch.
+        """
+        total = rows = None
         for index, batch in enumerate(self.loader(split="validation", epoch=epoch)):
-            batch_key = jax.random.fold_in(key, index)
-            value = _evaluate_loss(self.loss, model, batch, batch_key)
+            if total is None:
+                total, rows = Sum.zero(), jnp.zeros((), jnp.int32)
+            total, rows = self._add(total, rows, params, batch, key, index)
+        if total is None:
+            return {}
+        total, rows = jax.device_get((total.value(), rows))
+        return {"loss": float(total) / int(rows)} if rows else {}
+
+    @functools.cached_property
+    def _add(self) -> Callable[..., tuple[Sum, jax.Array]]:
+        static = eqx.filter(self.model, eqx.is_inexact_array, inverse=True)
+        loss = self.loss
+
+        def add(total: Sum, rows: jax.Array, params: PyTree, batch: Batch, key, index):
+            model = eqx.combine(params, static)
+            value = loss(
+                model,
+                batch.inputs,
+                batch.targets,
+                batch.sample_weight,
+                jax.random.fold_in(key, index),
+                False,
+            )
             count = _rows(batch)
-            total, rows = total + float(value) * count, rows + count
-        return {"loss": total / rows} if rows else {}
+            return total.add(Sum.of(value * count)), rows + count
 
-
-@eqx.filter_jit
-def _evaluate_loss(loss: Loss, model: PyTree, batch: Batch, key: PRNGKeyArray) -> jax.Array:
-    return loss(model, batch.inputs, batch.targets, batch.sample_weight, key, False)
+        return jax.jit(add, donate_argnums=(0, 1))
 
 
 def run_supervised(
@@ -135,8 +157,10 @@ def run_supervised(
     transformation = optimizer.transformation
     static = eqx.filter(model, eqx.is_inexact_array, inverse=True)
 
-    @jax.jit
-    def step(params, opt_state, inputs, targets, sample_weight, key):
+    @functools.partial(jax.jit, donate_argnums=(7, 8))
+    def step(params, opt_state, inputs, targets, sample_weight, run_key, index, total, rows):
+        key = jax.random.fold_in(jax.random.fold_in(run_key, TRAIN_DOMAIN), index)
+
         def objective(p):
             return loss(eqx.combine(p, static), inputs, targets, sample_weight, key, True)
 
@@ -144,7 +168,10 @@ def run_supervised(
         with jax.numpy_dtype_promotion("standard"):
             updates, opt_state = transformation.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-        return params, opt_state, value
+        # The epoch's row-weighted loss accumulates on the device: no step waits for
+        # the host, and the sum is fetched once at the end of the epoch.
+        count = int(np.shape(jax.tree.leaves(inputs)[0])[0])
+        return params, opt_state, total.add(Sum.of(value * count)), rows + count
 
     from dew._loop import LoopEngine  # the engine imports this package's early stopper
 
@@ -169,19 +196,25 @@ def run_supervised(
     )
     with engine.running(start=0, steps=epochs, completed=lambda: steps):
         for epoch in range(epochs):
-            total = rows = 0.0
+            total, rows = Sum.zero(), jnp.zeros((), jnp.int32)
             for batch in train_loader(split="train", epoch=epoch):
-                key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_DOMAIN), steps)
-                params, opt_state, value = step(
-                    params, opt_state, batch.inputs, batch.targets, batch.sample_weight, key
+                params, opt_state, total, rows = step(
+                    params,
+                    opt_state,
+                    batch.inputs,
+                    batch.targets,
+                    batch.sample_weight,
+                    state.key,
+                    steps,
+                    total,
+                    rows,
                 )
                 steps += 1
-                count = _rows(batch)
-                total, rows = total + float(value) * count, rows + count
             engine.advance()
             measured: dict[Split, dict[str, float]] = {}
+            total, rows = jax.device_get((total.value(), rows))
             if rows:
-                measured[Split.TRAIN] = {"loss": total / rows}
+                measured[Split.TRAIN] = {"loss": float(total) / int(rows)}
                 engine.report(EPOCH_END, Split.TRAIN, epoch, measured[Split.TRAIN])
             if validation is not None:
                 key = jax.random.fold_in(state.key, epoch)

@@ -390,18 +390,25 @@ class Trainer:
                 file=sys.stderr,
                 dynamic_ncols=True,
             )
-        scores, count, records, first_artifact, first_batch = run_pass(
-            self.objective, state.params, batches, metric_set, event_key
+        previewing = preview and tracker is not None
+        result = run_pass(
+            self.objective,
+            state.params,
+            batches,
+            metric_set,
+            event_key,
+            keep_first_artifact=previewing,
         )
-        if preview and tracker is not None and first_batch is not None:
+        if previewing and result.first_batch is not None:
             preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
             artifact = self.objective.preview(
-                state.params, first_batch, preview_key, scored=first_artifact
+                state.params, result.first_batch, preview_key, scored=result.first_artifact
             )
             tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
+        scores = result.scores
         counts = (
-            f"evaluation/coordinated_batches {count}  evaluation/records {records}  "
-            f"evaluation/uneven_shards False  event key {key_text(event_key)}"
+            f"evaluation/coordinated_batches {result.batches}  evaluation/records "
+            f"{result.records}  evaluation/uneven_shards False  event key {key_text(event_key)}"
         )
         if not scores:
             if progress:

@@ -1,0 +1,228 @@
+"""The pass reducer: score a batch and merge its metric statistics in one compiled call.
+
+Every evaluation in dew (`evaluate`, the Trainer's validation events, `dew eval`, the
+recipe's evaluations) runs a pass through `run_pass`. For each batch one compiled call
+scores it with the objective and merges the device metrics' statistics into the
+accumulator, whose buffers are donated, so a pass costs one dispatch per batch and one
+host transfer at its end, as a hand-written jitted loop would. The call is compiled once
+per structure of objective, parameters, metric set and batch, and reused across passes.
+Host metrics (NumPy float64 state) merge each batch's artifact on the host.
+"""
+
+import dataclasses
+import functools
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+from jaxtyping import ArrayLike, Int, PRNGKeyArray, PyTree
+
+from dew.artifacts import Artifact
+from dew.metrics import MetricSet
+from dew.objectives.base import Objective
+
+__all__ = ["SCORING_DOMAIN", "PassResult", "run_pass", "scoring_key"]
+
+# Fixed RNG domain of scoring draws (preview draws use another, in dew.evaluation).
+SCORING_DOMAIN = 0x5C0
+
+
+@dataclasses.dataclass(frozen=True)
+class PassResult:
+    """What one pass produced.
+
+    - `scores`: bare metric name to value (empty for an empty pass or no metrics).
+    - `batches`: how many batches the pass consumed; `records`: the rows they held.
+    - `first_artifact`: the first batch's scoring artifact when it was asked for (a
+      preview reuses it) or when there were host metrics, else `None`.
+    - `first_batch`: the first batch itself (`None` for an empty pass).
+    """
+
+    scores: dict[str, float]
+    batches: int
+    records: int
+    first_artifact: Artifact | None
+    first_batch: Mapping[str, Any] | None
+
+
+def scoring_key(key: PRNGKeyArray, batch_index: int | Int[ArrayLike, ""]) -> PRNGKeyArray:
+    """The key batch `batch_index` of a pass is scored with, in the scoring domain."""
+    return jax.random.fold_in(jax.random.fold_in(key, SCORING_DOMAIN), batch_index)
+
+
+def _rows(batch: Mapping[str, Any]) -> int:
+    """The rows of a batch: the leading axis of its arrays (scalar metadata adds none)."""
+    for leaf in jax.tree.leaves(batch):
+        shape = np.shape(leaf)
+        if shape:
+            return int(shape[0])
+    raise ValueError("an evaluation batch holds no arrays with a row axis.")
+
+
+def _update_function(objective_def: Any, objective_static: Any):
+    """The compiled score-and-merge call of one objective structure."""
+
+    def update(
+        accumulator: list,
+        batch: Any,
+        index: Any,
+        key: Any,
+        params: list,
+        objective_leaves: list,
+        metric_leaves: list,
+        spec: "_Spec",
+    ):
+        objective = eqx.combine(
+            jax.tree.unflatten(objective_def, objective_leaves), objective_static
+        )
+        metrics = spec.metrics(metric_leaves)
+        artifact = objective.evaluate(
+            jax.tree.unflatten(spec.params_def, params), batch, scoring_key(key, index)
+        )
+        state = metrics.update(jax.tree.unflatten(spec.accumulator_def, accumulator), artifact)
+        return jax.tree.leaves(state), (artifact if spec.keep else None)
+
+    return jax.jit(update, donate_argnums=0, static_argnums=7)
+
+
+_shared_update = functools.lru_cache(maxsize=32)(_update_function)
+# One compiled call per objective object, found by identity (hashing a model's static
+# structure on every pass would cost more than the pass's dispatches).
+_updates: dict[int, tuple[weakref.ref, Callable[..., Any]]] = {}
+
+
+def _update_for(objective: Objective) -> tuple[Callable[..., Any], list]:
+    """The objective's compiled update and its array leaves."""
+    arrays, static = eqx.partition(objective, eqx.is_array)
+    leaves, objective_def = jax.tree.flatten(arrays)
+    entry = _updates.get(id(objective))
+    if entry is not None and entry[0]() is objective:
+        return entry[1], leaves
+    try:  # objectives of one structure share their compiled call
+        update = _shared_update(objective_def, static)
+    except TypeError:  # an unhashable static field: compile for this objective alone
+        update = _update_function(objective_def, static)
+    identity = id(objective)
+    try:
+        reference = weakref.ref(objective, lambda _: _updates.pop(identity, None))
+    except TypeError:  # not weakly referenceable: look it up by structure each time
+        return update, leaves
+    _updates[id(objective)] = (reference, update)
+    return update, leaves
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """The static half of a pass: structures of the accumulator, params and metrics."""
+
+    accumulator_def: Any
+    params_def: Any
+    metrics_def: Any
+    metrics_static: Any
+    keep: bool
+
+    def metrics(self, leaves: list) -> MetricSet:
+        return eqx.combine(jax.tree.unflatten(self.metrics_def, leaves), self.metrics_static)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _init(metric_leaves: list, metrics_def: Any, metrics_static: Any) -> Any:
+    return eqx.combine(jax.tree.unflatten(metrics_def, metric_leaves), metrics_static).init()
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _finalize(accumulator: list, metric_leaves: list, spec: _Spec) -> dict[str, Any]:
+    metrics = spec.metrics(metric_leaves)
+    return metrics.finalize(jax.tree.unflatten(spec.accumulator_def, accumulator))
+
+
+class _Reducer:
+    """The compiled calls of one pass of (objective, params, device metrics)."""
+
+    def __init__(self, objective: Objective, params: PyTree, metrics: MetricSet) -> None:
+        self.metrics = metrics
+        self.update, self.objective_leaves = _update_for(objective)
+        self.params, params_def = jax.tree.flatten(params)
+        metric_arrays, metrics_static = eqx.partition(metrics, eqx.is_array)
+        self.metric_leaves, metrics_def = jax.tree.flatten(metric_arrays)
+        initial = _init(self.metric_leaves, metrics_def, metrics_static)
+        self.accumulator, accumulator_def = jax.tree.flatten(initial)
+        self.spec = _Spec(accumulator_def, params_def, metrics_def, metrics_static, keep=False)
+        self.keeping = dataclasses.replace(self.spec, keep=True)
+
+    def add(self, batch: Mapping[str, Any], index: int, keep: bool) -> Artifact | None:
+        """Score `batch` and merge its statistics; the artifact when `keep`."""
+        self.accumulator, artifact = self.update(
+            self.accumulator,
+            batch,
+            index,
+            self.key,
+            self.params,
+            self.objective_leaves,
+            self.metric_leaves,
+            self.keeping if keep else self.spec,
+        )
+        return artifact
+
+    def finalize(self) -> dict[str, Any]:
+        if not self.metrics.metrics:
+            return {}
+        try:
+            return _finalize(self.accumulator, self.metric_leaves, self.spec)
+        except (RuntimeError, ValueError):  # a check fired: raise dew's own error eagerly
+            state = jax.tree.unflatten(self.spec.accumulator_def, self.accumulator)
+            return self.metrics.finalize(state)
+
+
+def run_pass(
+    objective: Objective,
+    params: PyTree,
+    batches: Iterable[Mapping[str, Any]],
+    metrics: MetricSet,
+    key: PRNGKeyArray,
+    *,
+    keep_first_artifact: bool = False,
+    guard: Callable[[Objective, Mapping[str, Any]], Any] | None = None,
+) -> PassResult:
+    """Score and reduce one pass of `batches` with `metrics`.
+
+    Batch `i` is scored with `scoring_key(key, i)`. Device metrics reduce in one
+    compiled call per batch (scoring included, the accumulator donated) and are
+    fetched once at the end; host metrics merge each batch's artifact on the host.
+    With no metrics nothing is scored (batches and records are still counted).
+    `keep_first_artifact` returns the first batch's scoring artifact (for a preview).
+    `guard(objective, batch)`, when given, is a context manager wrapped around each
+    compiled call (dew uses it to turn a failed runtime check into a plain error).
+    """
+    device = MetricSet(tuple(m for m in metrics.metrics if not m.host))
+    host = MetricSet(tuple(m for m in metrics.metrics if m.host))
+    reducer = _Reducer(objective, params, device) if metrics.metrics else None
+    if reducer is not None:
+        reducer.key = key
+    host_state = host.init()
+    first_artifact = first_batch = None
+    count = records = 0
+    for index, batch in enumerate(batches):
+        records += _rows(batch)
+        if first_batch is None:
+            first_batch = batch
+        if reducer is not None:
+            keep = bool(host.metrics) or (index == 0 and keep_first_artifact)
+            if guard is None:
+                artifact = reducer.add(batch, index, keep)
+            else:
+                with guard(objective, batch):
+                    artifact = reducer.add(batch, index, keep)
+            if index == 0 and keep:
+                first_artifact = artifact
+            if host.metrics:
+                host_state = host.update(host_state, artifact)
+        count += 1
+    if count == 0 or reducer is None:
+        return PassResult({}, count, records, first_artifact, first_batch)
+    values = jax.device_get(reducer.finalize() | host.finalize(host_state))
+    scores = {name: float(values[name]) for name in metrics.names}
+    return PassResult(scores, count, records, first_artifact, first_batch)

@@ -1,0 +1,186 @@
+"""dew._pass: one compiled call per batch scores it and merges every device metric."""
+
+import itertools
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import numpy as np
+import optax
+import pytest
+
+from dew import Trainer, evaluate, metrics
+from dew._pass import PassResult, _Reducer, run_pass, scoring_key
+from dew.artifacts import TokenScores
+from dew.data import Dataset
+from dew.metrics import Metric, MetricSet
+from dew.metrics._base import MeanState
+from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.lm import LMObjective
+
+CALLS = {"statistics": 0, "host": 0}
+
+
+class CountingMean(Metric[TokenScores]):
+    """The mean token loss, counting how often its statistics are built (traced or eager)."""
+
+    name: str = "counted_loss"
+    artifact_type: ClassVar[type] = TokenScores
+
+    def init(self):
+        return MeanState.zero()
+
+    def statistics(self, artifact):
+        CALLS["statistics"] += 1
+        return MeanState.of(artifact.losses, artifact.weights)
+
+    def merge(self, accumulated, contribution):
+        return accumulated.merge(contribution)
+
+    def finalize(self, accumulated):
+        return accumulated.mean()
+
+
+class HostWeightedLoss(Metric[TokenScores]):
+    """A host metric: float64 NumPy sums merged on the host, seeing concrete arrays."""
+
+    name: str = "host_loss"
+    artifact_type: ClassVar[type] = TokenScores
+    host: ClassVar[bool] = True
+
+    def init(self):
+        return np.zeros(2, np.float64)
+
+    def statistics(self, artifact):
+        assert not isinstance(artifact.losses, jax.core.Tracer)
+        CALLS["host"] += 1
+        losses = np.asarray(artifact.losses, np.float64)
+        weights = np.asarray(artifact.weights, np.float64)
+        return np.array([(losses * weights).sum(), weights.sum()])
+
+    def merge(self, accumulated, contribution):
+        return accumulated + contribution
+
+    def finalize(self, accumulated):
+        return accumulated[0] / accumulated[1] if accumulated[1] else float("nan")
+
+
+@pytest.fixture(scope="module")
+def objective():
+    model = CausalTransformer(
+        vocab_size=5, emb_features=16, num_layers=1, num_heads=2, mlp_features=32, max_seq_len=16
+    )
+    return LMObjective(model, seq_len=8)
+
+
+def _batches(seed, count=5, rows=4):
+    rng = np.random.default_rng(seed)
+    return [{"text": rng.integers(0, 5, (rows, 9)).astype(np.int32)} for _ in range(count)]
+
+
+def _reference_mean_loss(objective, params, batches, key):
+    """The token-weighted mean loss in float64 NumPy from each batch's own scoring."""
+    total = weight = 0.0
+    for index, batch in enumerate(batches):
+        scores = objective.evaluate(params, batch, scoring_key(key, index))
+        losses, weights = np.asarray(scores.losses, np.float64), np.asarray(scores.weights)
+        total, weight = total + (losses * weights).sum(), weight + weights.sum()
+    return total / weight
+
+
+def test_a_pass_builds_metric_statistics_once_not_once_per_batch(objective):
+    params, key = objective.init_params(), jax.random.key(0)
+    batches = _batches(1, count=6)
+    CALLS["statistics"] = 0
+    first = evaluate(objective, params, batches, metrics=[CountingMean()], key=key)
+    assert CALLS["statistics"] == 1  # traced once into the compiled call, never run eagerly
+    second = evaluate(objective, params, _batches(2, count=6), metrics=[CountingMean()], key=key)
+    assert CALLS["statistics"] == 1  # a second pass of the same structure reuses the call
+    reference = _reference_mean_loss(objective, params, batches, key)
+    np.testing.assert_allclose(first.scores["counted_loss"], reference, rtol=1e-6)
+    assert second.scores["counted_loss"] != first.scores["counted_loss"]
+
+
+def test_run_pass_returns_a_typed_result_with_the_first_artifact_on_request(objective):
+    params, key = objective.init_params(), jax.random.key(3)
+    batches = _batches(4, count=3)
+    result = run_pass(
+        objective, params, batches, MetricSet([metrics.mean_loss()]), key, keep_first_artifact=True
+    )
+    assert isinstance(result, PassResult)
+    assert (result.batches, result.records) == (3, 12)
+    assert result.first_batch is batches[0]
+    expected = objective.evaluate(params, batches[0], scoring_key(key, 0))
+    np.testing.assert_array_equal(result.first_artifact.losses, expected.losses)
+    without = run_pass(objective, params, batches, MetricSet([metrics.mean_loss()]), key)
+    assert without.first_artifact is None
+    assert without.scores == result.scores
+
+
+def test_a_pass_without_metrics_scores_nothing_but_counts(objective):
+    result = run_pass(
+        objective, objective.init_params(), _batches(5), MetricSet([]), jax.random.key(0)
+    )
+    assert (result.scores, result.batches, result.records, result.first_artifact) == (
+        {},
+        5,
+        20,
+        None,
+    )
+    empty = run_pass(
+        objective, objective.init_params(), [], MetricSet([metrics.perplexity()]), jax.random.key(0)
+    )
+    assert (empty.scores, empty.batches, empty.first_batch) == ({}, 0, None)
+
+
+def test_host_metrics_merge_on_the_host_beside_device_metrics(objective):
+    params, key = objective.init_params(), jax.random.key(6)
+    batches = _batches(7, count=4)
+    CALLS["host"] = 0
+    result = evaluate(
+        objective, params, batches, metrics=[metrics.mean_loss(), HostWeightedLoss()], key=key
+    )
+    assert CALLS["host"] == 4  # once per batch, eagerly, on concrete arrays
+    assert list(result.scores) == ["mean_loss", "host_loss"]
+    reference = _reference_mean_loss(objective, params, batches, key)
+    np.testing.assert_allclose(result.scores["host_loss"], reference, rtol=1e-6)
+    np.testing.assert_allclose(result.scores["mean_loss"], reference, rtol=1e-6)
+
+
+def test_the_accumulator_is_donated_to_each_compiled_call(objective):
+    reducer = _Reducer(objective, objective.init_params(), MetricSet([metrics.perplexity()]))
+    reducer.key = jax.random.key(0)
+    before = list(reducer.accumulator)
+    reducer.add(_batches(8, count=1)[0], 0, keep=False)
+    assert all(leaf.is_deleted() for leaf in before)
+    assert not any(leaf.is_deleted() for leaf in reducer.accumulator)
+
+
+def test_a_new_objective_of_the_same_structure_shares_the_compiled_call(objective):
+    params, key = objective.init_params(), jax.random.key(0)
+    evaluate(objective, params, _batches(9), metrics=[CountingMean()], key=key)
+    CALLS["statistics"] = 0
+    twin = eqx.tree_at(lambda o: o.model, objective, objective.model)  # a new, equal object
+    assert twin is not objective
+    evaluate(twin, params, _batches(9), metrics=[CountingMean()], key=key)
+    assert CALLS["statistics"] == 0
+
+
+def test_trainer_validation_events_reuse_one_compiled_pass():
+    model = CausalTransformer(
+        vocab_size=5, emb_features=8, num_layers=1, num_heads=2, mlp_features=16, max_seq_len=16
+    )
+    objective = LMObjective(model, seq_len=8)  # a structure no other test compiled
+    batches = _batches(10, count=3)
+    data = Dataset(train=lambda _: itertools.repeat(batches[0]), val=lambda _: batches)
+    CALLS["statistics"] = 0
+    trainer = Trainer(objective, optax.sgd(0.1), jax.random.key(1))
+    state = trainer.fit(
+        data, 4, log_every=2, eval_every=1, metrics=[CountingMean()], progress=False
+    )
+    assert CALLS["statistics"] == 1  # four validation events, one trace
+    history = state.metric_history["lm/validation/counted_loss"]
+    assert [step for step, _ in history] == [1, 2, 3, 4]
+    key = jax.random.fold_in(jax.random.key(1), 4)  # the event key of step 4
+    reference = _reference_mean_loss(objective, state.params, batches, key)
+    np.testing.assert_allclose(history[-1][1], reference, rtol=1e-6)
