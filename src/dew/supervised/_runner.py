@@ -11,6 +11,7 @@ import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
+from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew.events import (
     EPOCH_END,
     VALIDATION_END,
@@ -115,6 +116,7 @@ def run_supervised(
     stage: str = "supervised",
     tracker: Tracker | None = None,
     progress: bool = False,
+    on_nonfinite: str = "raise",
 ) -> TrainState:
     """Train `model` for `epochs` epochs and return the final state.
 
@@ -128,10 +130,15 @@ def run_supervised(
     it the `FitStarted` / `FitEnded` records (its metrics still arrive through a
     `TrackerEventSink` among `event_sinks`), and `progress=True` for a printed line
     per report and a bar over the epochs.
+
+    `on_nonfinite="raise"` (the default) stops the run with a `ValueError` naming the
+    step and the value at the first batch whose training loss is NaN or infinite, and
+    checks the params once before returning them; `"continue"` trains on.
     """
     check_name("stage", stage)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}.")
+    raising = raises_on_nonfinite(on_nonfinite)
     transformation = optimizer.transformation
     static = eqx.filter(model, eqx.is_inexact_array, inverse=True)
 
@@ -176,8 +183,10 @@ def run_supervised(
                     params, opt_state, batch.inputs, batch.targets, batch.sample_weight, key
                 )
                 steps += 1
-                count = _rows(batch)
-                total, rows = total + float(value) * count, rows + count
+                count, value = _rows(batch), float(value)
+                if raising:
+                    check_loss(value, steps, note=f" (epoch {epoch})")
+                total, rows = total + value * count, rows + count
             engine.advance()
             measured: dict[Split, dict[str, float]] = {}
             if rows:
@@ -193,4 +202,6 @@ def run_supervised(
                 early_stopper.source, epoch, measured.get(early_stopper.source, {})
             ):
                 break
+        if raising:
+            check_params(params, steps)
     return engine.state()
