@@ -177,15 +177,15 @@ class Trainer:
           the loop must look: `log_every`, `eval_every` and `checkpoint_every` must be
           multiples of it. It saves the per-step dispatch of small models; a profile
           window then traces whole calls.
-        - `on_nonfinite` (`"raise"`, the default, or `"continue"`): a training loss
-          that is NaN or infinite at a log step, or at a checkpoint step or the last
-          step (where the params are checked too), stops the fit with a `ValueError`
-          naming the step and the value; `FitEnded` is `failed` and no checkpoint of
-          that state is written, so the last good checkpoint is the one a new fit
-          resumes from. Only those steps are looked at (no step pays a device fetch
-          for it); in fused mode a call returns its last step's loss, so that is the
-          one seen. `"continue"` trains on. (Keras calls this rule `TerminateOnNaN`;
-          here it is on by default.)
+        - `on_nonfinite`: `"raise"` (the default) stops the fit with a `ValueError`
+          naming the step and the value when the training loss is NaN or infinite at
+          a log step, or, before a checkpoint save or the return of the final state,
+          when that step's loss or params are. `FitEnded` is then `failed` and no
+          checkpoint of that state is written, so the last good checkpoint is the one
+          a new fit resumes from. Other steps are not looked at (they pay no device
+          fetch); in fused mode a call returns its last step's loss, so that is the
+          one looked at. `"continue"` trains on. (Keras calls this rule
+          `TerminateOnNaN`.)
         - `progress` prints one line per log and evaluation event (an evaluation's
           line adds its batch and record counts and its event key) and, when
           standard error is a terminal, shows a progress bar (step, loss, steps/s)
