@@ -1,12 +1,27 @@
-"""EarlyStopper: improvement and stopping tables for min and max modes."""
+"""EarlyStopper: improvement and stopping tables for min and max modes, and what a report
+without the monitored metric does."""
 
 import math
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
 import pytest
 from _checks import rejects
 
+from dew._loop import LoopEngine
 from dew.naming import Split
-from dew.supervised import EarlyStopper
+from dew.steps import EMPTY_HISTORY
+from dew.supervised import (
+    Batch,
+    EarlyStopper,
+    HeldOutValidation,
+    create_optimizer,
+    initialize_training_state,
+    run_supervised,
+)
+from dew.tracking import InMemoryTracker
 
 
 def _run(stopper, values):
@@ -104,3 +119,53 @@ def test_min_delta():
 def test_bad_configuration_raises(kwargs, error, message):
     with rejects(error, message, parameter=next(reversed(kwargs))):
         EarlyStopper(**kwargs)
+
+
+def _engine(stopper):
+    return LoopEngine(stage="s", current=lambda: None, history=EMPTY_HISTORY, early_stopper=stopper)
+
+
+def test_a_stopper_whose_metric_its_split_lacks_raises_naming_both():
+    # A misspelt metric fails at the split's first report rather than never stopping.
+    engine = _engine(EarlyStopper(metric="acuracy", patience=0))
+    with pytest.raises(ValueError, match="monitors 'acuracy'") as caught:
+        engine.judge(Split.VALIDATION, 1, {"accuracy": 0.5, "loss": 1.0})
+    assert str(caught.value) == (
+        "the early stopper monitors 'acuracy' on the validation split, but the validation "
+        "metrics are ['accuracy', 'loss']."
+    )
+
+
+def test_a_report_with_no_values_or_of_another_split_decides_nothing():
+    engine = _engine(EarlyStopper(metric="loss", patience=0))
+    before = engine.stopping
+    assert engine.judge(Split.VALIDATION, 1, {}) is False  # an empty validation pass
+    assert engine.judge(Split.TRAIN, 1, {"accuracy": 0.5}) is False  # not the watched split
+    assert engine.stopping == before
+    assert engine.judge(Split.VALIDATION, 2, {"loss": 1.0}) is False
+    assert engine.stopping.improved and engine.judge(Split.VALIDATION, 3, {"loss": 2.0}) is True
+
+
+def test_run_supervised_with_a_missing_validation_metric_raises():
+    def loss(model, inputs, targets, sample_weight, key, training):
+        return jnp.mean(jnp.square(jax.vmap(model)(inputs) - targets))
+
+    def loader(*, split, epoch):
+        return [Batch(jnp.ones((4, 1)), jnp.zeros((4, 1)))]
+
+    model = eqx.nn.Linear(1, 1, key=jax.random.key(0))
+    optimizer = create_optimizer(model, optax.sgd(0.1))
+    tracker = InMemoryTracker()
+    with pytest.raises(ValueError, match="monitors 'val_loss' on the validation split, but the"):
+        run_supervised(
+            model=model,
+            optimizer=optimizer,
+            train_loader=loader,
+            loss=loss,
+            state=initialize_training_state(model, optimizer, jax.random.key(0)),
+            epochs=3,
+            validation=HeldOutValidation(model, loader, loss),
+            early_stopper=EarlyStopper(metric="val_loss"),
+            tracker=tracker,
+        )
+    assert tracker.artifacts["fit_ended"][0][1].status == "failed"

@@ -599,3 +599,21 @@ def test_video_metrics_compiled_call_and_reduce_stacked_equal_the_eager_path():
         compiled = metric.finalize(eqx.filter_jit(metric.__call__)(batches[0]))
         assert_scores_close(compiled, metric.finalize(metric(batches[0])), what="jit")
         assert_scores_close(scanned[metric.name], np.float32(eager), what=metric.name)
+
+
+@pytest.mark.parametrize(
+    "metric", IMAGE_METRICS + VIDEO_METRICS, ids=lambda metric: type(metric).__name__
+)
+def test_a_non_empty_pass_finalizes_eagerly_under_debug_nans(metric):
+    # Users debugging NaNs turn debug_nans on: the NaN of an empty pass must never be
+    # built for a pass that is not empty, eagerly or compiled.
+    rng = np.random.default_rng(5)
+    shape = (ROWS, 4, 11, 11, 1) if metric in VIDEO_METRICS else (ROWS, 11, 11, 1)
+    generated, reference = (jnp.asarray(rng.uniform(size=shape), jnp.float32) for _ in "ab")
+    kind = Clips if metric in VIDEO_METRICS else Images
+    with jax.debug_nans(True):
+        state = metric.merge(metric.init(), metric(kind(generated, reference)))
+        eager = float(metric.finalize(state))
+        compiled = float(jax.jit(metric.finalize)(state))
+    assert math.isfinite(eager) and compiled == pytest.approx(eager, rel=1e-6)
+    assert math.isnan(float(metric.finalize(metric.init())))  # debug_nans off: NaN is data

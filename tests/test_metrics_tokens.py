@@ -2,6 +2,7 @@
 their empty and degenerate passes, their errors, and a pass of 10**8 tokens."""
 
 import functools
+import math
 
 import equinox as eqx
 import jax
@@ -399,3 +400,17 @@ def test_random_weighted_pass_of_2_times_10_to_the_7_tokens_matches_float64():
     np.testing.assert_allclose(float(state.loss.hi) + float(state.loss.lo), loss_total, rtol=1e-9)
     np.testing.assert_allclose(float(perplexity.finalize(state)), np.exp(expected_mean), rtol=1e-6)
     np.testing.assert_allclose(float(mean_loss.finalize(state)), expected_mean, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(TOKEN_METRICS))
+def test_a_non_empty_pass_finalizes_eagerly_under_debug_nans(name):
+    # Users debugging NaNs turn debug_nans on: the NaN of an empty pass must never be
+    # built for a pass that is not empty, eagerly or compiled.
+    metric = TOKEN_METRICS[name]()
+    batch = _scores([[0.5, 1.5, 2.0]], [[1.0, 0.0, 2.0]], [[True, False, True]])
+    with jax.debug_nans(True):
+        state = metric.merge(metric.init(), metric(batch))
+        eager = float(metric.finalize(state))
+        compiled = float(jax.jit(metric.finalize)(state))
+    assert math.isfinite(eager) and compiled == pytest.approx(eager, rel=1e-6)
+    assert math.isnan(float(metric.finalize(metric.init())))  # debug_nans off: NaN is data

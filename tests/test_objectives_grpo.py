@@ -12,6 +12,8 @@ import numpy as np
 import optax
 import pytest
 from _checks import rejects
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dew.artifacts import TokenRows
 from dew.nn.backbones.causal_transformer import CausalTransformer
@@ -125,6 +127,51 @@ def test_group_advantages_match_numpy(seed):
     np.testing.assert_allclose(advantages, _numpy_advantages(rewards), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(advantages[0], 0.0)
     np.testing.assert_allclose(advantages.mean(axis=1), 0.0, atol=1e-5)
+
+
+_MAGNITUDES = st.floats(min_value=-6.0, max_value=6.0).map(lambda exponent: 10.0**exponent)
+
+
+@given(
+    size=st.integers(1, 64),
+    magnitude=_MAGNITUDES,
+    sign=st.sampled_from([-1.0, 1.0]),
+    rows=st.integers(1, 3),
+)
+@settings(max_examples=80)
+def test_a_group_of_equal_rewards_gets_exactly_zero_advantages(size, magnitude, sign, rows):
+    # A float32 mean of equal values can be an ulp off (0.1 in a group of 3, 37.3 in a
+    # group of 16), and dividing by std + 1e-6 would blow that up into a push.
+    rewards = np.full((rows, size), sign * magnitude, np.float32)
+    advantages = np.asarray(group_advantages(jnp.asarray(rewards)))
+    assert advantages.dtype == np.float32
+    np.testing.assert_array_equal(advantages, 0.0)
+
+
+@pytest.mark.parametrize(("reward", "size"), [(0.1, 3), (37.3, 16)])
+def test_the_reported_constant_groups_get_zero_advantages(reward, size):
+    rewards = jnp.full((1, size), reward, jnp.float32)
+    assert float(jnp.mean(rewards)) != float(rewards[0, 0])  # the ulp is real
+    np.testing.assert_array_equal(np.asarray(group_advantages(rewards)), 0.0)
+
+
+@st.composite
+def _groups(draw):
+    """Groups of float32 rewards: spread widely, or a few ulps around one value."""
+    size = draw(st.integers(2, 64))
+    if draw(st.booleans()):
+        values = st.floats(-1e6, 1e6, width=32)
+        return np.array(draw(st.lists(values, min_size=size, max_size=size)), np.float32)
+    base = np.float32(draw(st.sampled_from([-1.0, 1.0])) * draw(_MAGNITUDES))
+    ulps = draw(st.lists(st.integers(-3, 3), min_size=size, max_size=size))
+    return (base + np.array(ulps, np.float32) * np.spacing(base)).astype(np.float32)
+
+
+@given(group=_groups())
+@settings(max_examples=80)
+def test_group_advantages_match_a_float64_reference(group):
+    advantages = np.asarray(group_advantages(jnp.asarray(group[None])))
+    np.testing.assert_allclose(advantages, _numpy_advantages(group[None]), rtol=1e-5, atol=1e-5)
 
 
 def test_group_advantages_ignore_a_groups_offset_and_scale():

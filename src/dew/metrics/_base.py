@@ -125,4 +125,6 @@ class MeanState(eqx.Module):
         """total / count, NaN when nothing was counted."""
         count = self.count.value()
         safe = jnp.where(count == 0, jnp.ones_like(count), count)
-        return jnp.where(count == 0, jnp.full_like(count, jnp.nan), self.total.value() / safe)
+        # A Python NaN, not a NaN array: eagerly, jax.debug_nans checks every array an op
+        # builds, so only the empty pass may ever produce one.
+        return jnp.where(count == 0, jnp.nan, self.total.value() / safe)

@@ -43,7 +43,9 @@ def _mean_token_loss(state: TokenLossState, name: str) -> Float[Array, ""]:
     positions = state.positions.value()
     empty = positions == 0
     safe = jnp.where(weight == 0, jnp.ones_like(weight), weight)
-    mean = jnp.where(empty, jnp.full_like(weight, jnp.nan), state.loss.value() / safe)
+    # A Python NaN, not a NaN array: eagerly, jax.debug_nans checks every array an op
+    # builds, so only the empty pass may ever produce one.
+    mean = jnp.where(empty, jnp.nan, state.loss.value() / safe)
     return check_finalizable(
         jnp.logical_and(~empty, weight == 0),
         f"metric {name!r}: the pass has token positions but no counted target "

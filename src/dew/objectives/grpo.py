@@ -33,7 +33,9 @@ ADVANTAGE_EPSILON = 1e-6
 def group_advantages(rewards: Float[Array, "rows group"]) -> Float[Array, "rows group"]:
     """Each reward relative to its group: `(r - mean) / (std + 1e-6)` along the group
     axis, with the population standard deviation (`ddof=0`). A group of equal
-    rewards gets zero advantages.
+    rewards gets exactly zero advantages: the rewards are centred on the group's first
+    one before the mean is taken, so a float32 mean an ulp off (which `1e-6` would
+    amplify into a push on every completion) cannot arise.
 
     ```python
     >>> import jax.numpy as jnp
@@ -43,9 +45,12 @@ def group_advantages(rewards: Float[Array, "rows group"]) -> Float[Array, "rows 
     ```
     """
     rewards = rewards.astype(jnp.float32)
-    mean = jnp.mean(rewards, axis=1, keepdims=True)
-    std = jnp.std(rewards, axis=1, keepdims=True)
-    return (rewards - mean) / (std + ADVANTAGE_EPSILON)
+    # Equal rewards shift to exact zeros, so their mean, centred values and std are
+    # exactly zero; unequal ones lose no accuracy (the shifted values are smaller).
+    shifted = rewards - rewards[:, :1]
+    centred = shifted - jnp.mean(shifted, axis=1, keepdims=True)
+    std = jnp.sqrt(jnp.mean(jnp.square(centred), axis=1, keepdims=True))
+    return centred / (std + ADVANTAGE_EPSILON)
 
 
 class GRPOTerms(NamedTuple):

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
+from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew.events import (
     EPOCH_END,
     VALIDATION_END,
@@ -137,6 +138,7 @@ def run_supervised(
     stage: str = "supervised",
     tracker: Tracker | None = None,
     progress: bool = False,
+    on_nonfinite: str = "raise",
 ) -> TrainState:
     """Train `model` for `epochs` epochs and return the final state.
 
@@ -150,10 +152,16 @@ def run_supervised(
     it the `FitStarted` / `FitEnded` records (its metrics still arrive through a
     `TrackerEventSink` among `event_sinks`), and `progress=True` for a printed line
     per report and a bar over the epochs.
+
+    `on_nonfinite="raise"` (the default) stops the run with a `ValueError` naming the
+    step and the value at the end of the first epoch whose training loss is NaN or
+    infinite (the epoch's loss accumulates on the device and is fetched once), and
+    checks the params once before returning them; `"continue"` trains on.
     """
     check_name("stage", stage)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}.")
+    raising = raises_on_nonfinite(on_nonfinite)
     transformation = optimizer.transformation
     static = eqx.filter(model, eqx.is_inexact_array, inverse=True)
 
@@ -213,6 +221,8 @@ def run_supervised(
             engine.advance()
             measured: dict[Split, dict[str, float]] = {}
             total, rows = jax.device_get((total.value(), rows))
+            if raising and rows:  # the epoch's loss is where run_supervised looks
+                check_loss(float(total) / int(rows), steps, note=f" (the end of epoch {epoch})")
             if rows:
                 measured[Split.TRAIN] = {"loss": float(total) / int(rows)}
                 engine.report(EPOCH_END, Split.TRAIN, epoch, measured[Split.TRAIN])
@@ -226,4 +236,6 @@ def run_supervised(
                 early_stopper.source, epoch, measured.get(early_stopper.source, {})
             ):
                 break
+        if raising:
+            check_params(params, steps)
     return engine.state()

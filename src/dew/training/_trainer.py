@@ -18,6 +18,7 @@ from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
 from dew._loop import LoopEngine, with_history
+from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew.data import Dataset, Partition
 from dew.evaluation import PREVIEW_DOMAIN, run_pass
 from dew.events import STEP_END, VALIDATION_END, EventSink, TrackerEventSink
@@ -147,6 +148,7 @@ class Trainer:
         state: TrainState | None = None,
         progress: bool = True,
         steps_per_call: int = 1,
+        on_nonfinite: str = "raise",
     ) -> TrainState:
         """Train to `steps` optimizer steps and return the final state.
 
@@ -175,6 +177,15 @@ class Trainer:
           the loop must look: `log_every`, `eval_every` and `checkpoint_every` must be
           multiples of it. It saves the per-step dispatch of small models; a profile
           window then traces whole calls.
+        - `on_nonfinite`: `"raise"` (the default) stops the fit with a `ValueError`
+          naming the step and the value when the training loss is NaN or infinite at
+          a log step, or, before a checkpoint save or the return of the final state,
+          when that step's loss or params are. `FitEnded` is then `failed` and no
+          checkpoint of that state is written, so the last good checkpoint is the one
+          a new fit resumes from. Other steps are not looked at (they pay no device
+          fetch); in fused mode a call returns its last step's loss, so that is the
+          one looked at. `"continue"` trains on. (Keras calls this rule
+          `TerminateOnNaN`.)
         - `progress` prints one line per log and evaluation event (an evaluation's
           line adds its batch and record counts and its event key) and, when
           standard error is a terminal, shows a progress bar (step, loss, steps/s)
@@ -185,6 +196,7 @@ class Trainer:
         _positive("eval_every", eval_every, optional=True)
         _positive("checkpoint_every", checkpoint_every, optional=True)
         _positive("steps_per_call", steps_per_call)
+        raising = raises_on_nonfinite(on_nonfinite)
         for name, every in (
             ("log_every", log_every),
             ("eval_every", eval_every),
@@ -250,6 +262,7 @@ class Trainer:
                 profile=profile,
                 progress=progress,
                 steps_per_call=steps_per_call,
+                raising=raising,
             )
         finally:
             if checkpoints is not None:
@@ -275,6 +288,7 @@ class Trainer:
         profile: Profile | None,
         progress: bool,
         steps_per_call: int,
+        raising: bool,
     ) -> TrainState:
         # The jitted step sees the empty history only, so a growing history never
         # changes its static fields (and never recompiles it).
@@ -305,8 +319,31 @@ class Trainer:
         if progress and resumed:
             engine.print(f"resuming at step {start} from {checkpoints.directory}")
 
-        def checkpoint(step: int) -> None:
+        seen = start  # the last step whose training loss was looked at
+        verified = start  # the last step whose loss and params were checked before a save
+
+        def look(step: int, values: dict[str, float]) -> None:
+            nonlocal seen
+            if raising:
+                note = f" (finite at step {seen}, the last step looked at)" if seen > start else ""
+                check_loss(values["loss"], step, note=note)
+            seen = step
+
+        def verify(step: int, outputs: dict[str, jax.Array] | None) -> None:
+            """Before `step`'s state is saved or returned: its loss and params are finite."""
+            nonlocal verified
+            if not raising or verified == step or outputs is None:
+                return
+            loss = float(jax.device_get(outputs["loss"]))
+            if seen != step:  # a checkpoint step that is not a log step fetches the loss
+                look(step, {"loss": loss})
+            state = engine.current()
+            check_params((state.params, state.ema_params), step, loss=loss)
+            verified = step
+
+        def checkpoint(step: int, outputs: dict[str, jax.Array] | None) -> None:
             nonlocal saved_step
+            verify(step, outputs)
             extra: dict[str, Any] = {"data_start": data_start}
             if engine.stopping is not None:
                 extra["early_stopping"] = dataclasses.asdict(engine.stopping)
@@ -320,6 +357,7 @@ class Trainer:
 
         window = _Window(profile, engine)
         step = start  # the last completed step
+        outputs = None  # the last call's training metrics, still on the device
         done_before = engine.stopping is not None and engine.stopping.stop
         with engine.running(
             start=start, steps=steps, completed=lambda: _completed(current(), step)
@@ -349,6 +387,7 @@ class Trainer:
                             name: float(value) for name, value in jax.device_get(outputs).items()
                         }
                         engine.report(STEP_END, Split.TRAIN, step, values)
+                        look(step, values)  # a non-finite loss is reported, then raises
                         stop = engine.judge(Split.TRAIN, step, values)
                     if eval_every is not None and step % eval_every == 0:
                         stop = (
@@ -358,13 +397,14 @@ class Trainer:
                             or stop
                         )
                     if checkpoint_every is not None and step % checkpoint_every == 0:
-                        checkpoint(step)
+                        checkpoint(step, outputs)
                     if stop:
                         break
             finally:
                 window.close(leaves)
             if checkpoints is not None and saved_step != int(current().step):
-                checkpoint(int(current().step))
+                checkpoint(int(current().step), outputs)
+            verify(step, outputs)  # the state fit returns is checked like a saved one
         return engine.state()
 
     def _evaluate(

@@ -1,0 +1,53 @@
+"""What a training loop does when training turns non-finite (`on_nonfinite`).
+
+Both runners look at the training loss only where they fetch it anyway (`Trainer.fit` at
+its log steps, `run_supervised` at the end of each epoch) and at the params once before they save or
+return a state, so a run that diverged stops with an error naming the step and the value
+instead of training on and checkpointing NaN params (Keras calls this TerminateOnNaN).
+"""
+
+import math
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+__all__ = ["ON_NONFINITE", "check_loss", "check_params", "raises_on_nonfinite"]
+
+ON_NONFINITE: tuple[str, ...] = ("raise", "continue")
+_ADVICE = "pass on_nonfinite='continue' to train on"
+
+
+def raises_on_nonfinite(on_nonfinite: object) -> bool:
+    """Check an `on_nonfinite` argument; `True` when non-finite training must raise."""
+    if not isinstance(on_nonfinite, str) or on_nonfinite not in ON_NONFINITE:
+        allowed = " or ".join(repr(value) for value in ON_NONFINITE)
+        raise ValueError(f"on_nonfinite must be {allowed}, got {on_nonfinite!r}.")
+    return on_nonfinite == "raise"
+
+
+def check_loss(loss: float, step: int, *, note: str = "") -> None:
+    """Raise a `ValueError` naming `step` and `loss` when the training loss is not finite."""
+    if not math.isfinite(loss):
+        raise ValueError(
+            f"training loss is {loss} at step {step}{note}; the run stopped there, "
+            f"before saving or returning that state; {_ADVICE}."
+        )
+
+
+@jax.jit
+def _all_finite(leaves: list[jax.Array]) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+
+
+def check_params(params: Any, step: int, *, loss: float | None = None) -> None:
+    """Raise a `ValueError` naming `step` when a floating-point leaf of `params` is not
+    finite (one compiled reduction and one fetch: for save and return points only)."""
+    leaves = jax.tree.leaves(eqx.filter(params, eqx.is_inexact_array))
+    if leaves and not bool(_all_finite(leaves)):
+        seen = "" if loss is None else f" (the step's loss, taken before its update, was {loss})"
+        raise ValueError(
+            f"training params are not finite at step {step}{seen}; the run stopped "
+            f"there, before saving or returning that state; {_ADVICE}."
+        )
