@@ -131,23 +131,32 @@ def check_path_segment(kind: str, value: str) -> str:
     )
     if not isinstance(value, str):
         raise TypeError(
-            f"{kind} must be a string ({rule}), got {value!r} of type {type(value).__name__}."
+            f"{kind} must be a string, got {value!r} of type {type(value).__name__}; {rule}."
         )
     shown = repr(value) if len(value) <= 80 else f"{value[:40]!r}...{value[-20:]!r}"
-    if (
-        not value.strip()
-        or value in {".", ".."}
-        or SEPARATOR in value
-        or "\\" in value
-        or any(ord(character) < 32 or ord(character) == 127 for character in value)
-    ):
-        raise ValueError(f"{kind} {shown} is not allowed: {rule}.")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError(f"{kind} {shown} is not valid UTF-8: {rule}.") from None
-    if size > MAX_SEGMENT_BYTES:
-        raise ValueError(f"{kind} {shown} is {size} UTF-8 bytes long: {rule}.")
+    problem = None
+    if not value:
+        shown, problem = "", "may not be empty"
+    elif SEPARATOR in value:
+        problem = f"may not contain {SEPARATOR!r}"
+    elif value in {".", ".."}:
+        problem = "may not be '.' or '..'"
+    elif "\\" in value:
+        problem = "may not contain a backslash"
+    elif any(ord(character) < 32 or ord(character) == 127 for character in value):
+        problem = "may not contain control characters (NUL included)"
+    elif not value.strip():
+        problem = "may not be blank"
+    else:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            problem = "is not valid UTF-8"
+        else:
+            if size > MAX_SEGMENT_BYTES:
+                problem = f"is {size} UTF-8 bytes long"
+    if problem is not None:
+        raise ValueError(f"{kind}{' ' if shown else ''}{shown} {problem}; {rule}.")
     return value
 
 
