@@ -216,3 +216,56 @@ def test_from_dict_checks_the_class():
         FitStarted.from_dict(FitEnded(status="completed", step=0).to_dict())
     record = FitStarted(stage="lm", start_step=0, steps=5)
     assert FitStarted.from_dict(record.to_dict()) == record
+
+
+def test_encoding_turns_array_scalars_into_numbers_and_non_finite_into_strings():
+    from dew.telemetry.records import encode_json_value
+
+    value = {"a": np.float32("nan"), "b": (np.int64(2), jnp.asarray(-np.inf)), "c": np.bool_(1)}
+    assert encode_json_value(value) == {"a": "NaN", "b": [2, "-Inf"], "c": True}
+    assert json.dumps(encode_json_value(value), allow_nan=False)
+
+
+array_leaves = st.one_of(
+    leaves,
+    floats.map(np.float64),
+    st.integers(-(2**62), 2**62).map(np.int64),
+    st.booleans().map(np.bool_),
+)
+array_values = st.recursive(
+    array_leaves,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.lists(children, max_size=3).map(tuple),
+        st.dictionaries(texts, children, max_size=3),
+    ),
+    max_leaves=12,
+)
+
+
+@given(array_values)
+def test_the_json_normaliser_round_trips_through_strict_json(value):
+    from dew import _json
+
+    plain = _json.plain(value, "value")
+    text = json.dumps(_json.encode(value, "value"), allow_nan=False)
+    assert _same(_json.decode(json.loads(text)), plain)
+    assert _same(_json.plain(plain, "value"), plain)  # normalising twice changes nothing
+
+
+def test_a_file_that_is_not_json_is_named_in_the_error(tmp_path):
+    from dew import _json
+
+    path = tmp_path / "thing.json"
+    path.write_bytes(b'{"a": ')
+    with pytest.raises(ValueError, match=r"thing\.json is not valid JSON: Expecting value"):
+        _json.read_json(path)
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"thing\.json is not valid JSON \(the file is empty\)"):
+        _json.read_json(path)
+    path.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(ValueError, match=r"thing\.json is not valid JSON: it is not UTF-8"):
+        _json.read_json(path)
+    _json.write_atomic(path, '{"a": 1}\n')
+    assert _json.read_json(path) == {"a": 1}
+    assert [child.name for child in tmp_path.iterdir()] == ["thing.json"]

@@ -117,3 +117,128 @@ def test_trackers_reach_every_tracker_even_when_one_fails():
 def test_trackers_refuse_non_trackers():
     with rejects(TypeError, "Trackers takes trackers", parameter="trackers"):
         Trackers(InMemoryTracker(), "runs/x")
+
+
+class FailsOn(InMemoryTracker):
+    """Raises `error` (one object, every time) when an artifact named `name` is logged."""
+
+    def __init__(self, name, error):
+        super().__init__()
+        self.name, self.error = name, error
+
+    def log_artifact(self, name, value, *, step=None):
+        super().log_artifact(name, value, step=step)
+        if name == self.name:
+            raise self.error
+
+
+def _engine(tracker):
+    from dew._loop import LoopEngine
+    from dew.steps import MetricHistory
+
+    return LoopEngine(stage="lm", current=lambda: None, history=MetricHistory(), tracker=tracker)
+
+
+def test_a_tracker_failing_on_fit_ended_never_replaces_the_fits_own_error():
+    tracker = FailsOn("fit_ended", OSError("disk full"))
+    engine = _engine(tracker)
+    with (
+        pytest.raises(ValueError, match="token 9 is outside the vocabulary") as caught,
+        engine.running(start=0, steps=10, completed=lambda: 3),
+    ):
+        raise ValueError("token 9 is outside the vocabulary")
+    assert caught.value.__notes__ == [
+        "Reporting FitEnded('failed') to the tracker also failed: OSError: disk full"
+    ]
+    ended = tracker.artifacts["fit_ended"][0][1]
+    assert (ended.status, ended.step) == ("failed", 3)
+    assert ended.error == "ValueError: token 9 is outside the vocabulary"
+
+
+def test_a_tracker_failing_on_fit_ended_after_an_interrupt_keeps_the_interrupt():
+    tracker = FailsOn("fit_ended", OSError("disk full"))
+    engine = _engine(tracker)
+    with (
+        pytest.raises(KeyboardInterrupt) as caught,
+        engine.running(start=0, steps=10, completed=lambda: 2),
+    ):
+        raise KeyboardInterrupt
+    assert caught.value.__notes__ == [
+        "Reporting FitEnded('interrupted') to the tracker also failed: OSError: disk full"
+    ]
+
+
+def test_a_completed_fit_whose_fit_ended_report_fails_raises_that_failure():
+    tracker = FailsOn("fit_ended", OSError("disk full"))
+    engine = _engine(tracker)
+    with (
+        pytest.raises(OSError, match="disk full"),
+        engine.running(start=0, steps=10, completed=lambda: 10),
+    ):
+        pass
+
+
+def test_healthy_trackers_see_fit_ended_failed_when_another_fails_on_fit_started(tmp_path):
+    from dew.tracking import LocalTracker, read_journal
+
+    healthy, memory = LocalTracker(tmp_path), InMemoryTracker()
+    broken = FailsOn("fit_started", ConnectionError("tracking server unreachable"))
+    body_ran = []
+    with (
+        Trackers(healthy, broken, memory) as tracker,
+        pytest.raises(ConnectionError, match="unreachable") as caught,
+        _engine(tracker).running(start=4, steps=10, completed=lambda: 4),
+    ):
+        body_ran.append(True)
+    assert body_ran == []
+    assert not hasattr(caught.value, "__notes__")  # FitEnded reached the broken one too
+    records = [(name, record.type) for name, _, record in read_journal(tmp_path).records]
+    assert records == [("fit_started", "fit_started"), ("fit_ended", "fit_ended")]
+    for ended in (read_journal(tmp_path).records[1][2], memory.artifacts["fit_ended"][0][1]):
+        assert (ended.status, ended.step) == ("failed", 4)
+        assert (
+            ended.error
+            == "reporting FitStarted failed: ConnectionError: tracking server unreachable"
+        )
+    assert [step for step, _ in broken.artifacts["fit_ended"]] == [4]
+
+
+def test_a_reused_exception_collects_each_note_once():
+    shared = OSError("disk full")  # one object, raised by every call
+    first = FailsOn("samples", shared)
+    second = FailsOn("samples", OSError("network down"))
+    tracker = Trackers(first, second)
+    for _ in range(3):
+        with pytest.raises(OSError, match="disk full") as caught:
+            tracker.log_artifact("samples", "x", step=1)
+        assert caught.value is shared
+        assert shared.__notes__ == ["Another tracker also failed: OSError: network down"]
+
+
+def test_one_exception_raised_by_two_trackers_carries_no_note_about_itself():
+    shared = OSError("disk full")
+    tracker = Trackers(FailsOn("samples", shared), FailsOn("samples", shared))
+    with pytest.raises(OSError, match="disk full"):
+        tracker.log_artifact("samples", "x", step=1)
+    assert not hasattr(shared, "__notes__")
+
+
+def test_closing_failures_noted_once_on_a_reused_exception():
+    shared = ZeroDivisionError("step 3")
+    for _ in range(2):
+        with pytest.raises(ZeroDivisionError), FailingClose():
+            raise shared
+    assert shared.__notes__ == [
+        "While handling this exception, closing FailingClose also failed: OSError: disk full "
+        "while flushing"
+    ]
+
+
+def test_trackers_check_names_and_steps_before_any_tracker_is_called():
+    first, second = InMemoryTracker(), InMemoryTracker()
+    tracker = Trackers(first, second)
+    with pytest.raises(ValueError, match=r"artifact name '\.\.' may not be"):
+        tracker.log_artifact("..", "x", step=1)
+    with pytest.raises(ValueError, match="step must be >= 0, got -1"):
+        tracker.log_metrics({"lm/train/loss": 1.0}, step=-1)
+    assert first.artifacts == second.artifacts == {} and first.scalars == second.scalars == {}

@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 import warnings
 
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
-from dew.telemetry.records import FitEnded, RunRecord
+from dew.telemetry.records import FitEnded, FitStarted, RunRecord
 from dew.tracking import LocalTracker, read_journal
 from dew.tracking._render import _palette_indices, histogram, to_uint8
 
@@ -207,3 +208,272 @@ def test_plot_on_demand(tmp_path):
         written = tracker.plot()
     assert [path.name for path in written] == ["loss.png"]
     assert Image.open(io.BytesIO(written[0].read_bytes())).format == "PNG"
+
+
+# -- journals a crash or a hand left damaged ----------------------------------------------
+
+
+def _journal(tmp_path, text: bytes, name="scalars.jsonl"):
+    (tmp_path / name).write_bytes(text)
+    return tmp_path / name
+
+
+GOOD = b'{"step": 0, "values": {"lm/train/loss": 1.0}}\n'
+
+
+def test_a_whole_last_line_without_its_newline_is_kept_by_the_reader_and_the_tracker(tmp_path):
+    _journal(tmp_path, GOOD + b'{"step": 1, "values": {"lm/train/loss": 0.5}}')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_journal(tmp_path).scalars == {"lm/train/loss": [(0, 1.0), (1, 0.5)]}
+        with LocalTracker(tmp_path) as tracker:
+            tracker.log_metrics({"lm/train/loss": 0.25}, step=2)
+        expected = [(0, 1.0), (1, 0.5), (2, 0.25)]
+        assert read_journal(tmp_path).scalars == {"lm/train/loss": expected}
+    assert (tmp_path / "scalars.jsonl").read_bytes().count(b"\n") == 3
+
+
+def test_a_tail_that_is_not_utf8_is_a_torn_line_to_the_reader_and_the_tracker(tmp_path):
+    _journal(tmp_path, GOOD + b'{"step": 1, "values": {"lm/train/lo\xe2\x82')
+    with pytest.warns(UserWarning, match=r"scalars\.jsonl: skipped a torn last line"):
+        assert read_journal(tmp_path).scalars == {"lm/train/loss": [(0, 1.0)]}
+    with pytest.warns(UserWarning, match="ended in a torn line"):
+        LocalTracker(tmp_path).close()
+    assert (tmp_path / "scalars.jsonl").read_bytes() == GOOD
+
+
+def test_a_complete_line_that_is_not_utf8_raises_naming_the_file_and_line(tmp_path):
+    _journal(tmp_path, GOOD + b'{"step": 1, "values": {"\xff": 1.0}}\n' + GOOD)
+    with pytest.raises(ValueError, match=r"scalars\.jsonl: line 2 is not UTF-8"):
+        read_journal(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "problem"),
+    [
+        ("scalars.jsonl", b'{"step": 1}', "its values are None"),
+        ("scalars.jsonl", b'{"values": {}}', "its step is None"),
+        ("scalars.jsonl", b'{"step": "1", "values": {}}', "its step is '1'"),
+        ("scalars.jsonl", b'{"step": 1, "values": {"a/train/b": [1]}}', "'a/train/b' is [1]"),
+        ("scalars.jsonl", b"[1, 2]", "it is not"),
+        ("records.jsonl", b'{"name": "x", "step": null}', "exactly one of"),
+        ("records.jsonl", b'{"name": "x", "step": 1, "record": 3}', "its record is 3"),
+        ("records.jsonl", b'{"name": "x", "step": 1, "record": {"type": "nope"}}', "no record"),
+    ],
+)
+def test_a_json_line_of_the_wrong_shape_raises_naming_the_file_and_line(
+    tmp_path, name, line, problem
+):
+    good = GOOD if name == "scalars.jsonl" else b'{"name": "n", "step": null, "value": 1}\n'
+    _journal(tmp_path, good + line + b"\n", name)
+    match = rf"{re.escape(name)}: line 2 .*{re.escape(problem)}"
+    with pytest.raises(ValueError, match=match):
+        read_journal(tmp_path)
+    _journal(tmp_path, good + line, name)  # as the last line, without its newline, too
+    with pytest.raises(ValueError, match=match):
+        read_journal(tmp_path)
+
+
+def test_reopening_a_journal_with_a_malformed_line_warns_naming_it_and_appends(tmp_path):
+    _journal(tmp_path, GOOD + b"not json\n" + GOOD)
+    with pytest.warns(UserWarning, match=r"scalars\.jsonl: line 2 is not valid JSON.*appends"):
+        tracker = LocalTracker(tmp_path)
+    with tracker:
+        tracker.log_metrics({"lm/train/loss": 0.5}, step=3)
+    lines = (tmp_path / "scalars.jsonl").read_bytes().splitlines()
+    assert lines[:3] == [GOOD.strip(), b"not json", GOOD.strip()] and len(lines) == 4
+
+
+def test_dew_runs_lists_the_healthy_runs_and_flags_an_unreadable_one(tmp_path, capsys):
+    from dew.cli import main
+
+    with LocalTracker(tmp_path / "good") as tracker:
+        tracker.log_artifact("fit_started", FitStarted("lm", 0, 4), step=0)
+        tracker.log_metrics({"lm/train/loss": 0.5}, step=4)
+        tracker.log_artifact("fit_ended", FitEnded("completed", 4), step=4)
+    (tmp_path / "bad").mkdir()
+    _journal(tmp_path / "bad", GOOD + b'{"step": 1, "vals": {}}\n')
+    assert main(["runs", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
+    assert rows["good"][:2] == ["completed", "4"] and rows["bad"][0] == "unreadable"
+    assert "bad: " in err and "scalars.jsonl: line 2" in err
+
+
+def test_dew_runs_shows_a_resumed_fit_as_running_and_its_last_step(tmp_path, capsys):
+    from dew.cli import main
+
+    with LocalTracker(tmp_path / "run") as tracker:
+        tracker.log_artifact("fit_started", FitStarted("lm", 0, 9), step=0)
+        tracker.log_metrics({"lm/train/loss": 0.5}, step=6)
+        tracker.log_artifact("fit_ended", FitEnded("failed", 6, error="x"), step=6)
+        tracker.log_artifact("fit_started", FitStarted("lm", 4, 9), step=4)
+        tracker.log_metrics({"lm/train/loss": 0.4}, step=6)
+        tracker.log_metrics({"lm/train/loss": 0.3}, step=8)
+    assert main(["runs", str(tmp_path)]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[:6] == ["run", "running", "or", "killed", "8", "lm/train/loss"]
+
+
+# -- resume boundaries --------------------------------------------------------------------
+
+
+def test_a_resumed_fit_marks_a_boundary_and_the_reader_keeps_the_last_value_per_step(tmp_path):
+    with LocalTracker(tmp_path) as tracker:
+        tracker.log_artifact("fit_started", FitStarted("lm", 0, 9), step=0)
+        for step in (3, 6):
+            tracker.log_metrics({"lm/train/loss": 1.0 / step, "lm/train/n": step}, step=step)
+    with LocalTracker(tmp_path) as tracker:  # resumed from a checkpoint at step 4
+        tracker.log_artifact("fit_started", FitStarted("lm", 4, 9), step=4)
+        for step in (6, 9):
+            tracker.log_metrics({"lm/train/loss": 2.0 / step}, step=step)
+    lines = [json.loads(line) for line in (tmp_path / "scalars.jsonl").read_text().splitlines()]
+    assert lines[2] == {"step": 4, "values": {}, "resume": True}
+    journal = read_journal(tmp_path)
+    assert journal.scalars == {
+        "lm/train/loss": [(3, 1 / 3), (6, 2 / 6), (9, 2 / 9)],
+        "lm/train/n": [(3, 3.0), (6, 6.0)],
+    }
+    assert journal.resumes == [4]
+
+
+def test_a_fit_that_continues_past_the_journal_marks_no_boundary(tmp_path):
+    with LocalTracker(tmp_path) as tracker:
+        tracker.log_metrics({"lm/train/loss": 1.0}, step=4)
+        tracker.log_artifact("fit_started", FitStarted("dpo", 4, 9), step=4)
+        tracker.log_metrics({"dpo/train/loss": 1.0}, step=5)
+    assert len((tmp_path / "scalars.jsonl").read_text().splitlines()) == 2
+    assert read_journal(tmp_path).resumes == []
+
+
+def test_a_real_resume_replays_its_steps_once_in_the_journal(tmp_path):
+    import jax
+    import optax
+
+    from dew import Trainer
+    from dew.data import Dataset
+    from dew.nn.backbones.causal_transformer import CausalTransformer
+    from dew.objectives.lm import LMObjective
+
+    def batches(fail_at):
+        rng = np.random.default_rng(7)
+        for step in range(1, 100):
+            if step == fail_at:
+                raise RuntimeError(f"the loader broke at step {step}")
+            yield {"text": rng.integers(0, 8, (4, 9)).astype(np.int32)}
+
+    model = CausalTransformer(8, 16, 1, 2, 32, 16, key=jax.random.key(3))
+    objective = LMObjective(model, seq_len=8)
+
+    def fit(fail_at=None):
+        data = Dataset(train=lambda partition: batches(fail_at))
+        trainer = Trainer(
+            objective, optax.adam(3e-3), key=jax.random.key(1), checkpoint_dir=tmp_path / "ckpt"
+        )
+        with LocalTracker(tmp_path / "journal") as tracker:
+            return trainer.fit(
+                data, steps=9, log_every=3, checkpoint_every=4, tracker=tracker, progress=False
+            )
+
+    with pytest.raises(RuntimeError, match="loader broke at step 8"):
+        fit(fail_at=8)
+    resumed = fit()
+    journal = read_journal(tmp_path / "journal")
+    assert journal.resumes == [4]
+    loss = journal.scalars["lm/train/loss"]
+    assert [step for step, _ in loss] == [3, 6, 9]
+    assert loss == [(step, float(value)) for step, value in resumed.metric_history["lm/train/loss"]]
+    statuses = [record.status for _, _, record in journal.records if record.type == "fit_ended"]
+    assert statuses == ["failed", "completed"]
+
+
+# -- values ---------------------------------------------------------------------------------
+
+
+def test_numpy_and_jax_scalars_are_journalled_as_numbers(tmp_path):
+    with LocalTracker(tmp_path) as tracker:
+        tracker.log_params(
+            {"lr": np.float32(0.001), "scale": jnp.asarray(0.5), "bad": np.float32("nan")}
+        )
+        tracker.log_params({"n": np.int64(3), "flag": np.bool_(True), "w": np.array([1.0, np.inf])})
+        tracker.log_artifact("notes", {"score": np.float32(0.25), "n": np.int64(3)}, step=1)
+    params = json.loads((tmp_path / "params.json").read_text())
+    assert params == {
+        "lr": float(np.float32(0.001)),
+        "scale": 0.5,
+        "bad": "NaN",
+        "n": 3,
+        "flag": True,
+        "w": [1.0, "+Inf"],
+    }
+    journal = read_journal(tmp_path)
+    assert np.isnan(journal.params["bad"])
+    assert journal.artifacts == [("notes", 1, {"score": 0.25, "n": 3})]
+
+
+def test_metric_tags_and_values_are_checked_before_the_line_is_written(tmp_path):
+    with LocalTracker(tmp_path) as tracker:
+        for values, error, match in [
+            ({"loss": 1.0}, ValueError, "tag 'loss' must have three segments"),
+            ({"a/train/b/c": 1.0}, ValueError, "three segments"),
+            ({"a/test/b": 1.0}, ValueError, "split 'test' is not one of"),
+            ({"lm/train/loss": 1.0, "lm//x": 2.0}, ValueError, "three segments|empty"),
+            ({"lm/train/loss": "low"}, TypeError, "metric 'lm/train/loss' must be a real"),
+        ]:
+            with pytest.raises(error, match=match):
+                tracker.log_metrics(values, step=1)
+    assert (tmp_path / "scalars.jsonl").read_text() == ""
+
+
+# -- run.json and params.json ---------------------------------------------------------------
+
+
+def test_a_run_json_cut_short_by_a_full_disk_is_never_left_torn(tmp_path):
+    import resource
+    import signal
+
+    record = RunRecord(model={"name": "a" * 400}, data={}, optimizer={})
+    tracker = LocalTracker(tmp_path)
+    previous_signal = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    previous = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200, previous[1]))
+    try:
+        with pytest.raises(OSError, match="File too large"):
+            tracker.log_artifact("run_record", record)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, previous)
+        signal.signal(signal.SIGXFSZ, previous_signal)
+    assert not (tmp_path / "run.json").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["records.jsonl", "scalars.jsonl"]
+    tracker.log_artifact("run_record", record)
+    tracker.close()
+    assert json.loads((tmp_path / "run.json").read_text())["model"] == {"name": "a" * 400}
+
+
+def test_a_torn_run_json_is_named_by_the_recipe_and_by_config_from_run_record(tmp_path):
+    from dew.config._recipe import _check_same_run, config_from_run_record
+
+    (tmp_path / "run.json").write_text('{\n  "data": {},\n  "model": {"name": ')
+    record = RunRecord(model={"name": "a"}, data={}, optimizer={})
+    for call in (
+        lambda: _check_same_run(tmp_path, record),
+        lambda: config_from_run_record(tmp_path),
+    ):
+        with pytest.raises(ValueError, match=r"run\.json is not valid run\.json .*line 3"):
+            call()
+
+
+def test_a_truncated_params_json_is_set_aside_and_the_folder_reopens(tmp_path):
+    with LocalTracker(tmp_path) as tracker:
+        tracker.log_params({"seed": 1})
+        tracker.log_metrics({"lm/train/loss": 1.0}, step=0)
+    (tmp_path / "params.json").write_text('{\n  "seed": ')
+    with pytest.raises(ValueError, match=r"params\.json is not valid params\.json"):
+        read_journal(tmp_path)
+    with pytest.warns(UserWarning, match=r"params\.json is not valid .*params\.json\.unreadable"):
+        tracker = LocalTracker(tmp_path)
+    with tracker:
+        tracker.log_params({"seed": 2})
+    assert (tmp_path / "params.json.unreadable").read_text() == '{\n  "seed": '
+    journal = read_journal(tmp_path)
+    assert journal.params == {"seed": 2} and journal.scalars == {"lm/train/loss": [(0, 1.0)]}

@@ -20,6 +20,7 @@ from dew.steps import MetricHistory, TrainState
 from dew.supervised._early_stopping import EarlyStopper, EarlyStopping
 from dew.telemetry.records import FitEnded, FitStarted, Record
 from dew.tracking import Tracker
+from dew.tracking._protocol import add_note_once
 
 __all__ = ["LoopEngine", "with_history"]
 
@@ -167,25 +168,52 @@ class LoopEngine:
     ) -> Iterator["LoopEngine"]:
         """Report `FitStarted`, then `FitEnded`: `completed` when the body returns,
         `interrupted` on KeyboardInterrupt and `failed` (with the error) on any other
-        exception, which is re-raised. `completed()` gives the last completed step."""
-        self.record(
-            "fit_started", FitStarted(stage=self.stage, start_step=start, steps=steps), start
-        )
+        exception, which is re-raised. `completed()` gives the last completed step.
+
+        The fit's own error always surfaces: when reporting `FitEnded` fails too, that
+        failure is attached to it as a note. When reporting `FitStarted` fails (one
+        tracker of several, say), `FitEnded("failed")` is still reported, so every
+        tracker that took the start also sees the end, and the reporting error is raised.
+        """
+        try:
+            self.record(
+                "fit_started", FitStarted(stage=self.stage, start_step=start, steps=steps), start
+            )
+        except Exception as error:
+            self.bar.close()
+            ended = FitEnded(
+                "failed",
+                start,
+                error=f"reporting FitStarted failed: {type(error).__name__}: {error}",
+            )
+            self._record_ending(ended, error)
+            raise
         try:
             yield self
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as error:
             done = completed()
-            self.record("fit_ended", FitEnded("interrupted", done), done)
+            self._record_ending(FitEnded("interrupted", done), error)
             raise
         except Exception as error:
             done = completed()
-            self.record(
-                "fit_ended",
-                FitEnded("failed", done, error=f"{type(error).__name__}: {error}"),
-                done,
-            )
+            ended = FitEnded("failed", done, error=f"{type(error).__name__}: {error}")
+            self._record_ending(ended, error)
             raise
         finally:
             self.bar.close()
         done = completed()
         self.record("fit_ended", FitEnded("completed", done), done)
+
+    def _record_ending(self, ended: FitEnded, error: BaseException) -> None:
+        """Report `ended` while `error` is in flight; a reporting failure becomes a note
+        on `error` and never replaces it."""
+        try:
+            self.record("fit_ended", ended, ended.step)
+        except Exception as report_error:
+            if report_error is error:  # the same failure again: nothing new to tell
+                return
+            add_note_once(
+                error,
+                f"Reporting FitEnded({ended.status!r}) to the tracker also failed: "
+                f"{type(report_error).__name__}: {report_error}",
+            )

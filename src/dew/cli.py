@@ -274,22 +274,32 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
+    """List the runs under a folder. A run whose journal cannot be read is listed as
+    `unreadable`, its error printed to standard error, and the exit status is 1."""
     from dew.tracking import read_journal
 
     root = pathlib.Path(args.folder)
     if not root.is_dir():
         raise FileNotFoundError(f"no folder {str(root)!r} to list runs from.")
-    rows = []
+    rows, unreadable = [], 0
     for journal_file in sorted(root.rglob("scalars.jsonl")):
         folder = journal_file.parent
-        journal = read_journal(folder)
-        ended = [record for _, _, record in journal.records if record.type == "fit_ended"]
-        started = [record for _, _, record in journal.records if record.type == "fit_started"]
-        status = ended[-1].status if ended else ("running or killed" if started else "-")
-        last = max((series[-1][0] for series in journal.scalars.values() if series), default=0)
-        rows.append(
-            (str(folder.relative_to(root)) or ".", status, str(last), _summary(journal.scalars))
-        )
+        name = str(folder.relative_to(root)) or "."
+        try:
+            journal = read_journal(folder)
+        except (OSError, ValueError) as error:
+            unreadable += 1
+            print(f"dew runs: {name}: {error}", file=sys.stderr)
+            rows.append((name, "unreadable", "-", "(see the error above)"))
+            continue
+        status = "-"
+        for _, _, record in journal.records:  # the latest fit decides: a resumed one runs
+            if record.type == "fit_started":
+                status = "running or killed"
+            elif record.type == "fit_ended":
+                status = record.status
+        last = max((step for series in journal.scalars.values() for step, _ in series), default=0)
+        rows.append((name, status, str(last), _summary(journal.scalars)))
     if not rows:
         print(f"no runs under {root}")
         return 0
@@ -301,7 +311,7 @@ def _runs(args: argparse.Namespace) -> int:
             + "  "
             + row[3]
         )
-    return 0
+    return 1 if unreadable else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ No other module in dew joins or splits these strings.
 from __future__ import annotations
 
 import enum
+import numbers
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -20,13 +21,17 @@ __all__ = [
     "MetricTag",
     "Split",
     "check_metric_name",
+    "check_index",
     "check_name",
+    "check_path_segment",
     "flatten_parameters",
     "metric_tag",
     "parse_metric_tag",
 ]
 
 SEPARATOR = "/"
+MAX_SEGMENT_BYTES = 255
+"""The longest path segment, in UTF-8 bytes, that common file systems hold."""
 
 
 class Split(enum.StrEnum):
@@ -102,6 +107,77 @@ def check_name(kind: str, value: str) -> str:
     if value in {".", ".."}:
         raise ValueError(f"{kind} {value!r} may not be '.' or '..'.")
     return value
+
+
+def check_path_segment(kind: str, value: str) -> str:
+    """Return `value` if it can name one file or folder that dew creates, else raise.
+
+    A path segment passes `check_name` and also holds no backslash, no control character
+    (NUL included), is not blank, is valid UTF-8 and is at most 255 UTF-8 bytes long,
+    so a path built from it never leaves the folder it is built under.
+
+    **Raises:** `TypeError` when `value` is not a string, `ValueError` naming `value`
+    and the rule otherwise.
+
+    ```python
+    >>> check_path_segment("artifact name", "samples")
+    'samples'
+
+    ```
+    """
+    rule = (
+        "a path segment is non-empty, not blank, not '.' or '..', holds no '/', no backslash "
+        f"and no control character, and is at most {MAX_SEGMENT_BYTES} UTF-8 bytes"
+    )
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{kind} must be a string, got {value!r} of type {type(value).__name__}; {rule}."
+        )
+    shown = repr(value) if len(value) <= 80 else f"{value[:40]!r}...{value[-20:]!r}"
+    problem = None
+    if not value:
+        shown, problem = "", "may not be empty"
+    elif SEPARATOR in value:
+        problem = f"may not contain {SEPARATOR!r}"
+    elif value in {".", ".."}:
+        problem = "may not be '.' or '..'"
+    elif "\\" in value:
+        problem = "may not contain a backslash"
+    elif any(ord(character) < 32 or ord(character) == 127 for character in value):
+        problem = "may not contain control characters (NUL included)"
+    elif not value.strip():
+        problem = "may not be blank"
+    else:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            problem = "is not valid UTF-8"
+        else:
+            if size > MAX_SEGMENT_BYTES:
+                problem = f"is {size} UTF-8 bytes long"
+    if problem is not None:
+        raise ValueError(f"{kind}{' ' if shown else ''}{shown} {problem}; {rule}.")
+    return value
+
+
+def check_index(kind: str, value: Any) -> int:
+    """Return `value` as an `int` if it can be a step or an index (an integer >= 0,
+    NumPy integers included, `bool` not), else raise naming `kind` and `value`.
+
+    ```python
+    >>> check_index("step", 3)
+    3
+
+    ```
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{kind} must be an integer, got {value!r} of type {type(value).__name__}; "
+            "allowed: an int or NumPy integer >= 0 (not a bool)."
+        )
+    if value < 0:
+        raise ValueError(f"{kind} must be >= 0, got {value!r}.")
+    return int(value)
 
 
 def metric_tag(stage: str, split: Split | str, metric: str) -> str:

@@ -16,6 +16,7 @@ import optax
 from jaxtyping import PRNGKeyArray
 
 from dew import registry
+from dew._json import python_scalar
 from dew.data import Dataset
 
 __all__ = [
@@ -175,7 +176,9 @@ def _run_name(where: str, value: Any) -> str | None:
 
 
 def _plain_value(where: str, value: Any) -> Any:
-    """A config value, frozen: mappings become read-only mappings, lists tuples."""
+    """A config value, frozen: mappings become read-only mappings, lists tuples, NumPy and
+    JAX scalars Python ones (`dew._json.python_scalar`)."""
+    value = python_scalar(value)
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, numbers.Integral):

@@ -12,7 +12,6 @@ tracker writes under `runs/<name>` in the working directory; the recipe prints t
 """
 
 import dataclasses
-import json
 import os
 import pathlib
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import equinox as eqx
 import jax
 
+from dew._json import read_json
 from dew.data import Dataset
 from dew.metrics import Metric
 from dew.objectives.base import Objective
@@ -65,12 +65,24 @@ def _record(config: "RunConfig") -> RunRecord:
     )
 
 
+def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
+    """The `run_record` mapping in a run folder's run.json; errors name the file."""
+    saved = read_json(path, "run.json (a RunRecord's JSON)")
+    if not isinstance(saved, dict) or saved.get("type") != "run_record":
+        kind = saved.get("type") if isinstance(saved, dict) else type(saved).__name__
+        raise ValueError(f"{path} holds a {kind!r} record, not a run_record.")
+    missing = [key for key in ("model", "data", "optimizer", "trainer") if key not in saved]
+    if missing:
+        raise ValueError(f"{path} is not a whole run_record: it lacks {', '.join(missing)}.")
+    return saved
+
+
 def _check_same_run(folder: pathlib.Path, record: RunRecord) -> None:
     """A run folder's existing run.json must describe the same configuration."""
     path = folder / "run.json"
     if not path.exists():
         return
-    saved = json.loads(path.read_text())
+    saved = _read_run_record(path)
     fresh = record.to_dict()
     differing = [
         field
@@ -176,9 +188,7 @@ def config_from_run_record(path: str | os.PathLike[str]) -> "RunConfig":
         path = path / "run.json"
     if not path.exists():
         raise FileNotFoundError(f"no run.json at {str(path)!r}: is this a run folder?")
-    saved = json.loads(path.read_text())
-    if saved.get("type") != "run_record":
-        raise ValueError(f"{path} holds a {saved.get('type')!r} record, not a run_record.")
+    saved = _read_run_record(path)
     plain = {
         "model": saved["model"],
         "data": saved["data"],

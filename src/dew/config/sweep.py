@@ -71,8 +71,9 @@ from typing import Any
 
 import numpy as np
 
+from dew._json import plain
 from dew.config import RunConfig, override
-from dew.naming import Split, metric_tag
+from dew.naming import Split, check_index, metric_tag
 from dew.telemetry.records import TrialFinished, decode_json_value, encode_json_value
 from dew.tracking import Tracker
 
@@ -104,7 +105,6 @@ LEDGER_VERSION = 1
 VALUE_TAG = metric_tag("sweep", Split.VALIDATION, "value")
 """The tag each trial's score is logged under, at the trial's index: `sweep/validation/value`."""
 TRIAL_FINISHED = "trial_finished"
-_RESERVED = ("NaN", "+Inf", "-Inf")
 _HPO_HINT = 'pip install "dew-ml[hpo]"'
 _HEX = frozenset("0123456789abcdef")
 
@@ -122,34 +122,12 @@ def _is_real(value: Any) -> bool:
 
 def _json_value(value: Any, where: str) -> Any:
     """`value` in JSON's data model (tuples become lists, NumPy scalars Python ones)."""
-    if value is None or isinstance(value, bool | str):
-        if isinstance(value, str) and value in _RESERVED:
-            raise ValueError(
-                f"{where} is the string {value!r}, which the ledger reserves for a non-finite "
-                f"float; pass float({value!r}) or another string."
-            )
-        return value
-    if _is_int(value):
-        return int(value)
-    if _is_real(value):
-        value = float(value)
-        if math.isnan(value):
-            raise ValueError(f"{where} is NaN; a space holds no NaN (it equals nothing).")
-        return value
-    if isinstance(value, Mapping):
-        plain = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{where} has key {key!r}; mapping keys must be strings.")
-            plain[key] = _json_value(item, f"{where}[{key!r}]")
-        return plain
-    if isinstance(value, list | tuple):
-        return [_json_value(item, f"{where}[{index}]") for index, item in enumerate(value)]
-    if hasattr(value, "shape") and hasattr(value, "item") and value.shape == ():
-        return _json_value(value.item(), where)
-    raise TypeError(
-        f"{where} is {value!r} of type {type(value).__name__}; a space holds None, bool, int, "
-        "float, str, and lists and string-keyed mappings of them."
+    return plain(
+        value,
+        where,
+        holder="a space",
+        reserved_by="the ledger",
+        nan="a space holds no NaN (it equals nothing)",
     )
 
 
@@ -1119,8 +1097,7 @@ def _next(book: _Ledger, run: SearchRun) -> tuple[int, dict[str, Any]] | None:
         if proposal is None:
             return None
         index, point = proposal
-        if not _is_int(index) or index < 0:
-            raise ValueError(f"the search proposed trial index {index!r}; indices are >= 0.")
+        index = check_index("the trial index the search proposed", index)
         if set(point) != set(book.space):
             raise ValueError(
                 f"the search proposed {dict(point)!r} for trial {index}; a point sets exactly "

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import numbers
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, ClassVar, Literal, TypeVar
+
+from dew import _json
+from dew.naming import check_index
 
 __all__ = [
     "CheckpointRequested",
@@ -40,75 +42,33 @@ __all__ = [
     "record_from_json",
 ]
 
-_NON_FINITE = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}
 FitStatus = Literal["completed", "failed", "interrupted"]
 FIT_STATUSES: tuple[str, ...] = ("completed", "failed", "interrupted")
 
 
 def encode_json_value(value: Any) -> Any:
-    """Map non-finite floats (nested anywhere) to `"NaN"`, `"+Inf"`, `"-Inf"`."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
-    if isinstance(value, Mapping):
-        return {key: encode_json_value(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [encode_json_value(item) for item in value]
+    """Map non-finite floats (nested anywhere) to `"NaN"`, `"+Inf"`, `"-Inf"`; NumPy and
+    JAX scalars become Python numbers, tuples lists. Other leaves pass through as they are."""
+    return _json.encode(value, default=_keep)
+
+
+def _keep(value: Any) -> Any:
     return value
 
 
 def decode_json_value(value: Any) -> Any:
     """Inverse of `encode_json_value`: the three reserved strings become floats."""
-    if isinstance(value, str) and value in _NON_FINITE:
-        return _NON_FINITE[value]
-    if isinstance(value, Mapping):
-        return {key: decode_json_value(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [decode_json_value(item) for item in value]
-    return value
+    return _json.decode(value)
 
 
 def _plain(value: Any, where: str) -> Any:
-    """Normalise a record value to JSON's data model: dicts with string keys,
-    lists, str, int, float, bool, None. NumPy and JAX scalars become Python ones."""
-    if value is None:
-        return value
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        value = str(value)
-        if value in _NON_FINITE:
-            raise ValueError(
-                f"{where} is the string {value!r}, which record JSON reserves for a "
-                "non-finite float; pass float(" + repr(value) + ") or another string."
-            )
-        return value
-    if isinstance(value, Mapping):
-        plain = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{where} has key {key!r}; record mapping keys must be strings.")
-            plain[key] = _plain(item, f"{where}[{key!r}]")
-        return plain
-    if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
-        return [_plain(item, f"{where}[{index}]") for index, item in enumerate(value)]
-    if hasattr(value, "shape") and hasattr(value, "item") and value.shape == ():
-        return _plain(value.item(), where)
-    raise TypeError(
-        f"{where} is {value!r} of type {type(value).__name__}; records hold only None, "
-        "bool, int, float, str, lists and string-keyed mappings."
-    )
+    """Normalise a record value to JSON's data model (`dew._json.plain`): dicts with string
+    keys, lists, str, int, float, bool, None; NumPy and JAX scalars become Python ones."""
+    return _json.plain(value, where, holder="a record", reserved_by="record JSON")
 
 
 def _check_step(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r}.")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}.")
-    return int(value)
+    return check_index(name, value)
 
 
 _R = TypeVar("_R", bound="Record")

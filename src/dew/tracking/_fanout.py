@@ -3,7 +3,10 @@
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dew.tracking._protocol import AbstractTracker, Tracker
+import numpy as np
+
+from dew.naming import check_index, check_path_segment
+from dew.tracking._protocol import AbstractTracker, Tracker, add_note_once
 
 __all__ = ["Trackers"]
 
@@ -13,8 +16,11 @@ class Trackers(AbstractTracker):
 
     Every tracker receives each report even if another one fails; after all were
     called, the first failure is raised (later failures are attached to it as
-    notes). Closing closes every tracker the same way. There is no background
-    queue: a report has reached every tracker when the call returns.
+    notes, each once, however often one exception object is raised). Closing closes
+    every tracker the same way. There is no background queue: a report has reached
+    every tracker when the call returns. A step that is not an integer >= 0, or an
+    artifact name that is not a path segment (`dew.naming.check_path_segment`), raises
+    before any tracker is called.
 
     ```python
     >>> from dew.tracking import InMemoryTracker
@@ -46,17 +52,23 @@ class Trackers(AbstractTracker):
         if failures:
             first = failures[0]
             for later in failures[1:]:
-                first.add_note(f"Another tracker also failed: {type(later).__name__}: {later}")
+                if later is not first:
+                    add_note_once(
+                        first, f"Another tracker also failed: {type(later).__name__}: {later}"
+                    )
             raise first
 
     def log_params(self, values: Mapping[str, Any]) -> None:
         self._each(lambda tracker: tracker.log_params(values))
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
-        self._each(lambda tracker: tracker.log_metrics(values, step=step))
+    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
+        checked = check_index("step", step)
+        self._each(lambda tracker: tracker.log_metrics(values, step=checked))
 
-    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
-        self._each(lambda tracker: tracker.log_artifact(name, value, step=step))
+    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
+        check_path_segment("artifact name", name)
+        checked = None if step is None else check_index("step", step)
+        self._each(lambda tracker: tracker.log_artifact(name, value, step=checked))
 
     def close(self) -> None:
         self._each(lambda tracker: tracker.close())

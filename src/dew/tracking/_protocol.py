@@ -7,9 +7,16 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["AbstractTracker", "Tracker"]
+__all__ = ["AbstractTracker", "Tracker", "add_note_once"]
 
 _T = TypeVar("_T", bound="AbstractTracker")
+
+
+def add_note_once(error: BaseException, note: str) -> None:
+    """Attach `note` to `error` unless it already carries it: an exception object raised
+    again (a tracker that keeps failing with one instance) never collects copies."""
+    if note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
 
 
 @runtime_checkable
@@ -86,7 +93,8 @@ class AbstractTracker(abc.ABC):
         try:
             self.close()
         except Exception as close_error:
-            exc.add_note(
+            add_note_once(
+                exc,
                 f"While handling this exception, closing {type(self).__name__} also failed: "
-                f"{type(close_error).__name__}: {close_error}"
+                f"{type(close_error).__name__}: {close_error}",
             )

@@ -15,8 +15,10 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlparse
 
+import numpy as np
+
 from dew.artifacts import Artifact
-from dew.naming import check_name, flatten_parameters
+from dew.naming import SEPARATOR, check_index, check_path_segment, flatten_parameters
 from dew.telemetry.records import FitEnded, Record, encode_json_value
 from dew.tracking._protocol import AbstractTracker
 from dew.tracking._render import preview_files
@@ -100,8 +102,8 @@ def _param_text(value: Any) -> str:
     return repr(value)
 
 
-def _step_name(step: int | None) -> str:
-    return "none" if step is None else str(int(step))
+def _step_name(step: Any) -> str:
+    return "none" if step is None else str(check_index("step", step))
 
 
 class MLflowTracker(AbstractTracker):
@@ -224,6 +226,9 @@ class MLflowTracker(AbstractTracker):
                 marker = "...[truncated]"
                 text = text[: self._param_limit - len(marker)] + marker
             sent[key] = text
+        for key in full:  # the full text is uploaded to a path built from the key
+            for segment in key.split(SEPARATOR):
+                check_path_segment(f"parameter key {key!r} (it names params/{key}.txt)", segment)
         params = [self._param(key, text) for key, text in sent.items()]
         with self._allowed():
             for key, text in full.items():
@@ -233,8 +238,9 @@ class MLflowTracker(AbstractTracker):
                 self.client.log_batch(self.run_id, params=chunk, synchronous=True)
         self._params.update(new)
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
+    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
         self._check_open()
+        step = check_index("step", step)
         timestamp = int(time.time() * 1000)
         metric = self._metric
         metrics = []
@@ -260,11 +266,13 @@ class MLflowTracker(AbstractTracker):
         self._paths.add(path)
         return path
 
-    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
+    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
         self._check_open()
-        check_name("artifact name", name)
+        check_path_segment("artifact name", name)
+        step_name = _step_name(step)
         if isinstance(value, Record):
-            path = self._unique("records", f"{value.type}-{_step_name(step)}")
+            record_type = check_path_segment("record type", value.type)
+            path = self._unique("records", f"{record_type}-{step_name}")
             with self._allowed():
                 self.client.log_text(self.run_id, value.to_json(), path)
             if isinstance(value, FitEnded) and value.status != "completed":
@@ -276,9 +284,7 @@ class MLflowTracker(AbstractTracker):
                 for suffix, content in files:
                     (pathlib.Path(folder) / suffix).write_bytes(content)
                 with self._allowed():
-                    self.client.log_artifacts(
-                        self.run_id, folder, f"previews/{name}/{_step_name(step)}"
-                    )
+                    self.client.log_artifacts(self.run_id, folder, f"previews/{name}/{step_name}")
             return
         try:
             text = json.dumps(encode_json_value(value), allow_nan=False)
@@ -287,7 +293,7 @@ class MLflowTracker(AbstractTracker):
                 f"MLflowTracker cannot record artifact {name!r}: {type(value).__name__} is not "
                 "a record, a preview artifact or a JSON value."
             ) from error
-        path = self._unique("artifacts", f"{name}-{_step_name(step)}")
+        path = self._unique("artifacts", f"{name}-{step_name}")
         with self._allowed():
             self.client.log_text(self.run_id, text, path)
 

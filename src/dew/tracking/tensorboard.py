@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import numbers
 import os
 import pathlib
 import time
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
-from dew.naming import SEPARATOR, check_name, flatten_parameters
+from dew.naming import SEPARATOR, check_index, check_path_segment, flatten_parameters
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._protocol import AbstractTracker
 from dew.tracking._render import gif_bytes, histogram, png_bytes, to_uint8
@@ -75,11 +74,7 @@ def _tag(*segments: str) -> str:
 
 
 def _check_step(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        raise TypeError(f"step must be an integer, got {step!r}.")
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}.")
-    return int(step)
+    return check_index("step", step)
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:
@@ -215,7 +210,7 @@ class TensorBoardTracker(AbstractTracker):
         self._writer.add_event(event)
         self._writer.flush()
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
+    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
         self._check_open()
         step = _check_step(step)
         self._write_hparams()
@@ -235,13 +230,15 @@ class TensorBoardTracker(AbstractTracker):
             self._value(event, tag, "scalars", simple_value=number)
         self._write(event)
 
-    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
+    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
         self._check_open()
-        check_name("artifact name", name)
+        check_path_segment("artifact name", name)
         event = self._event(0 if step is None else _check_step(step))
         if isinstance(value, Record):
             self._text(
-                event, _tag(REPORTING, check_name("record type", value.type)), value.to_json()
+                event,
+                _tag(REPORTING, check_path_segment("record type", value.type)),
+                value.to_json(),
             )
         elif isinstance(value, Artifact):
             self._preview(event, name, value)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
-from dew.naming import check_name, flatten_parameters
+from dew.naming import check_index, check_path_segment, flatten_parameters
 from dew.telemetry.records import FitEnded, Record, encode_json_value
 from dew.tracking._protocol import AbstractTracker
 from dew.tracking._render import histogram, preview_files
@@ -133,13 +133,14 @@ class WandbTracker(AbstractTracker):
                 f"WandbTracker(run {self.run.id}) is closed; it records nothing more."
             )
 
-    def _check_step(self, step: int) -> int:
+    def _check_step(self, step: Any) -> int:
+        step = check_index("step", step)
         if step < self._step:
             raise ValueError(
                 f"W&B takes steps in order: step {step} comes after step {self._step}, and W&B "
                 "would drop the report."
             )
-        return int(step)
+        return step
 
     def log_params(self, values: Mapping[str, Any]) -> None:
         self._check_open()
@@ -159,7 +160,7 @@ class WandbTracker(AbstractTracker):
             self.run.config.update(new)
         self._config.update({key: _identity(value) for key, value in new.items()})
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
+    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
         self._check_open()
         step = self._check_step(step)
         data = {}
@@ -174,13 +175,14 @@ class WandbTracker(AbstractTracker):
         self.run.log(data, step=step)
         self._step = step
 
-    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
+    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
         self._check_open()
-        check_name("artifact name", name)
+        check_path_segment("artifact name", name)
         step = self._step if step is None else self._check_step(step)
         wandb = self._wandb
         if isinstance(value, Record):
-            data = {f"{REPORTING}/{value.type}": wandb.Html(_pre(value.to_json()), inject=False)}
+            record_type = check_path_segment("record type", value.type)
+            data = {f"{REPORTING}/{record_type}": wandb.Html(_pre(value.to_json()), inject=False)}
             if isinstance(value, FitEnded) and value.status != "completed":
                 self._failed = True
         elif isinstance(value, Artifact):
