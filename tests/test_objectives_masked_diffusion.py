@@ -262,12 +262,12 @@ def test_a_batch_without_text_names_the_key():
 @pytest.mark.parametrize(
     ("arguments", "match", "parameter"),
     [
-        ({"seq_len": 0}, r"seq_len must be between 1 and the model's max_seq_len \(8\), got 0", ""),
+        ({"seq_len": 0}, r"seq_len must be an integer >= 1, got 0", ""),
         ({"seq_len": 9}, r"seq_len must be between 1 and .* \(8\), got 9", ""),
-        ({"seq_len": 2.5}, r"seq_len must be an integer, got 2.5", "seq_len"),
-        ({"seq_len": True}, r"seq_len must be an integer, got True", "seq_len"),
-        ({"seq_len": 4, "sampling_steps": 0}, r"sampling_steps must be >= 1, got 0", ""),
-        ({"seq_len": 4, "preview_count": 0}, r"preview_count must be >= 1, got 0", ""),
+        ({"seq_len": 2.5}, r"seq_len must be an integer >= 1, got 2.5", "seq_len"),
+        ({"seq_len": True}, r"seq_len must be an integer >= 1, got True", "seq_len"),
+        ({"seq_len": 4, "sampling_steps": 0}, r"sampling_steps must be an integer >= 1, got 0", ""),
+        ({"seq_len": 4, "preview_count": 0}, r"preview_count must be an integer >= 1, got 0", ""),
         (
             {"seq_len": 4, "preview_count": 2.0},
             r"preview_count must be an integer",
