@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from jaxtyping import PRNGKeyArray, PyTree
 
+from dew._checks import explain_failure
 from dew.artifacts import Artifact
 from dew.data import Partition
 from dew.metrics import Metric, MetricSet
@@ -77,7 +78,8 @@ def run_pass(
             first_batch = batch
         if not metrics.metrics:
             continue
-        artifact = _score(objective, params, batch, scoring_key(key, index))
+        with explain_failure(objective, batch):
+            artifact = _score(objective, params, batch, scoring_key(key, index))
         if first_artifact is None:
             first_artifact = artifact
         state = metrics.update(state, artifact)
