@@ -3,6 +3,7 @@ conditions on arrays, and the translation of a compiled call's failure into the
 host-side `ValueError` of the batch that caused it."""
 
 import contextlib
+import logging
 import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -13,6 +14,17 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["batch_error", "check_ids", "check_integer", "error_if", "explain_failure"]
+
+
+def _not_a_failed_check(record: logging.LogRecord) -> bool:
+    """False for JAX's log of a failed `eqx.error_if` check: the same error is raised
+    to the caller of the compiled call (which `explain_failure` translates), so the
+    log would only print its Equinox traceback a second time."""
+    error = record.exc_info[1] if record.exc_info else None
+    return type(error).__name__ != "_EquinoxRuntimeError"
+
+
+logging.getLogger("jax._src.callback").addFilter(_not_a_failed_check)
 
 
 def check_integer(
