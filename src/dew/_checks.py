@@ -13,7 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["batch_error", "check_ids", "check_integer", "error_if", "explain_failure"]
+__all__ = [
+    "NotAnIntegerError",
+    "batch_error",
+    "check_ids",
+    "check_integer",
+    "error_if",
+    "explain_failure",
+]
 
 
 def _not_a_failed_check(record: logging.LogRecord) -> bool:
@@ -25,6 +32,11 @@ def _not_a_failed_check(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("jax._src.callback").addFilter(_not_a_failed_check)
+
+
+class NotAnIntegerError(TypeError, ValueError):
+    """A value that should be an integer is not one: a `TypeError` by kind and a
+    `ValueError` as bad input, so either `except` clause catches it."""
 
 
 def check_integer(
@@ -41,7 +53,9 @@ def check_integer(
     (even `3.0`), strings and arrays with axes are not. With `optional=True`,
     `None` passes (and is returned).
 
-    **Raises:** `ValueError` of one form, `"<name> must be <allowed>, got <value>."`.
+    **Raises:** one message form, `"<name> must be <allowed>, got <value>."`: a
+    `NotAnIntegerError` (both a `TypeError` and a `ValueError`) for a value of the wrong
+    type, a `ValueError` for an integer out of range.
 
     ```python
     >>> import numpy as np
@@ -50,7 +64,7 @@ def check_integer(
     >>> check_integer("steps", True, minimum=1)
     Traceback (most recent call last):
     ...
-    ValueError: steps must be an integer >= 1, got True.
+    dew._checks.NotAnIntegerError: steps must be an integer >= 1, got True.
 
     ```
     """
@@ -65,12 +79,11 @@ def check_integer(
             and not isinstance(value, jax.core.Tracer)
         )
     )
-    if (
-        not integral
-        or (minimum is not None and value < minimum)
-        or (maximum is not None and value > maximum)
-    ):
-        raise ValueError(f"{name} must be {_allowed(minimum, maximum, optional)}, got {value!r}.")
+    message = f"{name} must be {_allowed(minimum, maximum, optional)}, got {value!r}."
+    if not integral:
+        raise NotAnIntegerError(message)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(message)
     return int(value)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
+from dew._checks import check_integer
 from dew.events import (
     EPOCH_END,
     VALIDATION_END,
@@ -130,8 +131,7 @@ def run_supervised(
     per report and a bar over the epochs.
     """
     check_name("stage", stage)
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}.")
+    check_integer("epochs", epochs, minimum=0)
     transformation = optimizer.transformation
     static = eqx.filter(model, eqx.is_inexact_array, inverse=True)
 

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, ClassVar, Literal, TypeVar
 
+from dew._checks import check_integer
+
 __all__ = [
     "CheckpointRequested",
     "FitEnded",
@@ -104,11 +106,7 @@ def _plain(value: Any, where: str) -> Any:
 
 
 def _check_step(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r}.")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}.")
-    return int(value)
+    return check_integer(name, value, minimum=0)
 
 
 _R = TypeVar("_R", bound="Record")

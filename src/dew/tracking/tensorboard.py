@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import numbers
 import os
 import pathlib
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from dew._checks import check_integer
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
 from dew.naming import SEPARATOR, check_name, flatten_parameters
 from dew.telemetry.records import Record, encode_json_value
@@ -75,11 +75,7 @@ def _tag(*segments: str) -> str:
 
 
 def _check_step(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        raise TypeError(f"step must be an integer, got {step!r}.")
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}.")
-    return int(step)
+    return check_integer("step", step, minimum=0)
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:
