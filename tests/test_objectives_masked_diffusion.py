@@ -12,6 +12,7 @@ import optax
 import pytest
 from _checks import rejects
 
+from dew._checks import explain_failure
 from dew.artifacts import TokenRows
 from dew.nn.backbones import BidirectionalTransformer, CausalTransformer
 from dew.objectives.masked_diffusion import (
@@ -322,3 +323,13 @@ def test_training_learns_the_patterns_and_samples_reproduce_them():
     matches = (rows[:, None, :] == np.asarray(patterns)[None]).all(axis=-1).any(axis=-1)
     # Independent coin flips would match a pattern in 2 / 2**8 of the rows.
     assert matches.mean() > 0.5, rows
+
+
+def test_a_failed_compiled_loss_becomes_the_host_check():
+    batch = {"text": _tokens(2).at[1, 3].set(VOCAB)}
+    message = r"batch\['text'\] holds token ID 5 at row 1, position 3; valid IDs are 0 to 4"
+    with pytest.raises(ValueError, match=message), explain_failure(OBJECTIVE, batch):
+        jax.block_until_ready(jax.jit(OBJECTIVE.loss)(PARAMS, batch, jax.random.key(0)))
+    with pytest.raises(ValueError, match=message):
+        OBJECTIVE.check_batch(batch)
+    OBJECTIVE.check_batch({"text": _tokens(2)})

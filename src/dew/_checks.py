@@ -166,7 +166,7 @@ def batch_error(objective: Any, batches: Any) -> ValueError | None:
         batches = [batches]
     for batch in batches:
         try:
-            objective.check_batch(_on_host(batch))
+            objective.check_batch(_as_called(batch))
         except ValueError as error:
             return error
         except Exception:
@@ -174,22 +174,12 @@ def batch_error(objective: Any, batches: Any) -> ValueError | None:
     return None
 
 
-def _on_host(batch: Any) -> Any:
-    """A batch with its arrays fetched to the host, so the checks run on NumPy.
-
-    An array whose computation failed (or whose buffer a failed call donated)
-    cannot be fetched; it is kept as it is and its check then fails on its own.
-    """
-
-    def fetch(leaf: Any) -> Any:
-        if isinstance(leaf, jax.Array):
-            try:
-                return np.asarray(leaf)
-            except Exception:
-                return leaf
-        return leaf
-
-    return jax.tree.map(fetch, batch)
+def _as_called(batch: Any) -> Any:
+    """A batch as the compiled call saw it: NumPy arrays become (concrete) JAX arrays, so
+    the checks take their host branch on the same types `loss` and `evaluate` read."""
+    return jax.tree.map(
+        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf, batch
+    )
 
 
 @contextlib.contextmanager
