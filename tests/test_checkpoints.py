@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -277,3 +278,25 @@ def test_a_standalone_capture_writes_its_directory(tmp_path):
 def test_bad_profile_windows_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Profile(**{"directory": "trace", **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("other", "optimizer", "differs"),
+    [
+        ("model", OPTIMIZER, r"\.params\.stack\.token_embedding\.weight: saved float32\[8, 16\], "),
+        ("optimizer", optax.sgd(3e-3), r"saved array \d+ \(float32\[.*\]\): not in this state"),
+    ],
+)
+def test_resuming_a_checkpoint_of_another_model_or_optimizer_says_what_differs(
+    objective, tmp_path, other, optimizer, differs
+):
+    _fit(objective, tmp_path / "run", steps=4)
+    if other == "model":  # twice the width
+        objective = LMObjective(CausalTransformer(8, 32, 1, 2, 32, 16), seq_len=8)
+    trainer = Trainer(objective, optimizer, key=jax.random.key(11), checkpoint_dir=tmp_path / "run")
+    with pytest.raises(ValueError, match="written for another model or optimizer") as caught:
+        trainer.fit(_data(), steps=8, log_every=2, progress=False)
+    message = str(caught.value)
+    assert len(message.splitlines()) <= 12, message
+    assert f"the checkpoint at step 4 under {str(tmp_path / 'run')!r}" in message
+    assert re.search(differs, message), message

@@ -220,3 +220,33 @@ def test_a_space_file_holds_choices_ranges_and_nested_tables(tmp_path):
     path.write_text('"optim.learning_rate" = { low = 1, high = 10, type = "bool" }\n')
     with pytest.raises(ValueError, match="has type 'bool'; use 'float' or 'int'"):
         _space(str(path))
+
+
+def test_errors_a_dataset_vocabulary_larger_than_the_models_is_one_line_and_exit_status_2(
+    tmp_path,
+):
+    # The bad IDs reach the compiled step: the failure inside it must come out as the
+    # objective's own check, one line on stderr, not a JAX or Equinox traceback.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dew.cli",
+            "train",
+            "--set",
+            "data.kwargs.vocab_size=64",
+            "--steps",
+            "2",
+            "--checkpoint-dir",
+            str(tmp_path / "runs"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("dew train: LMObjective: batch['text'] holds token ID ")
+    assert lines[0].endswith("valid IDs are 0 to 15 (vocab_size=16).")

@@ -110,7 +110,11 @@ def test_min_delta():
     [
         ({"metric": "val/loss"}, ValueError, "^metric 'val/loss' may not contain '/'.$"),
         ({"metric": "loss", "mode": "lowest"}, ValueError, "mode 'lowest' is not one of"),
-        ({"metric": "loss", "patience": -1}, ValueError, "patience must be >= 0, got -1"),
+        (
+            {"metric": "loss", "patience": -1},
+            ValueError,
+            "patience must be an integer >= 0, got -1",
+        ),
         ({"metric": "loss", "patience": 1.5}, TypeError, "patience must be an integer"),
         ({"metric": "loss", "source": "test"}, ValueError, "source 'test' is not one of"),
         ({"metric": "loss", "min_delta": -1.0}, ValueError, "min_delta must be a real number"),

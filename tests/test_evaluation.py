@@ -1,6 +1,7 @@
 """dew.evaluate and dew.data: one pass, its scores and counts, determinism, bad input."""
 
 import itertools
+import traceback
 
 import jax
 import numpy as np
@@ -162,3 +163,24 @@ def test_scalar_metadata_in_a_batch_adds_no_rows(objective):
         objective, objective.init_params(), batches, metrics=(), key=jax.random.key(0)
     )
     assert result.records == 19
+
+
+def test_out_of_vocabulary_ids_raise_the_host_check_not_jax_noise(objective):
+    batches = _batches(3)
+    batches[1]["text"][2, 6] = 9
+    with pytest.raises(ValueError, match="token ID 9") as caught:
+        evaluate(
+            objective,
+            objective.init_params(),
+            batches,
+            metrics=[metrics.perplexity()],
+            key=jax.random.key(0),
+        )
+    assert str(caught.value) == (
+        "LMObjective: batch['text'] holds token ID 9 at row 2, position 6; "
+        "valid IDs are 0 to 3 (vocab_size=4)."
+    )
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    shown = "".join(traceback.format_exception(caught.value))
+    for noise in ("EquinoxRuntimeError", "JaxRuntimeError", "CpuCallback", "filter_jit"):
+        assert noise not in shown, shown

@@ -107,8 +107,8 @@ def test_decision_events_may_not_carry_metrics():
     ("kwargs", "error", "message"),
     [
         ({"split": "test"}, ValueError, "split 'test' is not one of 'train', 'validation'"),
-        ({"step": -1}, ValueError, "event step must be >= 0, got -1"),
-        ({"step": 1.5}, TypeError, "event step must be an integer, got 1.5"),
+        ({"step": -1}, ValueError, "event step must be an integer >= 0, got -1"),
+        ({"step": 1.5}, TypeError, "event step must be an integer >= 0, got 1.5"),
         ({"name": ""}, ValueError, "event name must be a non-empty string"),
     ],
 )

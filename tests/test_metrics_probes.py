@@ -380,5 +380,6 @@ def test_probes_compiled_call_and_reduce_stacked_equal_the_eager_path():
 def test_labels_outside_the_classes_raise(factory):
     features = jnp.asarray(np.random.default_rng(0).standard_normal((6, 2)).astype(np.float32))
     labels = jnp.asarray(np.array([0, 1, 2, 3, 0, 1], np.int32))
-    with pytest.raises(ValueError, match=r"needs labels in \[0, 3\), got label 3"):
+    message = r"labels holds label 3 at row 3; valid labels are 0 to 2 \(num_classes=3\)"
+    with pytest.raises(ValueError, match=message):
         factory(3)(Representations(features, labels))

@@ -14,6 +14,7 @@ import pytest
 from _checks import rejects
 
 from dew import metrics
+from dew._checks import explain_failure
 from dew.artifacts import TokenRows, TokenScores
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import trainable
@@ -458,4 +459,33 @@ def test_training_learns_the_preference():
     # The donated states never owned the objective's arrays.
     assert not any(
         leaf.is_deleted() for leaf in jax.tree.leaves(eqx.filter(objective, eqx.is_array))
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda b: b.update(chosen=b["chosen"].at[1, 2].set(VOCAB)),
+            r"batch\['chosen'\] holds token ID 6 at row 1, position 2; valid IDs are 0 to 5",
+        ),
+        (
+            lambda b: b.update(prompt_mask=b["prompt_mask"].at[1].set(True)),
+            r"a row of batch\['chosen'\] has no counted response token .*: row 1\.$",
+        ),
+    ],
+)
+def test_a_failed_compiled_loss_becomes_the_host_check(change, message):
+    model = _model(24)
+    objective = DPOObjective(model, model, beta=0.5)
+    batch = _good_batch()
+    change(batch)
+    with pytest.raises(ValueError, match=message), explain_failure(objective, batch):
+        jax.block_until_ready(
+            jax.jit(objective.loss)(objective.init_params(), batch, jax.random.key(0))
+        )
+    with pytest.raises(ValueError, match=message):
+        objective.check_batch(batch)
+    objective.check_batch(
+        {"chosen": batch["chosen"], "prompt_mask": batch["prompt_mask"]} | _good_batch()
     )

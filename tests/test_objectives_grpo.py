@@ -15,6 +15,7 @@ from _checks import rejects
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dew._checks import explain_failure
 from dew.artifacts import TokenRows
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import trainable
@@ -542,3 +543,28 @@ def test_several_clipped_updates_on_one_rollout():
     assert history[0]["clip_fraction"] == 0.0
     assert max(entry["clip_fraction"] for entry in history[1:]) > 0.0
     assert history[-1]["loss"] < history[0]["loss"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda b: b.update(prompts=b["prompts"].at[1, 0].set(VOCAB)),
+            r"batch\['prompts'\] holds token ID 6 at row 1, position 0; valid IDs are 0 to 5",
+        ),
+        (
+            lambda b: b.update(completions=b["completions"].at[1, 2, 0].set(-2)),
+            r"batch\['completions'\] holds token ID -2 at row 1, group member 2, position 0",
+        ),
+    ],
+)
+def test_a_failed_compiled_loss_becomes_the_host_check(change, message):
+    objective = _objective()
+    batch = _precomputed_batch()
+    change(batch)
+    with pytest.raises(ValueError, match=message), explain_failure(objective, batch):
+        jax.block_until_ready(_loss(objective, objective.init_params(), batch, jax.random.key(0)))
+    with pytest.raises(ValueError, match=message):
+        objective.check_batch(batch)
+    objective.check_batch(_precomputed_batch())
+    objective.check_batch({"prompts": _precomputed_batch()["prompts"]})

@@ -12,6 +12,7 @@ import optax
 import pytest
 from _checks import rejects
 
+from dew._checks import explain_failure
 from dew.artifacts import TokenRows
 from dew.nn.backbones import BidirectionalTransformer, CausalTransformer
 from dew.objectives.masked_diffusion import (
@@ -262,12 +263,12 @@ def test_a_batch_without_text_names_the_key():
 @pytest.mark.parametrize(
     ("arguments", "match", "parameter"),
     [
-        ({"seq_len": 0}, r"seq_len must be between 1 and the model's max_seq_len \(8\), got 0", ""),
+        ({"seq_len": 0}, r"seq_len must be an integer >= 1, got 0", ""),
         ({"seq_len": 9}, r"seq_len must be between 1 and .* \(8\), got 9", ""),
-        ({"seq_len": 2.5}, r"seq_len must be an integer, got 2.5", "seq_len"),
-        ({"seq_len": True}, r"seq_len must be an integer, got True", "seq_len"),
-        ({"seq_len": 4, "sampling_steps": 0}, r"sampling_steps must be >= 1, got 0", ""),
-        ({"seq_len": 4, "preview_count": 0}, r"preview_count must be >= 1, got 0", ""),
+        ({"seq_len": 2.5}, r"seq_len must be an integer >= 1, got 2.5", "seq_len"),
+        ({"seq_len": True}, r"seq_len must be an integer >= 1, got True", "seq_len"),
+        ({"seq_len": 4, "sampling_steps": 0}, r"sampling_steps must be an integer >= 1, got 0", ""),
+        ({"seq_len": 4, "preview_count": 0}, r"preview_count must be an integer >= 1, got 0", ""),
         (
             {"seq_len": 4, "preview_count": 2.0},
             r"preview_count must be an integer",
@@ -322,3 +323,13 @@ def test_training_learns_the_patterns_and_samples_reproduce_them():
     matches = (rows[:, None, :] == np.asarray(patterns)[None]).all(axis=-1).any(axis=-1)
     # Independent coin flips would match a pattern in 2 / 2**8 of the rows.
     assert matches.mean() > 0.5, rows
+
+
+def test_a_failed_compiled_loss_becomes_the_host_check():
+    batch = {"text": _tokens(2).at[1, 3].set(VOCAB)}
+    message = r"batch\['text'\] holds token ID 5 at row 1, position 3; valid IDs are 0 to 4"
+    with pytest.raises(ValueError, match=message), explain_failure(OBJECTIVE, batch):
+        jax.block_until_ready(jax.jit(OBJECTIVE.loss)(PARAMS, batch, jax.random.key(0)))
+    with pytest.raises(ValueError, match=message):
+        OBJECTIVE.check_batch(batch)
+    OBJECTIVE.check_batch({"text": _tokens(2)})

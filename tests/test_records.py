@@ -149,13 +149,13 @@ def test_run_record_holds_package_versions():
         (
             lambda: FitEnded(status="completed", step=-1),
             ValueError,
-            "FitEnded.step must be >= 0",
+            "FitEnded.step must be an integer >= 0",
             "step",
         ),
         (
             lambda: FitStarted(stage="lm", start_step=0.5, steps=1),
             TypeError,
-            "FitStarted.start_step must be an integer, got 0.5",
+            "FitStarted.start_step must be an integer >= 0, got 0.5",
             "start_step",
         ),
         (
@@ -185,7 +185,7 @@ def test_run_record_holds_package_versions():
         (
             lambda: ProfileWindow(directory="p", traced_steps=-2),
             ValueError,
-            "ProfileWindow.traced_steps must be >= 0, got -2",
+            "ProfileWindow.traced_steps must be an integer >= 0, got -2",
             "traced_steps",
         ),
     ],

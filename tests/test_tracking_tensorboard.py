@@ -343,7 +343,7 @@ def test_artifact_names_must_be_tag_segments(tmp_path):
 
 def test_bad_steps_and_metric_values_raise_clearly(tmp_path):
     with TensorBoardTracker(tmp_path) as tracker:
-        with pytest.raises(ValueError, match="step must be >= 0, got -1"):
+        with pytest.raises(ValueError, match="step must be an integer >= 0, got -1"):
             tracker.log_metrics({"lm/train/loss": 1.0}, step=-1)
         with rejects(TypeError, "step must be an integer", parameter="step"):
             tracker.log_metrics({"lm/train/loss": 1.0}, step=1.5)

@@ -1,6 +1,7 @@
 """Trainer.fit: the guide's LM example, cadence rules, events, records and failures."""
 
 import itertools
+import traceback
 
 import jax
 import numpy as np
@@ -274,3 +275,39 @@ def test_fused_cadences_must_be_multiples_of_the_call(objective):
         trainer.fit(_data(), steps=10, log_every=2, eval_every=3, steps_per_call=2)
     with pytest.raises(ValueError, match="steps_per_call must be an integer >= 1, got 0"):
         trainer.fit(_data(), steps=10, log_every=2, steps_per_call=0)
+
+
+def _with_bad_id(value=7, row=3, position=5):
+    bad = TRAIN.copy()
+    bad[row, position] = value
+    return bad
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 2])
+def test_out_of_vocabulary_ids_raise_the_host_check_not_jax_noise(objective, steps_per_call):
+    # The bad batch is the third of four, between log steps: the failure may surface at
+    # the call or only at the next synchronisation, and must name the bad value either way.
+    batches = [{"text": TRAIN}, {"text": TRAIN}, {"text": _with_bad_id()}, {"text": TRAIN}]
+    tracker = InMemoryTracker()
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    message = (
+        "LMObjective: batch['text'] holds token ID 7 at row 3, position 5; "
+        "valid IDs are 0 to 3 (vocab_size=4)."
+    )
+    with pytest.raises(ValueError, match="token ID 7") as caught:
+        trainer.fit(
+            Dataset(train=lambda partition: iter(batches)),
+            steps=4,
+            log_every=4,
+            tracker=tracker,
+            progress=False,
+            steps_per_call=steps_per_call,
+        )
+    assert str(caught.value) == message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    shown = "".join(traceback.format_exception(caught.value))
+    for noise in ("EquinoxRuntimeError", "JaxRuntimeError", "CpuCallback", "filter_jit"):
+        assert noise not in shown, shown
+    ((_, ended),) = tracker.artifacts["fit_ended"]
+    assert ended.status == "failed"
+    assert ended.error == f"ValueError: {message}"

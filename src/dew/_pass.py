@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jaxtyping import ArrayLike, Int, PRNGKeyArray, PyTree
 
+from dew._checks import explain_failure
 from dew.artifacts import Artifact
 from dew.metrics import MetricSet
 from dew.objectives.base import Objective
@@ -185,7 +186,6 @@ def run_pass(
     key: PRNGKeyArray,
     *,
     keep_first_artifact: bool = False,
-    guard: Callable[[Objective, Mapping[str, Any]], Any] | None = None,
 ) -> PassResult:
     """Score and reduce one pass of `batches` with `metrics`.
 
@@ -194,8 +194,8 @@ def run_pass(
     fetched once at the end; host metrics merge each batch's artifact on the host.
     With no metrics nothing is scored (batches and records are still counted).
     `keep_first_artifact` returns the first batch's scoring artifact (for a preview).
-    `guard(objective, batch)`, when given, is a context manager wrapped around each
-    compiled call (dew uses it to turn a failed runtime check into a plain error).
+    When a compiled call fails (a check inside it fired), the objective's host-side
+    checks run on that batch and their `ValueError` is raised instead (`explain_failure`).
     """
     device = MetricSet(tuple(m for m in metrics.metrics if not m.host))
     host = MetricSet(tuple(m for m in metrics.metrics if m.host))
@@ -211,11 +211,8 @@ def run_pass(
             first_batch = batch
         if reducer is not None:
             keep = bool(host.metrics) or (index == 0 and keep_first_artifact)
-            if guard is None:
+            with explain_failure(objective, batch):
                 artifact = reducer.add(batch, index, keep)
-            else:
-                with guard(objective, batch):
-                    artifact = reducer.add(batch, index, keep)
             if index == 0 and keep:
                 first_artifact = artifact
             if host.metrics:

@@ -37,6 +37,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dew.steps import MetricHistory, TrainState
 from dew.telemetry.records import decode_json_value, encode_json_value
@@ -61,6 +62,20 @@ def _orbax() -> Any:
 
 def _is_key(leaf: Any) -> bool:
     return isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+_SHOWN_DIFFERENCES = 6
+
+
+def _shape_dtype(leaf: Any) -> tuple[tuple[int, ...], str]:
+    """A state leaf's shape and dtype as a checkpoint holds it (keys as raw key data)."""
+    if _is_key(leaf):
+        leaf = jax.random.key_data(leaf)
+    return tuple(jnp.shape(leaf)), str(np.dtype(jnp.result_type(leaf)))
+
+
+def _describe(shape: tuple[int, ...], dtype: str) -> str:
+    return f"{dtype}[{', '.join(str(size) for size in shape)}]"
 
 
 def history_to_json(history: MetricHistory) -> dict[str, Any]:
@@ -99,7 +114,15 @@ class Checkpointer:
             max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
         )
         self._ocp = ocp
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=options,
+            # Registered handlers let `item_metadata` read a checkpoint before restoring it.
+            item_handlers={
+                STATE_ITEM: ocp.StandardCheckpointHandler(),
+                EXTRA_ITEM: ocp.JsonCheckpointHandler(),
+            },
+        )
 
     def latest_step(self) -> int | None:
         """The step of the newest complete checkpoint, or `None`."""
@@ -149,6 +172,7 @@ class Checkpointer:
                 f"no checkpoint {'at all' if step is None else f'for step {step}'} under "
                 f"{self.directory!r}; its steps are {self.all_steps()}."
             )
+        self._check_structure(step, template)
         template_leaves, treedef = jax.tree.flatten(template)
         abstract = [
             jax.ShapeDtypeStruct(jax.random.key_data(leaf).shape, jax.random.key_data(leaf).dtype)
@@ -180,6 +204,45 @@ class Checkpointer:
                 state.step, state.params, state.opt_state, state.key, state.ema_params, history
             ),
             extra,
+        )
+
+    def _check_structure(self, step: int, template: TrainState) -> None:
+        """Raise a short `ValueError` when checkpoint `step`'s saved arrays (read from
+        orbax's metadata, without restoring) differ in number, shape or dtype from
+        `template`'s: a checkpoint written for another model or optimizer."""
+        try:
+            saved = [
+                (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
+                for leaf in self._manager.item_metadata(step)[STATE_ITEM].tree
+            ]
+        except Exception:
+            return
+        expected = [
+            (jax.tree_util.keystr(path), *_shape_dtype(leaf))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(template)[0]
+        ]
+        differing = [
+            f"  {path}: saved {_describe(*saved[index])}, expected {_describe(shape, dtype)}"
+            if index < len(saved)
+            else f"  {path}: not saved, expected {_describe(shape, dtype)}"
+            for index, (path, shape, dtype) in enumerate(expected)
+            if index >= len(saved) or saved[index] != (shape, dtype)
+        ]
+        differing += [
+            f"  saved array {index} ({_describe(*saved[index])}): not in this state"
+            for index in range(len(expected), len(saved))
+        ]
+        if not differing:
+            return
+        shown = differing[:_SHOWN_DIFFERENCES]
+        if len(differing) > len(shown):
+            shown.append(f"  ... and {len(differing) - len(shown)} more")
+        lines = "\n".join(shown)
+        raise ValueError(
+            f"the checkpoint at step {step} under {self.directory!r} was written for another "
+            f"model or optimizer: it holds {len(saved)} arrays, this state {len(expected)}, "
+            f"and they differ at\n{lines}\nResume with the model and optimizer that wrote "
+            "it, or use a new checkpoint directory."
         )
 
     def wait(self) -> None:

@@ -1,11 +1,12 @@
 """Datasets as functions of a process's partition."""
 
 import dataclasses
-import numbers
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
+
+from dew._checks import check_integer
 
 __all__ = ["Batches", "Dataset", "Partition"]
 
@@ -18,9 +19,9 @@ class Partition:
     count: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.count, bool) or not isinstance(self.count, numbers.Integral):
-            raise TypeError(f"Partition.count must be an integer, got {self.count!r}.")
-        if self.count < 1 or not 0 <= self.index < self.count:
+        check_integer("Partition.count", self.count, minimum=1)
+        check_integer("Partition.index", self.index, minimum=0)
+        if not self.index < self.count:
             raise ValueError(
                 f"Partition needs 0 <= index < count, got index {self.index} and count "
                 f"{self.count}."
@@ -72,7 +73,4 @@ class Dataset:
                 )
         for field in ("records", "batch"):
             value = getattr(self, field)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
-            ):
-                raise ValueError(f"Dataset.{field} must be None or an integer >= 1, got {value!r}.")
+            check_integer(f"Dataset.{field}", value, minimum=1, optional=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from dew._checks import check_integer
 from dew.naming import Split, metric_tag
 
 if TYPE_CHECKING:
@@ -72,11 +73,7 @@ class TrainingEvent:
             except ValueError:
                 allowed = ", ".join(repr(s.value) for s in Split)
                 raise ValueError(f"split {self.split!r} is not one of {allowed}.") from None
-        if isinstance(self.step, bool) or not isinstance(self.step, numbers.Integral):
-            raise TypeError(f"event step must be an integer, got {self.step!r}.")
-        if self.step < 0:
-            raise ValueError(f"event step must be >= 0, got {self.step}.")
-        object.__setattr__(self, "step", int(self.step))
+        object.__setattr__(self, "step", check_integer("event step", self.step, minimum=0))
         object.__setattr__(self, "metrics", dict(self.metrics))
         if self.decision is not None and self.metrics:
             raise ValueError(

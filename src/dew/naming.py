@@ -12,9 +12,10 @@ No other module in dew joins or splits these strings.
 from __future__ import annotations
 
 import enum
-import numbers
 from collections.abc import Mapping
 from typing import Any, NamedTuple
+
+from dew._checks import check_integer
 
 __all__ = [
     "SEPARATOR",
@@ -170,14 +171,7 @@ def check_index(kind: str, value: Any) -> int:
 
     ```
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"{kind} must be an integer, got {value!r} of type {type(value).__name__}; "
-            "allowed: an int or NumPy integer >= 0 (not a bool)."
-        )
-    if value < 0:
-        raise ValueError(f"{kind} must be >= 0, got {value!r}.")
-    return int(value)
+    return check_integer(kind, value, minimum=0)
 
 
 def metric_tag(stage: str, split: Split | str, metric: str) -> str:

@@ -24,11 +24,12 @@ True
 
 import contextlib
 import dataclasses
-import numbers
 import os
 from collections.abc import Iterator
 
 import jax
+
+from dew._checks import check_integer
 
 __all__ = ["Profile", "profile"]
 
@@ -44,8 +45,7 @@ class Profile:
     def __post_init__(self) -> None:
         for field in ("start", "steps"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"Profile.{field} must be an integer >= 1, got {value!r}.")
+            check_integer(f"Profile.{field}", value, minimum=1)
         if not isinstance(self.directory, str | os.PathLike) or not os.fspath(self.directory):
             raise ValueError(f"Profile.directory must be a non-empty path, got {self.directory!r}.")
 

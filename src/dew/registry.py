@@ -43,6 +43,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import optax
 
+from dew._checks import check_integer
 from dew.data import Dataset, Partition
 from dew.nn.backbones.bidirectional_transformer import BidirectionalTransformer
 from dew.nn.backbones.causal_transformer import CausalTransformer
@@ -364,9 +365,7 @@ _POOL_SEED = 0
 
 
 def _integer(builder: str, field: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise ValueError(f"{builder}: {field} must be an integer >= {least}, got {value!r}.")
-    return int(value)
+    return check_integer(f"{builder}: {field}", value, minimum=least)
 
 
 def _fraction(builder: str, value: Any) -> float:

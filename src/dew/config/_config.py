@@ -16,6 +16,7 @@ import optax
 from jaxtyping import PRNGKeyArray
 
 from dew import registry
+from dew._checks import check_integer
 from dew._json import python_scalar
 from dew.data import Dataset
 
@@ -104,16 +105,11 @@ _EMPTY = _FrozenMapping({})
 
 
 def _integer(where: str, value: Any, *, least: int, optional: bool = False) -> int | None:
-    if optional and value is None:
-        return None
+    value = check_integer(where, value, minimum=least, optional=optional)
     expected = f"{'None or ' if optional else ''}an integer >= {least}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{where} must be {expected}, got {value!r}.")
-    if value < least:
-        raise ValueError(f"{where} must be {expected}, got {value!r}.")
-    if value > _INT64[1]:
+    if value is not None and value > _INT64[1]:
         raise ValueError(f"{where} must be {expected} that fits in 64 bits, got {value!r}.")
-    return int(value)
+    return value
 
 
 def _real(where: str, value: Any, *, positive: bool, optional: bool = False) -> float | None:

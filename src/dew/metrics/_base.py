@@ -5,11 +5,11 @@ import re
 from typing import Any, ClassVar, Generic, TypeVar
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from equinox import AbstractVar
 from jaxtyping import Array, Float, PyTree, Real
 
+from dew._checks import error_if
 from dew.artifacts import Artifact
 from dew.metrics._sums import Sum
 
@@ -89,11 +89,7 @@ def check_finalizable(bad: Any, message: str, value: Any) -> Any:
     Eagerly this is a plain Python check; under `jit` it becomes
     `eqx.error_if`, which raises when the compiled function runs.
     """
-    if isinstance(bad, jax.core.Tracer):
-        return eqx.error_if(value, bad, message)
-    if bool(bad):
-        raise ValueError(message)
-    return value
+    return error_if(value, bad, message)
 
 
 class MeanState(eqx.Module):

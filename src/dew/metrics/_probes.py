@@ -8,15 +8,14 @@ say so (`batch_linear_probe_accuracy`, `batch_knn_probe_accuracy`).
 from __future__ import annotations
 
 import math
-import numbers
 from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int
 
+from dew._checks import check_ids, check_integer
 from dew.artifacts import Artifact, Representations
 from dew.metrics._base import MeanState, Metric
 
@@ -74,11 +73,6 @@ def knn_probe_accuracy(
     return jnp.mean((predictions == test_y).astype(jnp.float32))
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-
-
 class _Probe(Metric[Representations]):
     artifact_type: ClassVar[type[Artifact]] = Representations
 
@@ -99,16 +93,14 @@ class _Probe(Metric[Representations]):
                 f"metric {self.name!r} fits on the first half of a batch and tests on the "
                 f"second, so it needs at least 2 rows, got {artifact.features.shape[0]}."
             )
-        labels = artifact.labels
-        message = f"metric {self.name!r} needs labels in [0, {self.num_classes})"
-        if isinstance(labels, jax.core.Tracer):
-            bad = jnp.logical_or(labels < 0, labels >= self.num_classes).any()
-            labels = eqx.error_if(labels, bad, message + ".")
-        else:
-            host = np.asarray(labels)
-            outside = (host < 0) | (host >= self.num_classes)
-            if outside.any():
-                raise ValueError(f"{message}, got label {int(host[outside][0])}.")
+        labels = check_ids(
+            artifact.labels,
+            self.num_classes,
+            subject=f"metric {self.name!r}: Representations.labels",
+            noun="label",
+            size_name="num_classes",
+            axes=("row",),
+        )
         return artifact.features, labels
 
 
@@ -120,7 +112,7 @@ class LinearProbe(_Probe):
     name: str = eqx.field(static=True, default="batch_linear_probe_accuracy")
 
     def __check_init__(self) -> None:
-        _check_positive_int("num_classes", self.num_classes)
+        check_integer("num_classes", self.num_classes, minimum=1)
         if not (isinstance(self.l2, int | float) and math.isfinite(self.l2) and self.l2 > 0):
             raise ValueError(f"l2 must be a finite number > 0, got {self.l2!r}.")
 
@@ -138,8 +130,8 @@ class KNNProbe(_Probe):
     name: str = eqx.field(static=True, default="batch_knn_probe_accuracy")
 
     def __check_init__(self) -> None:
-        _check_positive_int("num_classes", self.num_classes)
-        _check_positive_int("k", self.k)
+        check_integer("num_classes", self.num_classes, minimum=1)
+        check_integer("k", self.k, minimum=1)
 
     def statistics(self, artifact: Representations) -> MeanState:
         features, labels = self._checked(artifact)

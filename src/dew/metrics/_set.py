@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from dew._checks import check_integer
 from dew.artifacts import Artifact
 from dew.metrics._base import Metric
 
@@ -133,8 +134,7 @@ class MetricSet(eqx.Module):
         if chunk is None:
             hints = [m.scan_chunk for m in self.metrics if m.scan_chunk is not None]
             chunk = min(hints) if hints else jax.tree.leaves(stacked)[0].shape[0]
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"chunk must be None or an integer >= 1, got {chunk!r}.")
+        check_integer("chunk", chunk, minimum=1, optional=True)
         if not self.metrics:
             return {}
         try:  # the pass and its finalize in one compiled call

@@ -7,10 +7,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from equinox import AbstractVar
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
+from dew._checks import check_ids
 from dew.artifacts import Artifact
 
 __all__ = ["Objective", "check_token_batch", "token_log_probs"]
@@ -33,6 +33,9 @@ class Objective(eqx.Module):
     - `preview(params, batch, key, scored=None)`: a preview artifact for a
       tracker. The base preview returns `scored`, the first scoring artifact of
       the evaluation event, so it never runs the model a second time.
+    - `check_batch(batch)`: the checks `loss` and `evaluate` run on a batch, on the
+      host, raising their `ValueError`. The Trainer and `evaluate` call it only after
+      a compiled call has failed, to report which value of which batch was bad.
     - `name`: the default stage name of a run (`lm`, `masked_diffusion`, `dpo`, ...).
     """
 
@@ -51,6 +54,12 @@ class Objective(eqx.Module):
     @abc.abstractmethod
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> Artifact:
         """The scoring artifact of one coordinated batch."""
+
+    def check_batch(self, batch: Batch) -> None:
+        """Run the batch checks of `loss` and `evaluate` on a concrete `batch` and raise
+        their `ValueError`. The default checks nothing; every built-in objective
+        overrides it with the checks its own methods run (traced, those checks are
+        `eqx.error_if`, whose failure reaches the user only through this method)."""
 
     def preview(
         self,
@@ -86,7 +95,8 @@ def check_token_batch(
 ) -> Array:
     """Check a token array before any compute: integer dtype, 2 axes, rows of at
     least `min_length` IDs, every ID in `[0, vocab_size)`. Concrete arrays are
-    checked on the host with a `ValueError`; traced ones with `eqx.error_if`."""
+    checked on the host with a `ValueError`; traced ones with `eqx.error_if` (see
+    `dew._checks.error_if`)."""
     dtype = getattr(tokens, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
         raise ValueError(
@@ -102,17 +112,12 @@ def check_token_batch(
             f"{kind} needs rows of at least {min_length} token IDs in batch[{field!r}], "
             f"got rows of {tokens.shape[1]}."
         )
-    if isinstance(tokens, jax.core.Tracer):
-        bad = jnp.logical_or(tokens < 0, tokens >= vocab_size).any()
-        return eqx.error_if(
-            tokens, bad, f"{kind}: batch[{field!r}] holds token IDs outside [0, {vocab_size})."
-        )
-    host = np.asarray(tokens)
-    outside = (host < 0) | (host >= vocab_size)
-    if outside.any():
-        row, column = np.argwhere(outside)[0]
-        raise ValueError(
-            f"{kind}: batch[{field!r}] holds token ID {int(host[row, column])} at row {row}, "
-            f"position {column}; valid IDs are 0 to {vocab_size - 1} (vocab_size={vocab_size})."
-        )
-    return jnp.asarray(tokens)
+    checked = check_ids(
+        tokens,
+        vocab_size,
+        subject=f"{kind}: batch[{field!r}]",
+        noun="token ID",
+        size_name="vocab_size",
+        axes=("row", "position"),
+    )
+    return jnp.asarray(checked)

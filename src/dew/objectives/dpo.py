@@ -6,9 +6,9 @@ import numbers
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from dew._checks import check_integer, error_if
 from dew.artifacts import TokenRows, TokenScores
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
@@ -105,11 +105,8 @@ class DPOObjective(Objective):
                 f"{self.reference.vocab_size} for the reference and {self.policy.vocab_size} "
                 "for the policy."
             )
-        if self.pad_id is not None and (
-            isinstance(self.pad_id, bool)
-            or not isinstance(self.pad_id, numbers.Integral)
-            or not 0 <= self.pad_id < self.policy.vocab_size
-        ):
+        check_integer("DPOObjective.pad_id", self.pad_id, minimum=0, optional=True)
+        if self.pad_id is not None and self.pad_id >= self.policy.vocab_size:
             raise ValueError(
                 f"DPOObjective.pad_id must be None or a token ID in "
                 f"[0, {self.policy.vocab_size}), got {self.pad_id!r}."
@@ -175,6 +172,13 @@ class DPOObjective(Objective):
             )
         return tokens.astype(jnp.int32), jnp.asarray(mask)
 
+    def check_batch(self, batch: Batch) -> None:
+        if "rejected" in batch:
+            self._pairs(batch)
+        else:  # a batch only `evaluate` reads
+            tokens, mask = self._side(batch, "chosen")
+            self._counted(tokens, mask, "chosen")
+
     def _counted(self, tokens: Array, prompt_mask: Array, side: str) -> Float[Array, "rows t"]:
         """1.0 on counted target positions `1 .. length - 1`, else 0.0; every row
         needs one."""
@@ -186,11 +190,9 @@ class DPOObjective(Objective):
             f"DPOObjective: a row of batch[{side!r}] has no counted response token (every "
             "position after the first is a prompt token or pad_id)."
         )
-        if isinstance(empty, jax.core.Tracer):
-            counted = eqx.error_if(counted, empty.any(), message)
-        elif np.asarray(empty).any():
-            row = int(np.argmax(np.asarray(empty)))
-            raise ValueError(f"{message[:-1]}: row {row}.")
+        counted = error_if(
+            counted, empty, message, first=lambda row: f"{message[:-1]}: row {row[0]}."
+        )
         return jnp.where(counted, 1.0, 0.0).astype(jnp.float32)
 
     def _pairs(self, batch: Batch) -> tuple[Array, Array]:

@@ -8,9 +8,9 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from dew._checks import check_ids, check_integer
 from dew.artifacts import TokenRows
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
@@ -209,12 +209,8 @@ class GRPOObjective(Objective):
                 f"GRPOObjective.reward_fn must be a function (prompts, completions) -> rewards, "
                 f"got {self.reward_fn!r}."
             )
-        for field, least in (("group_size", 2), ("max_new_tokens", 1)):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-                raise ValueError(
-                    f"GRPOObjective.{field} must be an integer >= {least}, got {value!r}."
-                )
+        check_integer("GRPOObjective.group_size", self.group_size, minimum=2)
+        check_integer("GRPOObjective.max_new_tokens", self.max_new_tokens, minimum=1)
         if not _real(self.clip_epsilon, allow_zero=False):
             raise ValueError(
                 f"GRPOObjective.clip_epsilon must be a finite real > 0, got {self.clip_epsilon!r}."
@@ -379,20 +375,21 @@ class GRPOObjective(Objective):
         return prompts, completions, jnp.asarray(old).astype(jnp.float32), rewards
 
     def _check_completion_ids(self, completions: Array) -> Array:
-        vocab_size = self.policy.vocab_size
-        message = f"GRPOObjective: batch['completions'] holds token IDs outside [0, {vocab_size})"
-        if isinstance(completions, jax.core.Tracer):
-            bad = jnp.logical_or(completions < 0, completions >= vocab_size).any()
-            return eqx.error_if(completions.astype(jnp.int32), bad, message + ".")
-        host = np.asarray(completions)
-        outside = (host < 0) | (host >= vocab_size)
-        if outside.any():
-            row, member, position = np.argwhere(outside)[0]
-            raise ValueError(
-                f"{message}: ID {int(host[row, member, position])} at row {row}, group member "
-                f"{member}, position {position}; valid IDs are 0 to {vocab_size - 1}."
-            )
-        return jnp.asarray(completions).astype(jnp.int32)
+        checked = check_ids(
+            completions,
+            self.policy.vocab_size,
+            subject="GRPOObjective: batch['completions']",
+            noun="token ID",
+            size_name="vocab_size",
+            axes=("row", "group member", "position"),
+        )
+        return jnp.asarray(checked).astype(jnp.int32)
+
+    def check_batch(self, batch: Batch) -> None:
+        if "completions" in batch or "old_log_probs" in batch:
+            self._precomputed(batch)
+        else:
+            self._prompts(batch, self.max_new_tokens, "max_new_tokens")
 
     def loss(
         self, params: PyTree, batch: Batch, key: PRNGKeyArray

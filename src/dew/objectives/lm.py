@@ -1,12 +1,11 @@
 """Next-token language modelling with teacher forcing."""
 
-import numbers
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
+from dew._checks import check_integer
 from dew.artifacts import TokenRows, TokenScores
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
@@ -52,9 +51,8 @@ class LMObjective(Objective):
     name: str = eqx.field(static=True, default="lm")
 
     def __check_init__(self) -> None:
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, numbers.Integral):
-            raise ValueError(f"LMObjective.seq_len must be an integer, got {self.seq_len!r}.")
-        if not 1 <= self.seq_len <= self.model.max_seq_len:
+        check_integer("LMObjective.seq_len", self.seq_len, minimum=1)
+        if self.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"LMObjective.seq_len must be between 1 and the model's max_seq_len "
                 f"({self.model.max_seq_len}), got {self.seq_len}."
@@ -65,6 +63,7 @@ class LMObjective(Objective):
                 f"continuation, got prompt_len {self.prompt_len} and max_seq_len "
                 f"{self.model.max_seq_len}."
             )
+        check_integer("LMObjective.pad_id", self.pad_id, minimum=0, optional=True)
         if self.pad_id is not None and not 0 <= self.pad_id < self.model.vocab_size:
             raise ValueError(
                 f"LMObjective.pad_id must be a token ID in [0, {self.model.vocab_size}), "
@@ -100,6 +99,9 @@ class LMObjective(Objective):
             min_length=self.seq_len + 1,
         )
         return tokens[:, : self.seq_len + 1]
+
+    def check_batch(self, batch: Batch) -> None:
+        self._tokens(batch)
 
     def scores(self, params: PyTree, batch: Batch) -> TokenScores:
         """Per-position losses, target weights and argmax correctness of one batch."""

@@ -1,6 +1,5 @@
 """Absorbing-state masked diffusion over token rows (MDLM, Sahoo et al. 2024)."""
 
-import math
 import numbers
 from collections.abc import Callable
 
@@ -9,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from dew._checks import check_integer
 from dew.artifacts import TokenRows
 from dew.nn.backbones.bidirectional_transformer import BidirectionalTransformer
 from dew.objectives.base import (
@@ -100,13 +100,6 @@ def ancestral_sample(
     return jax.lax.fori_loop(0, steps, step, start)
 
 
-def _check_integer(field: str, value: object, low: int, high: int | float, allowed: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"MaskedDiffusionObjective.{field} must be an integer, got {value!r}.")
-    if not low <= value <= high:
-        raise ValueError(f"MaskedDiffusionObjective.{field} must be {allowed}, got {value}.")
-
-
 class MaskedDiffusionObjective(Objective):
     """Absorbing-state masked diffusion (MDLM) with the linear schedule `alpha_t = 1 - t`.
 
@@ -158,16 +151,14 @@ class MaskedDiffusionObjective(Objective):
                 "MaskedDiffusionObjective needs a BidirectionalTransformer denoiser (non-causal, "
                 f"with a mask token), got {type(self.model).__name__}."
             )
-        max_seq_len = self.model.max_seq_len
-        _check_integer(
-            "seq_len",
-            self.seq_len,
-            1,
-            max_seq_len,
-            f"between 1 and the model's max_seq_len ({max_seq_len})",
-        )
-        _check_integer("sampling_steps", self.sampling_steps, 1, math.inf, ">= 1")
-        _check_integer("preview_count", self.preview_count, 1, math.inf, ">= 1")
+        check_integer("MaskedDiffusionObjective.seq_len", self.seq_len, minimum=1)
+        if self.seq_len > self.model.max_seq_len:
+            raise ValueError(
+                "MaskedDiffusionObjective.seq_len must be between 1 and the model's max_seq_len "
+                f"({self.model.max_seq_len}), got {self.seq_len}."
+            )
+        check_integer("MaskedDiffusionObjective.sampling_steps", self.sampling_steps, minimum=1)
+        check_integer("MaskedDiffusionObjective.preview_count", self.preview_count, minimum=1)
         epsilon = self.time_epsilon
         if (
             isinstance(epsilon, bool)
@@ -201,6 +192,9 @@ class MaskedDiffusionObjective(Objective):
             min_length=self.seq_len,
         )
         return tokens[:, : self.seq_len].astype(jnp.int32)
+
+    def check_batch(self, batch: Batch) -> None:
+        self._tokens(batch)
 
     def corrupt(
         self, tokens: Int[Array, "rows seq"], key: PRNGKeyArray

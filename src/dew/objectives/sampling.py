@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from dew._checks import check_integer
+
 __all__ = ["Samples", "sample_continuations"]
 
 
@@ -39,14 +41,10 @@ class Samples:
             raise ValueError(f"Samples.temperature must be >= 0, got {self.temperature!r}.")
         for field in ("max_new_tokens", "num_samples"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Samples.{field} must be an integer >= 1, got {value!r}.")
+            check_integer(f"Samples.{field}", value, minimum=1)
         for field in ("top_k", "prompt_len"):
             value = getattr(self, field)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise ValueError(f"Samples.{field} must be None or an integer >= 1, got {value!r}.")
+            check_integer(f"Samples.{field}", value, minimum=1, optional=True)
 
 
 def _next_token(

@@ -7,6 +7,7 @@ import math
 import numbers
 from typing import SupportsFloat
 
+from dew._checks import check_integer
 from dew.naming import Split, check_metric_name
 
 __all__ = ["EarlyStopper", "EarlyStopping"]
@@ -69,10 +70,7 @@ class EarlyStopper:
         check_metric_name(self.metric)
         if self.mode not in ("min", "max"):
             raise ValueError(f"mode {self.mode!r} is not one of 'min', 'max'.")
-        if isinstance(self.patience, bool) or not isinstance(self.patience, numbers.Integral):
-            raise TypeError(f"patience must be an integer, got {self.patience!r}.")
-        if self.patience < 0:
-            raise ValueError(f"patience must be >= 0, got {self.patience}.")
+        check_integer("patience", self.patience, minimum=0)
         try:
             object.__setattr__(self, "source", Split(self.source))
         except ValueError:

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
+from dew._checks import check_integer
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew.events import (
     EPOCH_END,
@@ -159,8 +160,7 @@ def run_supervised(
     checks the params once before returning them; `"continue"` trains on.
     """
     check_name("stage", stage)
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}.")
+    check_integer("epochs", epochs, minimum=0)
     raising = raises_on_nonfinite(on_nonfinite)
     transformation = optimizer.transformation
     static = eqx.filter(model, eqx.is_inexact_array, inverse=True)

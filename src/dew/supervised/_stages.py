@@ -21,6 +21,7 @@ import optax
 from jax.scipy.stats import norm
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
+from dew._checks import check_integer
 from dew.events import EventSink
 from dew.naming import check_name
 from dew.objectives.base import combine
@@ -224,8 +225,7 @@ class GaussianValidation(HeldOutValidation):
 
 
 def _check_epochs(epochs: int) -> None:
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}.")
+    check_integer("epochs", epochs, minimum=1)
 
 
 def _train(

@@ -3,7 +3,6 @@
 import contextlib
 import dataclasses
 import functools
-import numbers
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -17,6 +16,7 @@ import optax
 from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
+from dew._checks import batch_error, check_integer
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew.data import Dataset, Partition
@@ -35,14 +35,6 @@ __all__ = ["Trainer"]
 
 TRAIN_DOMAIN = 0x7A1
 PREVIEW_NAME = "samples"
-
-
-def _positive(name: str, value: Any, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        allowed = "None or an integer >= 1" if optional else "an integer >= 1"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}.")
 
 
 def _step_function(objective_def: Any, static: Any, optimizer: optax.GradientTransformation):
@@ -191,11 +183,11 @@ class Trainer:
           standard error is a terminal, shows a progress bar (step, loss, steps/s)
           over the fit and over each evaluation pass.
         """
-        _positive("steps", steps)
-        _positive("log_every", log_every)
-        _positive("eval_every", eval_every, optional=True)
-        _positive("checkpoint_every", checkpoint_every, optional=True)
-        _positive("steps_per_call", steps_per_call)
+        check_integer("steps", steps, minimum=1)
+        check_integer("log_every", log_every, minimum=1)
+        check_integer("eval_every", eval_every, minimum=1, optional=True)
+        check_integer("checkpoint_every", checkpoint_every, minimum=1, optional=True)
+        check_integer("steps_per_call", steps_per_call, minimum=1)
         raising = raises_on_nonfinite(on_nonfinite)
         for name, every in (
             ("log_every", log_every),
@@ -359,6 +351,9 @@ class Trainer:
         step = start  # the last completed step
         outputs = None  # the last call's training metrics, still on the device
         done_before = engine.stopping is not None and engine.stopping.stop
+        # The batches drawn since the step's outputs were last fetched: a check inside the
+        # compiled step fails asynchronously, so its error may surface a few calls later.
+        unsynced: list[Any] = []
         with engine.running(
             start=start, steps=steps, completed=lambda: _completed(current(), step)
         ):
@@ -369,6 +364,7 @@ class Trainer:
                     aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
                     block = steps_per_call if aligned else 1
                     drawn = [_draw(batches, step + offset, steps) for offset in range(1, block + 1)]
+                    unsynced.extend(drawn)
                     window.before(step + 1)
                     if block == 1:
                         leaves, outputs = self._step(
@@ -386,6 +382,7 @@ class Trainer:
                         values = {
                             name: float(value) for name, value in jax.device_get(outputs).items()
                         }
+                        unsynced.clear()
                         engine.report(STEP_END, Split.TRAIN, step, values)
                         look(step, values)  # a non-finite loss is reported, then raises
                         stop = engine.judge(Split.TRAIN, step, values)
@@ -400,6 +397,12 @@ class Trainer:
                         checkpoint(step, outputs)
                     if stop:
                         break
+                jax.block_until_ready(leaves)  # a failure of the last steps surfaces here
+            except Exception:
+                explained = batch_error(self.objective, unsynced)
+                if explained is None:  # the batches are fine: a real error, unchanged
+                    raise
+                raise explained from None
             finally:
                 window.close(leaves)
             if checkpoints is not None and saved_step != int(current().step):

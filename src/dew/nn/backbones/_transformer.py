@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from dew._checks import check_integer
+
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "COMPUTE_DTYPES", "TransformerStack"]
 
 ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn")
@@ -34,8 +36,7 @@ def check_configuration(
         ("mlp_features", mlp_features),
         ("max_seq_len", max_seq_len),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{kind}.{field} must be an integer >= 1, got {value!r}.")
+        check_integer(f"{kind}.{field}", value, minimum=1)
     if emb_features % num_heads:
         raise ValueError(
             f"{kind}.emb_features ({emb_features}) must be divisible by num_heads ({num_heads})."

@@ -1,0 +1,214 @@
+"""Checks of user input shared by the whole package: integers, host-or-traced
+conditions on arrays, and the translation of a compiled call's failure into the
+host-side `ValueError` of the batch that caused it."""
+
+import contextlib
+import logging
+import numbers
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "NotAnIntegerError",
+    "batch_error",
+    "check_ids",
+    "check_integer",
+    "error_if",
+    "explain_failure",
+]
+
+
+def _not_a_failed_check(record: logging.LogRecord) -> bool:
+    """False for JAX's log of a failed `eqx.error_if` check: the same error is raised
+    to the caller of the compiled call (which `explain_failure` translates), so the
+    log would only print its Equinox traceback a second time."""
+    error = record.exc_info[1] if record.exc_info else None
+    return type(error).__name__ != "_EquinoxRuntimeError"
+
+
+logging.getLogger("jax._src.callback").addFilter(_not_a_failed_check)
+
+
+class NotAnIntegerError(TypeError, ValueError):
+    """A value that should be an integer is not one: a `TypeError` by kind and a
+    `ValueError` as bad input, so either `except` clause catches it."""
+
+
+def check_integer(
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    optional: bool = False,
+) -> Any:
+    """Check that `value` is an integer in `[minimum, maximum]` and return it as a Python `int`.
+
+    Python ints and NumPy/JAX integer scalars are integers alike; `bool`, floats
+    (even `3.0`), strings and arrays with axes are not. With `optional=True`,
+    `None` passes (and is returned).
+
+    **Raises:** one message form, `"<name> must be <allowed>, got <value>."`: a
+    `NotAnIntegerError` (both a `TypeError` and a `ValueError`) for a value of the wrong
+    type, a `ValueError` for an integer out of range.
+
+    ```python
+    >>> import numpy as np
+    >>> check_integer("steps", np.int64(3), minimum=1)
+    3
+    >>> check_integer("steps", True, minimum=1)
+    Traceback (most recent call last):
+    ...
+    dew._checks.NotAnIntegerError: steps must be an integer >= 1, got True.
+
+    ```
+    """
+    if optional and value is None:
+        return None
+    integral = not isinstance(value, bool | np.bool_) and (
+        isinstance(value, numbers.Integral)
+        or (
+            isinstance(value, np.ndarray | jax.Array)
+            and value.shape == ()
+            and jnp.issubdtype(value.dtype, jnp.integer)
+            and not isinstance(value, jax.core.Tracer)
+        )
+    )
+    message = f"{name} must be {_allowed(minimum, maximum, optional)}, got {value!r}."
+    if not integral:
+        raise NotAnIntegerError(message)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(message)
+    return int(value)
+
+
+def _allowed(minimum: int | None, maximum: int | None, optional: bool) -> str:
+    if minimum is not None and maximum is not None:
+        allowed = f"an integer between {minimum} and {maximum}"
+    elif minimum is not None:
+        allowed = f"an integer >= {minimum}"
+    elif maximum is not None:
+        allowed = f"an integer <= {maximum}"
+    else:
+        allowed = "an integer"
+    return f"None or {allowed}" if optional else allowed
+
+
+def error_if(
+    value: Any,
+    bad: Any,
+    message: str,
+    *,
+    first: Callable[[tuple[int, ...]], str] | None = None,
+) -> Any:
+    """Return `value`, or raise `ValueError` where any entry of `bad` holds.
+
+    On concrete arrays this is a host check: the `ValueError` reads `message`, or
+    `first(index)` for the index of the first bad entry when given. Where either
+    is traced it becomes `eqx.error_if(value, any(bad), message)`, which raises
+    when the compiled call runs; `explain_failure` turns that failure back into
+    the host check's `ValueError`.
+    """
+    if isinstance(bad, jax.core.Tracer) or isinstance(value, jax.core.Tracer):
+        return eqx.error_if(value, jnp.any(bad), message)
+    host = np.asarray(bad)
+    if host.any():
+        if first is None:
+            raise ValueError(message)
+        raise ValueError(first(tuple(int(i) for i in np.argwhere(host)[0])))
+    return value
+
+
+def check_ids(
+    values: Any,
+    size: int,
+    *,
+    subject: str,
+    noun: str,
+    size_name: str,
+    axes: Sequence[str],
+) -> Any:
+    """Check that every entry of integer `values` lies in `[0, size)`; return `values`.
+
+    The host message names the first bad value and its position along `axes`:
+    `"<subject> holds token ID 70 at row 3, position 5; valid IDs are 0 to 63
+    (vocab_size=64)."` for `noun="token ID"`, `size_name="vocab_size"`; the traced
+    one (see `error_if`) says the same without the value.
+    """
+    allowed = f"valid {noun.split()[-1]}s are 0 to {size - 1} ({size_name}={size})"
+
+    def first(index: tuple[int, ...]) -> str:
+        where = ", ".join(f"{axis} {i}" for axis, i in zip(axes, index, strict=True))
+        return f"{subject} holds {noun} {int(np.asarray(values)[index])} at {where}; {allowed}."
+
+    if isinstance(values, jax.core.Tracer):
+        bad = jnp.logical_or(values < 0, values >= size)
+    else:
+        host = np.asarray(values)
+        bad = (host < 0) | (host >= size)
+    message = f"{subject} holds {noun}s outside [0, {size}); {allowed}."
+    return error_if(values, bad, message, first=first)
+
+
+def batch_error(objective: Any, batches: Any) -> ValueError | None:
+    """The host-side `ValueError` of the first of `batches` that fails
+    `objective.check_batch`, or `None` when every one passes.
+
+    `batches` is one batch (a mapping) or an iterable of them; it is only read here,
+    so a list that grew since it was handed over is read as it is now.
+    """
+    if isinstance(batches, Mapping):
+        batches = [batches]
+    for batch in batches:
+        try:
+            objective.check_batch(_as_called(batch))
+        except ValueError as error:
+            return error
+        except Exception:
+            continue
+    return None
+
+
+def _as_called(batch: Any) -> Any:
+    """A batch as the compiled call saw it: NumPy arrays become (concrete) JAX arrays, so
+    the checks take their host branch on the same types `loss` and `evaluate` read."""
+    return jax.tree.map(
+        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf, batch
+    )
+
+
+@contextlib.contextmanager
+def explain_failure(objective: Any, batches: Iterable[Any] | Mapping[str, Any]) -> Iterator[None]:
+    """Around a compiled call (or the point where its outputs are synchronised):
+    when it raises, re-run `objective.check_batch` on `batches` on the host and
+    raise the first check's `ValueError` instead, `from None`, so no JAX or
+    Equinox runtime text reaches the user. When every batch passes, the original
+    error propagates unchanged. Nothing runs unless the body raises.
+
+    ```python
+    >>> import jax, numpy as np
+    >>> from dew.nn.backbones.causal_transformer import CausalTransformer
+    >>> from dew.objectives.lm import LMObjective
+    >>> objective = LMObjective(CausalTransformer(4, 16, 1, 2, 32, 16), seq_len=8)
+    >>> batch = {"text": np.full((2, 9), 7, np.int32)}
+    >>> loss = jax.jit(objective.loss)
+    >>> with explain_failure(objective, batch):
+    ...     loss(objective.init_params(), batch, jax.random.key(0))
+    Traceback (most recent call last):
+    ...
+    ValueError: LMObjective: batch['text'] holds token ID 7 at row 0, position 0; valid IDs ...
+
+    ```
+    """
+    try:
+        yield
+    except Exception:
+        explained = batch_error(objective, batches)
+        if explained is None:
+            raise
+        raise explained from None
