@@ -239,6 +239,6 @@ def test_trackers_check_names_and_steps_before_any_tracker_is_called():
     tracker = Trackers(first, second)
     with pytest.raises(ValueError, match=r"artifact name '\.\.' may not be"):
         tracker.log_artifact("..", "x", step=1)
-    with pytest.raises(ValueError, match="step must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="step must be an integer >= 0, got -1"):
         tracker.log_metrics({"lm/train/loss": 1.0}, step=-1)
     assert first.artifacts == second.artifacts == {} and first.scalars == second.scalars == {}
