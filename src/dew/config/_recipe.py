@@ -137,6 +137,9 @@ def train_run(
     checkpoints, folder = run_folder(config, name)
     record = _record(config)
     _check_same_run(folder, record)
+    # A file where a folder goes fails here, before training, not in orbax's save threads.
+    for needed in (folder, *(() if is_uri(checkpoints) else (pathlib.Path(checkpoints),))):
+        needed.mkdir(parents=True, exist_ok=True)
     seed = jax.random.key(settings.seed)
     built = build_objective(config, objective, jax.random.fold_in(seed, MODEL_DOMAIN))
     if data is None:
@@ -176,9 +179,16 @@ def config_from_run_record(path: str | os.PathLike[str]) -> "RunConfig":
         path = path / "run.json"
     if not path.exists():
         raise FileNotFoundError(f"no run.json at {str(path)!r}: is this a run folder?")
-    saved = json.loads(path.read_text())
-    if saved.get("type") != "run_record":
-        raise ValueError(f"{path} holds a {saved.get('type')!r} record, not a run_record.")
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not a run record: it is not valid JSON ({error}).") from None
+    if not isinstance(saved, dict) or saved.get("type") != "run_record":
+        held = saved.get("type") if isinstance(saved, dict) else type(saved).__name__
+        raise ValueError(f"{path} holds a {held!r} record, not a run_record.")
+    missing = [key for key in ("model", "data", "optimizer", "trainer") if key not in saved]
+    if missing:
+        raise ValueError(f"{path} is a run_record without {', '.join(map(repr, missing))}.")
     plain = {
         "model": saved["model"],
         "data": saved["data"],

@@ -299,6 +299,14 @@ def _check_paths(config: RunConfig, space: Space) -> None:
                 raise
 
 
+def _checked_space(config: RunConfig, space: Mapping[str, Any]) -> Space:
+    """`space` normalized, every path and value applied to `config` (what `sweep` checks
+    before anything is written; the `dew` command checks it before opening its tracker)."""
+    normalized = _normalize_space(space)
+    _check_paths(config, normalized)
+    return normalized
+
+
 # -- trials and search backends ---------------------------------------------------------------
 
 
@@ -1053,8 +1061,7 @@ def sweep(
         )
     if not callable(train):
         raise TypeError(f"train must be a callable taking a RunConfig, got {train!r}.")
-    normalized = _normalize_space(space)
-    _check_paths(config, normalized)
+    normalized = _checked_space(config, space)
     search.check(normalized)
 
     with _Ledger(ledger, _space_json(normalized), search.name, config.to_dict()) as book:
