@@ -65,6 +65,7 @@ import math
 import numbers
 import os
 import pathlib
+import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from typing import Any
@@ -83,6 +84,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "LEDGER_VERSION",
+    "OWNER_ATTR",
     "VALUE_TAG",
     "Choice",
     "GridSearch",
@@ -107,6 +109,8 @@ TRIAL_FINISHED = "trial_finished"
 _RESERVED = ("NaN", "+Inf", "-Inf")
 _HPO_HINT = 'pip install "dew-ml[hpo]"'
 _HEX = frozenset("0123456789abcdef")
+OWNER_ATTR = "dew.ledger"
+"""The Optuna user attribute naming the ledger (`host:absolute path`) a trial was asked for."""
 
 
 # -- the space --------------------------------------------------------------------------------
@@ -327,7 +331,8 @@ class SearchRun(abc.ABC):
     `ask(taken)` proposes the next trial as `(index, point)`, or `None` when the search has
     nothing more to propose; `taken` holds the indices the ledger already has (finished or
     being trained), which a proposal must avoid. `tell(trial)` reports a finished trial.
-    `close()` releases what the run holds.
+    `unfinished(finished)` names the indices still missing at the end; `close()` releases
+    what the run holds.
     """
 
     @abc.abstractmethod
@@ -336,6 +341,12 @@ class SearchRun(abc.ABC):
 
     def tell(self, trial: Trial) -> None:  # noqa: B027  (optional hook)
         """Report a finished trial (by default nothing is told)."""
+
+    def unfinished(self, finished: Set[int]) -> list[int]:
+        """The indices this search handed out, or must hand out, that `finished` (the
+        ledger's finished indices) lacks once `ask` returned `None` (by default none); the
+        sweep fails naming them unless a live process is still training them."""
+        return []
 
     def close(self) -> None:  # noqa: B027  (optional hook)
         """Release what the run holds (by default nothing)."""
@@ -409,6 +420,9 @@ class _IndexedRun(SearchRun):
         if self.cursor >= self.limit:
             return None
         return self.cursor, self.search.point(self.space, self.cursor)
+
+    def unfinished(self, finished: Set[int]) -> list[int]:
+        return [index for index in range(self.limit) if index not in finished]
 
 
 def _check_seed(seed: Any) -> int:
@@ -596,8 +610,11 @@ class OptunaSearch(Search):
         trials: int,
         finished: Sequence[Trial],
         running: Sequence[tuple[int, dict[str, Any]]],
+        owner: str | None = None,
     ) -> SearchRun:
-        return _OptunaRun(self, space, trials, finished, running)
+        """Begin proposing trials; `owner` names the ledger (`sweep` passes it), which each
+        trial records as user attribute `OWNER_ATTR` from the moment the study creates it."""
+        return _OptunaRun(self, space, trials, finished, running, owner)
 
 
 class _OptunaRun(SearchRun):
@@ -608,8 +625,11 @@ class _OptunaRun(SearchRun):
         trials: int,
         finished: Sequence[Trial],
         running: Sequence[tuple[int, dict[str, Any]]],
+        owner: str | None,
     ) -> None:
         optuna = self.optuna = _import_optuna()
+        self.owner = owner
+        self.orphans: list[int] = []
         distributions = optuna.distributions
         self.distributions = {}
         for path, spec in space.items():
@@ -646,6 +666,7 @@ class _OptunaRun(SearchRun):
         existing = {trial.number: trial for trial in self.study.get_trials(deepcopy=False)}
         if existing:
             self._reconcile(existing, finished, running, where)
+            self._adopt_orphans(existing, finished, running)
         else:
             self._replay(finished, running)
 
@@ -696,10 +717,69 @@ class _OptunaRun(SearchRun):
             if existing[trial.index].state == self.optuna.trial.TrialState.RUNNING:
                 self.tell(trial)
 
+    def _owned(self, trial: Any) -> bool:
+        return self.owner is not None and trial.user_attrs.get(OWNER_ATTR) == self.owner
+
+    def _adopt_orphans(
+        self,
+        existing: Mapping[int, Any],
+        finished: Sequence[Trial],
+        running: Sequence[tuple[int, dict[str, Any]]],
+    ) -> None:
+        """Trials this ledger's processes created that are still running in the study but
+        are in neither part of the ledger: a process died between creating one and
+        recording it. Both happen under the ledger's lock, which the caller holds, so no
+        live process owns them. Those inside the budget are asked for again (first, at their
+        number, with the parameters the study already holds); the others are failed."""
+        recorded = {trial.index for trial in finished} | {index for index, _ in running}
+        for number, trial in sorted(existing.items()):
+            if (
+                trial.state != self.optuna.trial.TrialState.RUNNING
+                or number in recorded
+                or not self._owned(trial)
+            ):
+                continue
+            if number < self.trials:
+                self.orphans.append(number)
+            else:
+                self.study.tell(number, state=self.optuna.trial.TrialState.FAIL)
+
+    def _suggest(self, trial: Any) -> dict[str, Any]:
+        """Every path's value in `trial`: the one it holds, or the sampler's draw."""
+        distributions = self.optuna.distributions
+        point = {}
+        for path, spec in self.distributions.items():
+            if isinstance(spec, distributions.CategoricalDistribution):
+                point[path] = trial.suggest_categorical(path, spec.choices)
+            elif isinstance(spec, distributions.FloatDistribution):
+                point[path] = trial.suggest_float(path, spec.low, spec.high, log=spec.log)
+            else:
+                point[path] = trial.suggest_int(path, spec.low, spec.high, log=spec.log)
+        return point
+
+    def _create(self) -> Any:
+        """`study.ask()`, except that the trial is created already carrying its owner, in
+        the storage's one insert: a process killed at any moment after leaves a trial a
+        rerun can tell as its own."""
+        storage, study_id = self.study._storage, self.study._study_id
+        template = self.optuna.trial.create_trial(
+            state=self.optuna.trial.TrialState.RUNNING,
+            user_attrs={} if self.owner is None else {OWNER_ATTR: self.owner},
+        )
+        trial_id = storage.create_new_trial(study_id, template_trial=template)
+        return self.optuna.trial.Trial(self.study, trial_id)
+
     def ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:
+        while self.orphans:
+            number = self.orphans.pop(0)
+            if number in taken:
+                continue
+            storage, study_id = self.study._storage, self.study._study_id
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            return number, self._suggest(self.optuna.trial.Trial(self.study, trial_id))
         if len(self.study.get_trials(deepcopy=False)) >= self.trials:
             return None
-        trial = self.study.ask(self.distributions)
+        trial = self._create()
         if trial.number >= self.trials or trial.number in taken:
             self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             if trial.number >= self.trials:
@@ -709,7 +789,19 @@ class _OptunaRun(SearchRun):
                 "processes sharing a ledger must share an Optuna storage "
                 "(optuna_search(storage=..., study_name=...))."
             )
-        return trial.number, {path: trial.params[path] for path in self.distributions}
+        return trial.number, self._suggest(trial)
+
+    def unfinished(self, finished: Set[int]) -> list[int]:
+        """The trials inside the budget this ledger's processes created that are still
+        running in the study and absent from `finished`."""
+        return [
+            trial.number
+            for trial in self.study.get_trials(deepcopy=False)
+            if trial.number < self.trials
+            and trial.number not in finished
+            and trial.state == self.optuna.trial.TrialState.RUNNING
+            and self._owned(trial)
+        ]
 
     def tell(self, trial: Trial) -> None:
         if math.isnan(trial.value):
@@ -785,6 +877,7 @@ class _Ledger:
         config: dict[str, Any],
     ) -> None:
         self.path = pathlib.Path(path)
+        self.owner = f"{socket.gethostname()}:{self.path.absolute()}"
         self.space, self.search = space, search
         self.config = json.loads(_dumps(config))  # as the ledger's JSON reads back
         self._header = (
@@ -1078,15 +1171,33 @@ def sweep(
                 trials=trials,
                 finished=[trial for _, trial in sorted(state.finished.items())],
                 running=resume,
+                **({"owner": book.owner} if isinstance(search, OptunaSearch) else {}),
             )
             if not book.path.exists():
                 book.store(state)  # record the space and search before anything trains
         try:
             _run_trials(config, name, book, run, resume, train, tracker)
+            with book.locked():
+                finished = book.load().finished
+                _check_complete(book, run, finished)
         finally:
             run.close()
-        with book.locked():
-            return [trial for _, trial in sorted(book.load().finished.items())]
+        return [trial for _, trial in sorted(finished.items())]
+
+
+def _check_complete(book: _Ledger, run: SearchRun, finished: Mapping[int, Trial]) -> None:
+    """Under the lock: fail naming the indices the search handed out but nobody finished,
+    unless a live process still trains them (it holds their claim)."""
+    missing = []
+    for index in run.unfinished(frozenset(finished)):
+        if book.claim(index):  # no live process holds it
+            book.release(index)
+            missing.append(index)
+    if missing:
+        raise RuntimeError(
+            f"the sweep of ledger {str(book.path)!r} ended with trials {missing} unfinished "
+            "and no live process training them; run the sweep again to train them."
+        )
 
 
 def _run_trials(
