@@ -3,8 +3,10 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -377,3 +379,55 @@ def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
     assert capsys.readouterr().err == (
         "dew train: interrupted; run the same command again to resume\n"
     )
+
+
+def _interrupt(command, cwd, ready, sent=signal.SIGINT):
+    """Start `command`, wait until `ready()`, send `sent`; its exit status and stderr."""
+    environment = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    process = subprocess.Popen(
+        command, cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not ready():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the run never got ready"
+        time.sleep(0.05)
+    process.send_signal(sent)
+    _, errors = process.communicate(timeout=120)
+    return process.returncode, errors
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_dew_train_leaves_a_resumable_run(tmp_path):
+    from dew.checkpoints import Checkpointer
+
+    every = 3000  # Ctrl-C between two saves: one landing in orbax's save threads is theirs
+    path, _ = _write_config(
+        tmp_path, steps=1_000_000, eval_every=None, log_every=30, checkpoint_every=every
+    )
+    folder = tmp_path / "runs" / "tiny"
+    command = [sys.executable, "-m", "dew.cli", "train", str(path), "--quiet"]
+
+    def lines(name):
+        journal = folder / name
+        return journal.read_text().splitlines() if journal.exists() else []
+
+    def fit_starts():
+        return [json.loads(line) for line in lines("records.jsonl") if '"fit_started"' in line]
+
+    def past_the_first_save():
+        steps = [json.loads(line)["step"] for line in lines("scalars.jsonl")[-1:]]
+        return (folder / "checkpoints" / str(every)).is_dir() and steps[0] >= every + 60
+
+    status, errors = _interrupt(command, tmp_path, past_the_first_save)
+    assert status == 130, errors
+    assert errors == "dew train: interrupted; run the same command again to resume\n"
+    with Checkpointer(folder / "checkpoints") as saved:
+        step = saved.latest_step()
+    assert step is not None and step >= every
+    ended = [record for _, _, record in read_journal(folder).records if record.type == "fit_ended"]
+    assert [record.status for record in ended] == ["interrupted"]
+
+    # The same command resumes the run (killed once it has: it would train a million steps).
+    _interrupt(command, tmp_path, lambda: len(fit_starts()) == 2, sent=signal.SIGKILL)
+    assert fit_starts()[1]["record"]["start_step"] >= step
