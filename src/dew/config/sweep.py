@@ -554,7 +554,9 @@ class OptunaSearch(Search):
     persists, and several worker processes running the same sweep call split its trials:
     the storage hands out each trial number once, and a worker that draws a number at or
     beyond the budget tells it as failed and stops. Workers may share one ledger path on one
-    machine (writes are locked), or keep one ledger each.
+    machine (writes are locked), or keep one ledger each. Each trial is created carrying its
+    ledger's name (user attribute `OWNER_ATTR`), so a rerun trains at its number a trial a
+    killed worker created but never recorded, and never takes another ledger's trial.
 
     - `sampler`: an Optuna sampler (`None`: Optuna's default, TPE).
     - `direction`: `"minimize"` (default) or `"maximize"` the trial values.
@@ -1138,6 +1140,10 @@ def sweep(
     reported again. A trial killed after its ledger write but before its report is not
     reported. Processes on one machine may share a ledger (POSIX locks on `<ledger>.lock`
     tell a live trial from a dead one); one process runs one sweep per ledger at a time.
+
+    **Raises** `RuntimeError` naming the indices when the search has nothing more to propose
+    but an index it handed out (`SearchRun.unfinished`) is neither finished nor trained by a
+    live process: a sweep never ends as if complete with an index missing.
     """
     name = config.trainer.name
     if not name:
