@@ -6,6 +6,11 @@ uninterrupted one end with equal trials.
 
     python tests/_sweep_worker.py --ledger L --side-log S --trials N --search random
         [--sleep SECONDS] [--storage URL --study NAME] [--ready FILE --go FILE]
+        [--kill-after create|ask --kill-index N]
+
+`--kill-after` makes the worker SIGKILL itself when Optuna trial N exists in the study but
+not in the ledger: right after the storage created it (`create`, before its parameters are
+drawn) or after the search returned it (`ask`, before the ledger records it).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import math
 import os
 import pathlib
 import random
+import signal
 import sys
 import time
 
@@ -64,6 +70,23 @@ def make_train(side_log: str | os.PathLike[str], sleep: float, seed: int | None 
     return train
 
 
+def kill_after(moment: str, index: int) -> None:
+    """SIGKILL this process once Optuna trial `index` is created (`create`) or asked (`ask`)."""
+    from dew.config import sweep as sweep_module
+
+    name = "_create" if moment == "create" else "ask"
+    original = getattr(sweep_module._OptunaRun, name)
+
+    def dying(self, *arguments):
+        result = original(self, *arguments)
+        number = result.number if moment == "create" else (result or (None,))[0]
+        if number == index:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    setattr(sweep_module._OptunaRun, name, dying)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ledger", required=True)
@@ -75,7 +98,11 @@ def main() -> None:
     parser.add_argument("--study")
     parser.add_argument("--ready", help="file to create once imports are done")
     parser.add_argument("--go", help="file to wait for before sweeping")
+    parser.add_argument("--kill-after", choices=("create", "ask"))
+    parser.add_argument("--kill-index", type=int)
     args = parser.parse_args()
+    if args.kill_after is not None:
+        kill_after(args.kill_after, args.kill_index)
 
     if args.search == "optuna":
         import optuna

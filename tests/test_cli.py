@@ -3,8 +3,10 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -250,3 +252,212 @@ def test_errors_a_dataset_vocabulary_larger_than_the_models_is_one_line_and_exit
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("dew train: LMObjective: batch['text'] holds token ID ")
     assert lines[0].endswith("valid IDs are 0 to 15 (vocab_size=16).")
+
+
+# -- every user-caused failure is one line and exit status 2, through the real command ---------
+
+
+def _dew(*arguments, cwd, timeout=120):
+    environment = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(
+        [sys.executable, "-m", "dew.cli", *map(str, arguments)],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _in_the_way(tmp_path):
+    """A file, a folder and a valid run config and space under `tmp_path`."""
+    (tmp_path / "afile").write_text("not a folder\n")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "space.toml").write_text('"optim.learning_rate" = [0.01, 0.001]\n')
+    _write_config(tmp_path)
+
+
+def _run_folder_holds(name, kind):
+    def make(tmp_path):
+        target = tmp_path / "runs" / "tiny" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.mkdir() if kind == "folder" else target.write_text("")
+
+    return make
+
+
+def _run_json(text):
+    def make(tmp_path):
+        (tmp_path / "old").mkdir()
+        (tmp_path / "old" / "run.json").write_text(text)
+
+    return make
+
+
+def _damaged_checkpoint(tmp_path):
+    record = RunConfig.from_toml((tmp_path / "run.toml").read_text())
+    (tmp_path / "old" / "checkpoints" / "6").mkdir(parents=True)
+    from dew.config._recipe import _record
+
+    (tmp_path / "old" / "run.json").write_text(json.dumps(_record(record).to_dict()))
+
+
+SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid", "--quiet"]
+
+
+@pytest.mark.parametrize(
+    ("make", "arguments", "named"),
+    [
+        # dew train: the config file, the checkpoint dir, the run folder and what it holds
+        (None, ["train", "missing.toml"], "missing.toml: No such file or directory"),
+        (None, ["train", "adir"], "adir: Is a directory"),
+        (None, ["train", "afile/run.toml"], "afile/run.toml: Not a directory (afile is a file"),
+        (None, ["train", "run.toml", "--checkpoint-dir", "afile"], "(afile is a file, not a"),
+        (None, ["train", "run.toml", "--checkpoint-dir", "afile/sub"], "afile/sub/tiny: Not a"),
+        (None, ["train", "run.toml", "--checkpoint-dir", ".", "--name", "afile"], "afile is a"),
+        (_run_folder_holds("run.json", "folder"), ["train", "run.toml"], "run.json: Is a dir"),
+        (_run_folder_holds("checkpoints", "file"), ["train", "run.toml"], "checkpoints is a file"),
+        (_run_folder_holds("scalars.jsonl", "folder"), ["train", "run.toml"], "scalars.jsonl: Is"),
+        # dew sweep: the space file, the ledger, its lock and the sweep's tracker folder
+        (None, ["sweep", "run.toml", "adir", "--trials", "1"], "adir: Is a directory"),
+        (None, ["sweep", "run.toml", "afile/s.toml", "--trials", "1"], "(afile is a file"),
+        (
+            None,
+            ["sweep", "run.toml", "run.toml", "--trials", "1"],
+            "IntUniform(low, high). (in run.toml)",
+        ),
+        (None, ["sweep", "run.toml", "afile", "--trials", "1"], "afile is not valid TOML"),
+        (None, [*SWEEP, "--ledger", "adir"], "adir: Is a directory"),
+        (None, [*SWEEP, "--ledger", "afile/ledger.json"], "afile: File exists (afile is a file"),
+        (
+            lambda tmp_path: (tmp_path / "lock" / "l.json.lock").mkdir(parents=True),
+            [*SWEEP, "--ledger", "lock/l.json"],
+            "lock/l.json.lock: Is a directory",
+        ),
+        (_run_folder_holds("sweep", "file"), SWEEP, "runs/tiny/sweep is a file, not a folder"),
+        # dew eval and dew runs: the run folder, its record and its checkpoints
+        (None, ["eval", "afile"], "no run.json at 'afile/run.json'"),
+        (_run_json("{not json"), ["eval", "old"], "old/run.json is not valid run.json"),
+        (_run_json("[1, 2]"), ["eval", "old"], "old/run.json holds a 'list' record"),
+        (_damaged_checkpoint, ["eval", "old"], "restore the latest checkpoint under old/check"),
+        (None, ["runs", "afile"], "no folder 'afile'"),
+    ],
+)
+def test_a_bad_path_is_one_line_naming_it_and_exit_status_2(tmp_path, make, arguments, named):
+    _in_the_way(tmp_path)
+    if make is not None:
+        make(tmp_path)
+    result = _dew(*arguments, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert [line for line in lines if not line.startswith("WARNING:absl:")] == lines[-1:]
+    assert lines[-1].startswith(f"dew {arguments[0]}: "), result.stderr
+    assert named in lines[-1], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        TypeError("a bug"),
+        AssertionError("a bug"),
+        KeyError("a bug"),
+        AttributeError("a bug"),
+        ImportError("cannot import name 'x' from partially initialized module", name="dew.x"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_a_bug_keeps_its_traceback(error, monkeypatch):
+    import dew.cli
+
+    def broken(args):
+        raise error
+
+    monkeypatch.setattr(dew.cli, "_train", broken)
+    with pytest.raises(type(error), match=r"a bug|partially"):
+        main(["train"])
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotADirectoryError(20, "Not a directory", "x/y"),
+        ValueError("a bad value"),
+        ImportError("optuna_search needs Optuna", name="optuna"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_a_user_error_raised_anywhere_is_one_line(error, monkeypatch, capsys):
+    import dew.cli
+
+    def failing(args):
+        raise error
+
+    monkeypatch.setattr(dew.cli, "_train", failing)
+    assert main(["train"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
+    import dew.cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dew.cli, "_train", interrupted)
+    assert main(["train"]) == 130
+    assert capsys.readouterr().err == (
+        "dew train: interrupted; run the same command again to resume\n"
+    )
+
+
+def _interrupt(command, cwd, ready, sent=signal.SIGINT):
+    """Start `command`, wait until `ready()`, send `sent`; its exit status and stderr."""
+    environment = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    process = subprocess.Popen(
+        command, cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not ready():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the run never got ready"
+        time.sleep(0.05)
+    process.send_signal(sent)
+    _, errors = process.communicate(timeout=120)
+    return process.returncode, errors
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_dew_train_leaves_a_resumable_run(tmp_path):
+    from dew.checkpoints import Checkpointer
+
+    every = 3000  # Ctrl-C between two saves: one landing in orbax's save threads is theirs
+    path, _ = _write_config(
+        tmp_path, steps=1_000_000, eval_every=None, log_every=30, checkpoint_every=every
+    )
+    folder = tmp_path / "runs" / "tiny"
+    command = [sys.executable, "-m", "dew.cli", "train", str(path), "--quiet"]
+
+    def lines(name):
+        journal = folder / name
+        return journal.read_text().splitlines() if journal.exists() else []
+
+    def fit_starts():
+        return [json.loads(line) for line in lines("records.jsonl") if '"fit_started"' in line]
+
+    def past_the_first_save():
+        steps = [json.loads(line)["step"] for line in lines("scalars.jsonl")[-1:]]
+        return (folder / "checkpoints" / str(every)).is_dir() and steps[0] >= every + 60
+
+    status, errors = _interrupt(command, tmp_path, past_the_first_save)
+    assert status == 130, errors
+    assert errors == "dew train: interrupted; run the same command again to resume\n"
+    with Checkpointer(folder / "checkpoints") as saved:
+        step = saved.latest_step()
+    assert step is not None and step >= every
+    ended = [record for _, _, record in read_journal(folder).records if record.type == "fit_ended"]
+    assert [record.status for record in ended] == ["interrupted"]
+
+    # The same command resumes the run (killed once it has: it would train a million steps).
+    _interrupt(command, tmp_path, lambda: len(fit_starts()) == 2, sent=signal.SIGKILL)
+    assert fit_starts()[1]["record"]["start_step"] >= step

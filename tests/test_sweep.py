@@ -989,3 +989,100 @@ def test_a_search_of_ones_own(tmp_path):
             ledger=tmp_path / "w.json",
             search=Wrong(),
         )
+
+
+@pytest.mark.parametrize(
+    ("moment", "index"),
+    [("ask", 5), ("ask", 2), ("create", 3)],
+    ids=["asked-last", "asked-midway", "created-before-its-params"],
+)
+def test_an_optuna_worker_killed_before_its_ledger_write_loses_no_index(
+    tmp_path, optuna, moment, index
+):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    ledger, side_log = tmp_path / "ledger.json", tmp_path / "side.log"
+    arguments = ["--ledger", ledger, "--side-log", side_log, "--trials", 6, "--sleep", 0.0]
+    arguments += ["--search", "optuna", "--storage", storage, "--study", "killed"]
+    worker = _worker(*arguments, "--kill-after", moment, "--kill-index", index)
+    _, errors = worker.communicate(timeout=120)
+    assert worker.returncode == -signal.SIGKILL, errors
+    assert _ledger_state(ledger) == set(range(index))  # trial `index` never reached it
+    assert json.loads(ledger.read_text())["running"] == []
+    study = optuna.load_study(study_name="killed", storage=storage)
+    assert study.trials[index].state.name == "RUNNING"
+
+    worker = _worker(*arguments)
+    output, errors = worker.communicate(timeout=120)
+    assert worker.returncode == 0, errors
+    assert output.split() == [str(number) for number in range(6)]
+    starts = [int(line.split()[1]) for line in _lines(side_log) if line.startswith("start")]
+    assert sorted(starts) == list(range(6))  # every index trained exactly once overall
+    study = optuna.load_study(study_name="killed", storage=storage)
+    finished = {entry["index"]: entry for entry in json.loads(ledger.read_text())["trials"]}
+    assert [trial.state.name for trial in study.trials[:6]] == ["COMPLETE"] * 6
+    for trial in study.trials[:6]:
+        assert trial.params == finished[trial.number]["overrides"]
+        assert trial.value == finished[trial.number]["value"]
+
+
+def test_another_ledgers_running_optuna_trial_is_not_taken(tmp_path, optuna):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    search = optuna_search(storage=storage, study_name="shared")
+    space = {"optim.learning_rate": Uniform(1e-4, 1e-1, log=True)}
+    study = optuna.create_study(storage=storage, study_name="shared")
+    other = study.ask()  # another worker's trial 0, still training
+    other.set_user_attr("dew.ledger", "elsewhere:/their/ledger.json")
+    train = Recorder()
+    trials = sweep(
+        config(), space, train=train, trials=3, ledger=tmp_path / "l.json", search=search
+    )
+    assert train.names == ["exp/trial-1", "exp/trial-2"]
+    assert [trial.index for trial in trials] == [1, 2]
+    assert optuna.load_study(study_name="shared", storage=storage).trials[0].state.name == "RUNNING"
+
+
+def test_a_sweep_never_ends_quietly_with_an_index_missing(tmp_path, optuna, monkeypatch):
+    import dew.config.sweep as sweep_module
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    search = optuna_search(storage=storage, study_name="gap")
+    space = {"optim.learning_rate": Uniform(1e-4, 1e-1, log=True)}
+    ledger = tmp_path / "l.json"
+    asked = sweep_module._OptunaRun.ask
+
+    def lose_trial_1(self, taken):  # trial 1 is created, then its process "dies" quietly
+        proposal = asked(self, taken)
+        return asked(self, taken) if proposal is not None and proposal[0] == 1 else proposal
+
+    monkeypatch.setattr(sweep_module._OptunaRun, "ask", lose_trial_1)
+    with pytest.raises(RuntimeError, match=r"ended with trials \[1\] unfinished"):
+        sweep(config(), space, train=Recorder(), trials=3, ledger=ledger, search=search)
+    monkeypatch.setattr(sweep_module._OptunaRun, "ask", asked)
+    train = Recorder()
+    trials = sweep(config(), space, train=train, trials=3, ledger=ledger, search=search)
+    assert train.names == ["exp/trial-1"]
+    assert [trial.index for trial in trials] == [0, 1, 2]
+
+
+def test_an_indexed_search_that_skips_an_index_fails_naming_it(tmp_path):
+    class Skipping(IndexedSearch):
+        name = "skipping"
+
+        def start(self, space, *, trials, finished, running):
+            run = super().start(space, trials=trials, finished=finished, running=running)
+            original = run.ask
+            run.ask = lambda taken: original(frozenset(taken) | {1})
+            return run
+
+        def point(self, space, index):
+            return {"optim.learning_rate": 0.1 / 2**index}
+
+    with pytest.raises(RuntimeError, match=r"ended with trials \[1\] unfinished"):
+        sweep(
+            config(),
+            {"optim.learning_rate": Uniform(1e-4, 1e-1)},
+            train=Recorder(),
+            trials=3,
+            ledger=tmp_path / "l.json",
+            search=Skipping(),
+        )

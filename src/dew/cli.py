@@ -9,14 +9,19 @@
 """
 
 import argparse
+import contextlib
+import errno
 import math
+import os
 import pathlib
 import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = ["main"]
+
+_RESUMABLE = ("train", "sweep")  # a run or sweep Ctrl-C stops resumes when run again
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,6 +67,25 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no per-step lines or progress bar")
 
 
+class _BadInputError(ValueError):
+    """A TypeError or KeyError dew's validation raised while reading the user's files and
+    options: user-caused, unlike the same types raised while training (bugs)."""
+
+
+@contextlib.contextmanager
+def _reading(path: str | None = None) -> Iterator[None]:
+    """Turn dew's TypeError and KeyError about the user's input into `_BadInputError`, naming
+    the file `path` it came from."""
+    try:
+        yield
+    except (TypeError, KeyError, ValueError) as error:
+        if path is not None and path not in _message(error):
+            error.add_note(f"(in {path})")
+        if isinstance(error, ValueError):
+            raise
+        raise _BadInputError(_message(error)) from error
+
+
 def _toml_value(text: str, where: str) -> Any:
     try:
         return tomllib.loads(f"value = {text}")["value"]
@@ -73,20 +97,21 @@ def _configure(args: argparse.Namespace) -> Any:
     from dew.config import RunConfig, override
     from dew.config._builtin import tiny_lm
 
-    config = tiny_lm() if args.config is None else RunConfig.load(args.config)
-    point: dict[str, Any] = {}
-    for item in args.set:
-        path, separator, text = item.partition("=")
-        if not separator or not path:
-            raise ValueError(f"--set takes PATH=VALUE, got {item!r}.")
-        point[path.strip()] = _toml_value(text.strip(), path)
-    if args.name is not None:
-        point["trainer.name"] = args.name
-    if args.steps is not None:
-        point["trainer.steps"] = args.steps
-    if args.checkpoint_dir is not None:
-        point["trainer.checkpoint_dir"] = args.checkpoint_dir
-    return override(config, point) if point else config
+    with _reading():
+        config = tiny_lm() if args.config is None else RunConfig.load(args.config)
+        point: dict[str, Any] = {}
+        for item in args.set:
+            path, separator, text = item.partition("=")
+            if not separator or not path:
+                raise ValueError(f"--set takes PATH=VALUE, got {item!r}.")
+            point[path.strip()] = _toml_value(text.strip(), path)
+        if args.name is not None:
+            point["trainer.name"] = args.name
+        if args.steps is not None:
+            point["trainer.steps"] = args.steps
+        if args.checkpoint_dir is not None:
+            point["trainer.checkpoint_dir"] = args.checkpoint_dir
+        return override(config, point) if point else config
 
 
 def default_metrics(objective_name: str) -> tuple[Any, ...]:
@@ -120,7 +145,10 @@ def _space(path: str) -> dict[str, Any]:
     from dew.config.sweep import IntUniform, Uniform
 
     with open(path, "rb") as handle:
-        tree = tomllib.load(handle)
+        try:
+            tree = tomllib.load(handle)
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path} is not valid TOML: {error}.") from None
     space: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -187,7 +215,7 @@ def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> f
 
 def _sweep(args: argparse.Namespace) -> int:
     from dew.config._recipe import run_folder
-    from dew.config.sweep import sweep
+    from dew.config.sweep import _checked_space, sweep
     from dew.tracking import LocalTracker
 
     config = _configure(args)
@@ -199,6 +227,9 @@ def _sweep(args: argparse.Namespace) -> int:
     metric = args.metric or (metrics[0].name if metrics else "loss")
     _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
     ledger = args.ledger or str(local / "ledger.json")
+    with _reading(args.space):  # a bad space is the user's before anything is written
+        space = _checked_space(config, _space(args.space))
+    search = _search(args)
 
     def trial(run: Any) -> float:
         state = run.train(metrics=metrics, progress=not args.quiet)
@@ -207,12 +238,12 @@ def _sweep(args: argparse.Namespace) -> int:
     with LocalTracker(local / "sweep") as tracker:
         trials = sweep(
             config,
-            _space(args.space),
+            space,
             train=trial,
             trials=args.trials,
             ledger=ledger,
             tracker=tracker,
-            search=_search(args),
+            search=search,
         )
     for finished in trials:
         print(f"trial {finished.index}  {metric} {finished.value:.4f}  {finished.overrides}")
@@ -247,8 +278,13 @@ def _eval(args: argparse.Namespace) -> int:
         checkpoints, _ = run_folder(config, config.trainer.name)  # the run's remote store
     elif not checkpoints.is_dir():
         raise FileNotFoundError(f"{folder} has no checkpoints folder to evaluate.")
-    with Checkpointer(checkpoints) as saved:
-        state, _ = saved.restore(template)
+    try:
+        with Checkpointer(checkpoints) as saved:
+            state, _ = saved.restore(template)
+    except (OSError, ValueError, KeyError) as error:  # orbax's KeyError: a damaged checkpoint
+        raise ValueError(
+            f"cannot restore the latest checkpoint under {checkpoints}: {_message(error)}"
+        ) from error
     data = config.data.build(batch_size=config.trainer.batch_size, seed=config.trainer.seed)
     if data.val is None:
         raise ValueError(f"the run's dataset {config.data.name!r} has no validation data.")
@@ -314,8 +350,56 @@ def _runs(args: argparse.Namespace) -> int:
     return 1 if unreadable else 0
 
 
+def _message(error: BaseException) -> str:
+    """`error` as one line, its notes included; an OSError names its path first and, when a
+    file stands where a folder should, which one."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        path = os.fsdecode(error.filename)
+        text = f"{path}: {error.strerror}"
+        if error.filename2 is not None:
+            text = f"{path} -> {os.fsdecode(error.filename2)}: {error.strerror}"
+        blocking = _file_in_the_way(path) if error.errno in (errno.ENOTDIR, errno.EEXIST) else None
+        if blocking is not None:
+            text += f" ({blocking} is a file, not a folder)"
+    elif isinstance(error, KeyError) and error.args:
+        text = str(error.args[0])
+    else:
+        text = str(error) or type(error).__name__
+    parts = [text, *getattr(error, "__notes__", ())]
+    return " ".join(line.strip() for part in parts for line in part.splitlines() if line.strip())
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The first existing component of `path` (itself included) that is not a folder."""
+    candidate = pathlib.Path(path)
+    for folder in [*reversed(candidate.parents), candidate]:
+        if folder.exists() and not folder.is_dir():
+            return str(folder)
+        if not folder.exists():
+            return None
+    return None
+
+
+def _caused_by_user(error: BaseException) -> bool:
+    """Whether `error` is the user's to fix (a path, a value, a file, a missing extra)
+    rather than a bug in dew, which keeps its traceback."""
+    if isinstance(error, OSError | ValueError):
+        return True
+    if isinstance(error, KeyError):  # dew's lookups: undeclared paths, unregistered names
+        return type(error).__module__.split(".")[0] == "dew"
+    if isinstance(error, ImportError):  # a missing optional dependency, not a broken import
+        return error.name is not None and error.name.split(".")[0] != "dew"
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `dew` console script."""
+    """Entry point of the `dew` console script.
+
+    A user-caused failure (a missing, misplaced or unwritable path, a bad value or file) is
+    one line `dew <command>: <message>` on stderr and exit status 2; Ctrl-C is one line and
+    exit status 130, and a run or sweep it stops resumes when the command runs again. Other
+    errors are bugs and keep their traceback.
+    """
     parser = _parser()
     args = parser.parse_args(argv)
     for option in ("steps", "trials"):
@@ -325,9 +409,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
     try:
         return commands[args.command](args)
-    except (ValueError, TypeError, KeyError, FileNotFoundError, ImportError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"dew {args.command}: {message}", file=sys.stderr)
+    except KeyboardInterrupt:
+        resume = "; run the same command again to resume" if args.command in _RESUMABLE else ""
+        print(f"dew {args.command}: interrupted{resume}", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if not _caused_by_user(error):
+            raise
+        print(f"dew {args.command}: {_message(error)}", file=sys.stderr)
         return 2
 
 

@@ -149,6 +149,9 @@ def train_run(
     checkpoints, folder = run_folder(config, name)
     record = _record(config)
     _check_same_run(folder, record)
+    # A file where a folder goes fails here, before training, not in orbax's save threads.
+    for needed in (folder, *(() if is_uri(checkpoints) else (pathlib.Path(checkpoints),))):
+        needed.mkdir(parents=True, exist_ok=True)
     seed = jax.random.key(settings.seed)
     built = build_objective(config, objective, jax.random.fold_in(seed, MODEL_DOMAIN))
     if data is None:

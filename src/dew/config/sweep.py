@@ -65,6 +65,7 @@ import math
 import numbers
 import os
 import pathlib
+import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from typing import Any
@@ -84,6 +85,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "LEDGER_VERSION",
+    "OWNER_ATTR",
     "VALUE_TAG",
     "Choice",
     "GridSearch",
@@ -107,6 +109,8 @@ VALUE_TAG = metric_tag("sweep", Split.VALIDATION, "value")
 TRIAL_FINISHED = "trial_finished"
 _HPO_HINT = 'pip install "dew-ml[hpo]"'
 _HEX = frozenset("0123456789abcdef")
+OWNER_ATTR = "dew.ledger"
+"""The Optuna user attribute naming the ledger (`host:absolute path`) a trial was asked for."""
 
 
 # -- the space --------------------------------------------------------------------------------
@@ -277,6 +281,14 @@ def _check_paths(config: RunConfig, space: Space) -> None:
                 raise
 
 
+def _checked_space(config: RunConfig, space: Mapping[str, Any]) -> Space:
+    """`space` normalized, every path and value applied to `config` (what `sweep` checks
+    before anything is written; the `dew` command checks it before opening its tracker)."""
+    normalized = _normalize_space(space)
+    _check_paths(config, normalized)
+    return normalized
+
+
 # -- trials and search backends ---------------------------------------------------------------
 
 
@@ -297,7 +309,8 @@ class SearchRun(abc.ABC):
     `ask(taken)` proposes the next trial as `(index, point)`, or `None` when the search has
     nothing more to propose; `taken` holds the indices the ledger already has (finished or
     being trained), which a proposal must avoid. `tell(trial)` reports a finished trial.
-    `close()` releases what the run holds.
+    `unfinished(finished)` names the indices still missing at the end; `close()` releases
+    what the run holds.
     """
 
     @abc.abstractmethod
@@ -306,6 +319,12 @@ class SearchRun(abc.ABC):
 
     def tell(self, trial: Trial) -> None:  # noqa: B027  (optional hook)
         """Report a finished trial (by default nothing is told)."""
+
+    def unfinished(self, finished: Set[int]) -> list[int]:
+        """The indices this search handed out, or must hand out, that `finished` (the
+        ledger's finished indices) lacks once `ask` returned `None` (by default none); the
+        sweep fails naming them unless a live process is still training them."""
+        return []
 
     def close(self) -> None:  # noqa: B027  (optional hook)
         """Release what the run holds (by default nothing)."""
@@ -379,6 +398,9 @@ class _IndexedRun(SearchRun):
         if self.cursor >= self.limit:
             return None
         return self.cursor, self.search.point(self.space, self.cursor)
+
+    def unfinished(self, finished: Set[int]) -> list[int]:
+        return [index for index in range(self.limit) if index not in finished]
 
 
 def _check_seed(seed: Any) -> int:
@@ -510,7 +532,9 @@ class OptunaSearch(Search):
     persists, and several worker processes running the same sweep call split its trials:
     the storage hands out each trial number once, and a worker that draws a number at or
     beyond the budget tells it as failed and stops. Workers may share one ledger path on one
-    machine (writes are locked), or keep one ledger each.
+    machine (writes are locked), or keep one ledger each. Each trial is created carrying its
+    ledger's name (user attribute `OWNER_ATTR`), so a rerun trains at its number a trial a
+    killed worker created but never recorded, and never takes another ledger's trial.
 
     - `sampler`: an Optuna sampler (`None`: Optuna's default, TPE).
     - `direction`: `"minimize"` (default) or `"maximize"` the trial values.
@@ -566,8 +590,11 @@ class OptunaSearch(Search):
         trials: int,
         finished: Sequence[Trial],
         running: Sequence[tuple[int, dict[str, Any]]],
+        owner: str | None = None,
     ) -> SearchRun:
-        return _OptunaRun(self, space, trials, finished, running)
+        """Begin proposing trials; `owner` names the ledger (`sweep` passes it), which each
+        trial records as user attribute `OWNER_ATTR` from the moment the study creates it."""
+        return _OptunaRun(self, space, trials, finished, running, owner)
 
 
 class _OptunaRun(SearchRun):
@@ -578,8 +605,11 @@ class _OptunaRun(SearchRun):
         trials: int,
         finished: Sequence[Trial],
         running: Sequence[tuple[int, dict[str, Any]]],
+        owner: str | None,
     ) -> None:
         optuna = self.optuna = _import_optuna()
+        self.owner = owner
+        self.orphans: list[int] = []
         distributions = optuna.distributions
         self.distributions = {}
         for path, spec in space.items():
@@ -616,6 +646,7 @@ class _OptunaRun(SearchRun):
         existing = {trial.number: trial for trial in self.study.get_trials(deepcopy=False)}
         if existing:
             self._reconcile(existing, finished, running, where)
+            self._adopt_orphans(existing, finished, running)
         else:
             self._replay(finished, running)
 
@@ -666,10 +697,69 @@ class _OptunaRun(SearchRun):
             if existing[trial.index].state == self.optuna.trial.TrialState.RUNNING:
                 self.tell(trial)
 
+    def _owned(self, trial: Any) -> bool:
+        return self.owner is not None and trial.user_attrs.get(OWNER_ATTR) == self.owner
+
+    def _adopt_orphans(
+        self,
+        existing: Mapping[int, Any],
+        finished: Sequence[Trial],
+        running: Sequence[tuple[int, dict[str, Any]]],
+    ) -> None:
+        """Trials this ledger's processes created that are still running in the study but
+        are in neither part of the ledger: a process died between creating one and
+        recording it. Both happen under the ledger's lock, which the caller holds, so no
+        live process owns them. Those inside the budget are asked for again (first, at their
+        number, with the parameters the study already holds); the others are failed."""
+        recorded = {trial.index for trial in finished} | {index for index, _ in running}
+        for number, trial in sorted(existing.items()):
+            if (
+                trial.state != self.optuna.trial.TrialState.RUNNING
+                or number in recorded
+                or not self._owned(trial)
+            ):
+                continue
+            if number < self.trials:
+                self.orphans.append(number)
+            else:
+                self.study.tell(number, state=self.optuna.trial.TrialState.FAIL)
+
+    def _suggest(self, trial: Any) -> dict[str, Any]:
+        """Every path's value in `trial`: the one it holds, or the sampler's draw."""
+        distributions = self.optuna.distributions
+        point = {}
+        for path, spec in self.distributions.items():
+            if isinstance(spec, distributions.CategoricalDistribution):
+                point[path] = trial.suggest_categorical(path, spec.choices)
+            elif isinstance(spec, distributions.FloatDistribution):
+                point[path] = trial.suggest_float(path, spec.low, spec.high, log=spec.log)
+            else:
+                point[path] = trial.suggest_int(path, spec.low, spec.high, log=spec.log)
+        return point
+
+    def _create(self) -> Any:
+        """`study.ask()`, except that the trial is created already carrying its owner, in
+        the storage's one insert: a process killed at any moment after leaves a trial a
+        rerun can tell as its own."""
+        storage, study_id = self.study._storage, self.study._study_id
+        template = self.optuna.trial.create_trial(
+            state=self.optuna.trial.TrialState.RUNNING,
+            user_attrs={} if self.owner is None else {OWNER_ATTR: self.owner},
+        )
+        trial_id = storage.create_new_trial(study_id, template_trial=template)
+        return self.optuna.trial.Trial(self.study, trial_id)
+
     def ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:
+        while self.orphans:
+            number = self.orphans.pop(0)
+            if number in taken:
+                continue
+            storage, study_id = self.study._storage, self.study._study_id
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            return number, self._suggest(self.optuna.trial.Trial(self.study, trial_id))
         if len(self.study.get_trials(deepcopy=False)) >= self.trials:
             return None
-        trial = self.study.ask(self.distributions)
+        trial = self._create()
         if trial.number >= self.trials or trial.number in taken:
             self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             if trial.number >= self.trials:
@@ -679,7 +769,19 @@ class _OptunaRun(SearchRun):
                 "processes sharing a ledger must share an Optuna storage "
                 "(optuna_search(storage=..., study_name=...))."
             )
-        return trial.number, {path: trial.params[path] for path in self.distributions}
+        return trial.number, self._suggest(trial)
+
+    def unfinished(self, finished: Set[int]) -> list[int]:
+        """The trials inside the budget this ledger's processes created that are still
+        running in the study and absent from `finished`."""
+        return [
+            trial.number
+            for trial in self.study.get_trials(deepcopy=False)
+            if trial.number < self.trials
+            and trial.number not in finished
+            and trial.state == self.optuna.trial.TrialState.RUNNING
+            and self._owned(trial)
+        ]
 
     def tell(self, trial: Trial) -> None:
         if math.isnan(trial.value):
@@ -755,6 +857,7 @@ class _Ledger:
         config: dict[str, Any],
     ) -> None:
         self.path = pathlib.Path(path)
+        self.owner = f"{socket.gethostname()}:{self.path.absolute()}"
         self.space, self.search = space, search
         self.config = json.loads(_dumps(config))  # as the ledger's JSON reads back
         self._header = (
@@ -1015,6 +1118,10 @@ def sweep(
     reported again. A trial killed after its ledger write but before its report is not
     reported. Processes on one machine may share a ledger (POSIX locks on `<ledger>.lock`
     tell a live trial from a dead one); one process runs one sweep per ledger at a time.
+
+    **Raises** `RuntimeError` naming the indices when the search has nothing more to propose
+    but an index it handed out (`SearchRun.unfinished`) is neither finished nor trained by a
+    live process: a sweep never ends as if complete with an index missing.
     """
     name = config.trainer.name
     if not name:
@@ -1031,8 +1138,7 @@ def sweep(
         )
     if not callable(train):
         raise TypeError(f"train must be a callable taking a RunConfig, got {train!r}.")
-    normalized = _normalize_space(space)
-    _check_paths(config, normalized)
+    normalized = _checked_space(config, space)
     search.check(normalized)
 
     with _Ledger(ledger, _space_json(normalized), search.name, config.to_dict()) as book:
@@ -1049,15 +1155,33 @@ def sweep(
                 trials=trials,
                 finished=[trial for _, trial in sorted(state.finished.items())],
                 running=resume,
+                **({"owner": book.owner} if isinstance(search, OptunaSearch) else {}),
             )
             if not book.path.exists():
                 book.store(state)  # record the space and search before anything trains
         try:
             _run_trials(config, name, book, run, resume, train, tracker)
+            with book.locked():
+                finished = book.load().finished
+                _check_complete(book, run, finished)
         finally:
             run.close()
-        with book.locked():
-            return [trial for _, trial in sorted(book.load().finished.items())]
+        return [trial for _, trial in sorted(finished.items())]
+
+
+def _check_complete(book: _Ledger, run: SearchRun, finished: Mapping[int, Trial]) -> None:
+    """Under the lock: fail naming the indices the search handed out but nobody finished,
+    unless a live process still trains them (it holds their claim)."""
+    missing = []
+    for index in run.unfinished(frozenset(finished)):
+        if book.claim(index):  # no live process holds it
+            book.release(index)
+            missing.append(index)
+    if missing:
+        raise RuntimeError(
+            f"the sweep of ledger {str(book.path)!r} ended with trials {missing} unfinished "
+            "and no live process training them; run the sweep again to train them."
+        )
 
 
 def _run_trials(
