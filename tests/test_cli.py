@@ -114,6 +114,20 @@ def test_dew_sweep_trains_each_point_and_prints_the_best(tmp_path, capsys):
     )
 
 
+def test_a_diverging_trial_scores_nan_and_the_sweep_goes_on(tmp_path, capsys):
+    path, _ = _write_config(tmp_path, eval_every=6, checkpoint_every=None)
+    space = tmp_path / "space.toml"
+    space.write_text('"optim.learning_rate" = [1e30, 0.01]\n')  # Adam at 1e30 diverges
+    arguments = ["sweep", str(path), str(space), "--trials", "2", "--search", "grid", "--quiet"]
+    assert main(arguments) == 0
+    printed = capsys.readouterr()
+    ledger = json.loads((tmp_path / "runs" / "tiny" / "ledger.json").read_text())
+    values = {trial["index"]: trial["value"] for trial in ledger["trials"]}
+    assert values[0] == "NaN" and isinstance(values[1], float)
+    assert "tiny/trial-0: training " in printed.err  # its loss or params were not finite
+    assert printed.out.splitlines()[-1].startswith("best trial 1  perplexity ")
+
+
 @pytest.mark.slow
 def test_two_dew_sweep_workers_share_one_optuna_study(tmp_path):
     pytest.importorskip("optuna")

@@ -13,10 +13,22 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-__all__ = ["ON_NONFINITE", "check_loss", "check_params", "raises_on_nonfinite"]
+__all__ = [
+    "ON_NONFINITE",
+    "NonFiniteTrainingError",
+    "check_loss",
+    "check_params",
+    "raises_on_nonfinite",
+]
 
 ON_NONFINITE: tuple[str, ...] = ("raise", "continue")
 _ADVICE = "pass on_nonfinite='continue' to train on"
+
+
+class NonFiniteTrainingError(ValueError):
+    """Training turned non-finite (a NaN or infinite loss, or parameters) and the run
+    stopped (`on_nonfinite="raise"`). A sweep's trial function can catch it to score
+    the trial NaN, as `dew sweep` does."""
 
 
 def raises_on_nonfinite(on_nonfinite: object) -> bool:
@@ -30,7 +42,7 @@ def raises_on_nonfinite(on_nonfinite: object) -> bool:
 def check_loss(loss: float, step: int, *, note: str = "") -> None:
     """Raise a `ValueError` naming `step` and `loss` when the training loss is not finite."""
     if not math.isfinite(loss):
-        raise ValueError(
+        raise NonFiniteTrainingError(
             f"training loss is {loss} at step {step}{note}; the run stopped there, "
             f"before saving or returning that state; {_ADVICE}."
         )
@@ -47,7 +59,7 @@ def check_params(params: Any, step: int, *, loss: float | None = None) -> None:
     leaves = jax.tree.leaves(eqx.filter(params, eqx.is_inexact_array))
     if leaves and not bool(_all_finite(leaves)):
         seen = "" if loss is None else f" (the step's loss, taken before its update, was {loss})"
-        raise ValueError(
+        raise NonFiniteTrainingError(
             f"training params are not finite at step {step}{seen}; the run stopped "
             f"there, before saving or returning that state; {_ADVICE}."
         )

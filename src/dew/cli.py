@@ -232,7 +232,13 @@ def _sweep(args: argparse.Namespace) -> int:
     search = _search(args)
 
     def trial(run: Any) -> float:
-        state = run.train(metrics=metrics, progress=not args.quiet)
+        from dew.training import NonFiniteTrainingError
+
+        try:
+            state = run.train(metrics=metrics, progress=not args.quiet)
+        except NonFiniteTrainingError as error:  # a diverging trial is data, not the end
+            print(f"{run.trainer.name}: {error}", file=sys.stderr)
+            return math.nan
         return _score(state.metric_history, metric)
 
     with LocalTracker(local / "sweep") as tracker:

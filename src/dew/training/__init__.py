@@ -1,5 +1,6 @@
 """The trainer, and the names the dew guide imports from `dew.training`: the trackers."""
 
+from dew._nonfinite import NonFiniteTrainingError as NonFiniteTrainingError
 from dew.tracking import InMemoryTracker as InMemoryTracker
 from dew.tracking import LocalTracker as LocalTracker
 from dew.tracking import MLflowTracker as MLflowTracker
@@ -12,6 +13,7 @@ __all__ = [
     "InMemoryTracker",
     "LocalTracker",
     "MLflowTracker",
+    "NonFiniteTrainingError",
     "TensorBoardTracker",
     "Trackers",
     "Trainer",
