@@ -230,8 +230,7 @@ def main() -> None:
     mlp = eqx.nn.MLP(64, 1, width_size=64, depth=2, key=jax.random.key(3))
     xs = [rng.standard_normal((256, 64), dtype=np.float32) for _ in range(BATCHES)]
     supervised = [
-        Batch(inputs=x, targets=x[:, :1] * 0.5, sample_weight=np.ones(256, np.float32))
-        for x in xs
+        Batch(inputs=x, targets=x[:, :1] * 0.5, sample_weight=np.ones(256, np.float32)) for x in xs
     ]
 
     def mse(model, inputs, targets, sample_weight, key, training):
