@@ -67,7 +67,7 @@ def test_a_nan_loss_stops_the_fit_at_the_next_log_step(objective):
     assert "on_nonfinite='continue'" in str(caught.value)
     ended = _ended(tracker)
     assert (ended.status, ended.step) == ("failed", 2)
-    assert ended.error == f"ValueError: {caught.value}"
+    assert ended.error == f"NonFiniteTrainingError: {caught.value}"
     # The non-finite loss is data: it is reported before the fit stops.
     [(step, loss)] = tracker.scalars["lm/train/loss"]
     assert step == 2 and math.isnan(loss)
