@@ -1,16 +1,18 @@
 """dew._pass: one compiled call per batch scores it and merges every device metric."""
 
+import dataclasses
 import itertools
 from typing import ClassVar
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 from dew import Trainer, evaluate, metrics
-from dew._pass import PassResult, _Reducer, run_pass, scoring_key
+from dew._pass import PassResult, _Reducer, _update_for, run_pass, scoring_key
 from dew.artifacts import TokenScores
 from dew.data import Dataset
 from dew.metrics import Metric, MetricSet
@@ -184,3 +186,52 @@ def test_trainer_validation_events_reuse_one_compiled_pass():
     key = jax.random.fold_in(jax.random.key(1), 4)  # the event key of step 4
     reference = _reference_mean_loss(objective, state.params, batches, key)
     np.testing.assert_allclose(history[-1][1], reference, rtol=1e-6)
+
+
+class CountingChecks(LMObjective):
+    """An LM objective counting its host-side batch checks."""
+
+    def check_batch(self, batch):
+        CALLS["checks"] = CALLS.get("checks", 0) + 1
+        super().check_batch(batch)
+
+
+def test_host_batches_are_checked_on_the_host_and_scored_without_the_traced_check(objective):
+    counting = CountingChecks(objective.model, seq_len=8)
+    params, key = counting.init_params(), jax.random.key(0)
+    batches = _batches(11, count=3)
+    CALLS["checks"] = 0
+    result = evaluate(counting, params, batches, metrics=[metrics.mean_loss()], key=key)
+    assert CALLS["checks"] == 3
+    np.testing.assert_allclose(
+        result.scores["mean_loss"], _reference_mean_loss(counting, params, batches, key), rtol=1e-6
+    )
+    spec = _Reducer(counting, params, MetricSet([metrics.mean_loss()])).spec
+    traced = jax.make_jaxpr(_update_for(counting)[0](spec).__wrapped__)
+    host = jax.make_jaxpr(
+        _update_for(counting)[0](dataclasses.replace(spec, checked_on_host=True)).__wrapped__
+    )
+    arguments = _Reducer(counting, params, MetricSet([metrics.mean_loss()]))
+    call = (
+        arguments.accumulator,
+        batches[0],
+        0,
+        key,
+        arguments.params,
+        arguments.objective_leaves,
+        arguments.metric_leaves,
+    )
+    assert "callback" in str(traced(*call)) and "callback" not in str(host(*call))
+
+
+def test_a_bad_id_is_named_for_host_and_device_batches_alike(objective):
+    params, key = objective.init_params(), jax.random.key(0)
+    bad = _batches(12, count=2)
+    bad[1]["text"][2, 4] = 9
+    message = r"batch\['text'\] holds token ID 9 at row 2, position 4; valid IDs are 0 to 4"
+    with pytest.raises(ValueError, match=message):
+        evaluate(objective, params, bad, metrics=[metrics.perplexity()], key=key)
+    on_device = [{"text": jnp.asarray(batch["text"])} for batch in bad]
+    with pytest.raises(ValueError, match=message) as caught:
+        evaluate(objective, params, on_device, metrics=[metrics.perplexity()], key=key)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jaxtyping import ArrayLike, Int, PRNGKeyArray, PyTree
 
-from dew._checks import explain_failure
+from dew._checks import explain_failure, ids_checked_on_host
 from dew.artifacts import Artifact
 from dew.metrics import MetricSet
 from dew.objectives.base import Objective
@@ -63,8 +63,18 @@ def _rows(batch: Mapping[str, Any]) -> int:
     raise ValueError("an evaluation batch holds no arrays with a row axis.")
 
 
+def _on_host(batch: Mapping[str, Any]) -> bool:
+    """Whether every array of `batch` is a NumPy array (checked on the host for free)."""
+    return all(not isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch))
+
+
 def _update_function(objective_def: Any, objective_static: Any):
-    """The compiled score-and-merge call of one objective structure."""
+    """The compiled score-and-merge calls of one objective structure, one per `_Spec`.
+
+    The spec is bound when a pass starts, not passed as a static argument of each call:
+    hashing and comparing it (a metric set's static fields) on every batch would cost
+    more than the batch's dispatch.
+    """
 
     def update(
         accumulator: list,
@@ -80,29 +90,35 @@ def _update_function(objective_def: Any, objective_static: Any):
             jax.tree.unflatten(objective_def, objective_leaves), objective_static
         )
         metrics = spec.metrics(metric_leaves)
-        artifact = objective.evaluate(
-            jax.tree.unflatten(spec.params_def, params), batch, scoring_key(key, index)
-        )
+        with ids_checked_on_host(spec.checked_on_host):
+            artifact = objective.evaluate(
+                jax.tree.unflatten(spec.params_def, params), batch, scoring_key(key, index)
+            )
         state = metrics.update(jax.tree.unflatten(spec.accumulator_def, accumulator), artifact)
         return jax.tree.leaves(state), (artifact if spec.keep else None)
 
-    return jax.jit(update, donate_argnums=0, static_argnums=7)
+    @functools.lru_cache(maxsize=64)
+    def specialised(spec: "_Spec") -> Callable[..., Any]:
+        return jax.jit(functools.partial(update, spec=spec), donate_argnums=0)
+
+    return specialised
 
 
 _shared_update = functools.lru_cache(maxsize=32)(_update_function)
-# One compiled call per objective object, found by identity (hashing a model's static
-# structure on every pass would cost more than the pass's dispatches).
-_updates: dict[int, tuple[weakref.ref, Callable[..., Any]]] = {}
+# Each objective object's compiled calls and array leaves, found by identity: an
+# objective is immutable, and partitioning a model and hashing its static structure on
+# every pass would cost more than the pass's dispatches.
+_updates: dict[int, tuple[weakref.ref, Callable[..., Any], list]] = {}
 
 
 def _update_for(objective: Objective) -> tuple[Callable[..., Any], list]:
-    """The objective's compiled update and its array leaves."""
-    arrays, static = eqx.partition(objective, eqx.is_array)
-    leaves, objective_def = jax.tree.flatten(arrays)
+    """The objective's compiled updates (a function of a `_Spec`) and its array leaves."""
     entry = _updates.get(id(objective))
     if entry is not None and entry[0]() is objective:
-        return entry[1], leaves
-    try:  # objectives of one structure share their compiled call
+        return entry[1], entry[2]
+    arrays, static = eqx.partition(objective, eqx.is_array)
+    leaves, objective_def = jax.tree.flatten(arrays)
+    try:  # objectives of one structure share their compiled calls
         update = _shared_update(objective_def, static)
     except TypeError:  # an unhashable static field: compile for this objective alone
         update = _update_function(objective_def, static)
@@ -111,7 +127,7 @@ def _update_for(objective: Objective) -> tuple[Callable[..., Any], list]:
         reference = weakref.ref(objective, lambda _: _updates.pop(identity, None))
     except TypeError:  # not weakly referenceable: look it up by structure each time
         return update, leaves
-    _updates[id(objective)] = (reference, update)
+    _updates[identity] = (reference, update, leaves)
     return update, leaves
 
 
@@ -124,6 +140,7 @@ class _Spec:
     metrics_def: Any
     metrics_static: Any
     keep: bool
+    checked_on_host: bool = False
 
     def metrics(self, leaves: list) -> MetricSet:
         return eqx.combine(jax.tree.unflatten(self.metrics_def, leaves), self.metrics_static)
@@ -145,18 +162,33 @@ class _Reducer:
 
     def __init__(self, objective: Objective, params: PyTree, metrics: MetricSet) -> None:
         self.metrics = metrics
-        self.update, self.objective_leaves = _update_for(objective)
+        updates, self.objective_leaves = _update_for(objective)
         self.params, params_def = jax.tree.flatten(params)
         metric_arrays, metrics_static = eqx.partition(metrics, eqx.is_array)
         self.metric_leaves, metrics_def = jax.tree.flatten(metric_arrays)
         initial = _init(self.metric_leaves, metrics_def, metrics_static)
         self.accumulator, accumulator_def = jax.tree.flatten(initial)
         self.spec = _Spec(accumulator_def, params_def, metrics_def, metrics_static, keep=False)
-        self.keeping = dataclasses.replace(self.spec, keep=True)
+        self.objective = objective
+        # An objective that defines its host-side checks has host batches checked on the
+        # host, and is scored by a variant compiled without the traced ID checks.
+        self.host_checks = type(objective).check_batch is not Objective.check_batch
+        self.updates = updates
+        self.variants: dict[tuple[bool, bool], Callable[..., Any]] = {}
+
+    def _variant(self, keep: bool, checked_on_host: bool) -> Callable[..., Any]:
+        variant = self.variants.get((keep, checked_on_host))
+        if variant is None:
+            spec = dataclasses.replace(self.spec, keep=keep, checked_on_host=checked_on_host)
+            variant = self.variants[keep, checked_on_host] = self.updates(spec)
+        return variant
 
     def add(self, batch: Mapping[str, Any], index: int, keep: bool) -> Artifact | None:
         """Score `batch` and merge its statistics; the artifact when `keep`."""
-        self.accumulator, artifact = self.update(
+        checked = self.host_checks and _on_host(batch)
+        if checked:
+            self.objective.check_batch(batch)  # raises the objective's own ValueError
+        self.accumulator, artifact = self._variant(keep, checked)(
             self.accumulator,
             batch,
             index,
@@ -164,15 +196,14 @@ class _Reducer:
             self.params,
             self.objective_leaves,
             self.metric_leaves,
-            self.keeping if keep else self.spec,
         )
         return artifact
 
     def finalize(self) -> dict[str, Any]:
         if not self.metrics.metrics:
             return {}
-        try:
-            return _finalize(self.accumulator, self.metric_leaves, self.spec)
+        try:  # fetched here: a check that fires in the call may surface only at the fetch
+            return jax.device_get(_finalize(self.accumulator, self.metric_leaves, self.spec))
         except (RuntimeError, ValueError):  # a check fired: raise dew's own error eagerly
             state = jax.tree.unflatten(self.spec.accumulator_def, self.accumulator)
             return self.metrics.finalize(state)

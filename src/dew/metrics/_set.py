@@ -95,7 +95,9 @@ class MetricSet(eqx.Module):
         if not self.metrics:
             return {}
         try:
-            scores = _compiled_finalize(self, accumulated)
+            # Waited for inside the try: a check that fires in the call may surface
+            # only when its result is ready.
+            scores = jax.block_until_ready(_compiled_finalize(self, accumulated))
         except (RuntimeError, ValueError):
             return self.finalize(accumulated)
         return {name: scores[name] for name in self.names}  # jit returns dicts key-sorted
@@ -138,7 +140,7 @@ class MetricSet(eqx.Module):
         if not self.metrics:
             return {}
         try:  # the pass and its finalize in one compiled call
-            scores = _compiled_scan_and_finalize(self, stacked, chunk)
+            scores = jax.block_until_ready(_compiled_scan_and_finalize(self, stacked, chunk))
         except (RuntimeError, ValueError):  # a check fired: raise dew's own error eagerly
             return self.finalize(_compiled_scan(self, stacked, chunk))
         return {name: scores[name] for name in self.names}  # jit returns dicts key-sorted
