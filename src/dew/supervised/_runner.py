@@ -94,35 +94,49 @@ class HeldOutValidation:
         Each batch is one compiled call that adds its row-weighted loss to a donated
         compensated sum on the device; the sum is fetched once, after the last batch.
         """
-        total = rows = None
+        leaves, params_def = jax.tree.flatten(params)
+        add = self._compiled(params_def)
+        carry = None
         for index, batch in enumerate(self.loader(split="validation", epoch=epoch)):
-            if total is None:
-                total, rows = Sum.zero(), jnp.zeros((), jnp.int32)
-            total, rows = self._add(total, rows, params, batch, key, index)
-        if total is None:
+            if carry is None:
+                carry = _zero_carry()
+            carry = add(carry, leaves, batch, key, index)
+        if carry is None:
             return {}
-        total, rows = jax.device_get((total.value(), rows))
-        return {"loss": float(total) / int(rows)} if rows else {}
+        hi, lo, rows = jax.device_get(carry)
+        total = float(np.float64(hi) + np.float64(lo))
+        return {"loss": total / int(rows)} if rows else {}
 
-    @functools.cached_property
-    def _add(self) -> Callable[..., tuple[Sum, jax.Array]]:
-        static = eqx.filter(self.model, eqx.is_inexact_array, inverse=True)
-        loss = self.loss
+    def _compiled(self, params_def: Any) -> Callable[..., tuple[jax.Array, ...]]:
+        """The compiled per-batch call for params of structure `params_def` (kept per
+        validation object: a pass flattens nothing but its batches)."""
+        cache = self.__dict__.setdefault("_calls", {})
+        if params_def not in cache:
+            static = eqx.filter(self.model, eqx.is_inexact_array, inverse=True)
+            loss = self.loss
 
-        def add(total: Sum, rows: jax.Array, params: PyTree, batch: Batch, key, index):
-            model = eqx.combine(params, static)
-            value = loss(
-                model,
-                batch.inputs,
-                batch.targets,
-                batch.sample_weight,
-                jax.random.fold_in(key, index),
-                False,
-            )
-            count = _rows(batch)
-            return total.add(Sum.of(value * count)), rows + count
+            def add(carry, leaves: list, batch: Batch, key, index):
+                model = eqx.combine(jax.tree.unflatten(params_def, leaves), static)
+                value = loss(
+                    model,
+                    batch.inputs,
+                    batch.targets,
+                    batch.sample_weight,
+                    jax.random.fold_in(key, index),
+                    False,
+                )
+                count = _rows(batch)
+                total = Sum(carry[0], carry[1]).add(Sum.of(value * count))
+                return total.hi, total.lo, carry[2] + count
 
-        return jax.jit(add, donate_argnums=(0, 1))
+            cache[params_def] = jax.jit(add, donate_argnums=0)
+        return cache[params_def]
+
+
+@jax.jit
+def _zero_carry() -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A pass's empty (hi, lo, rows): fresh buffers, donated to its first call."""
+    return jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
 
 
 def run_supervised(
