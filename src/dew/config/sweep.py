@@ -66,13 +66,12 @@ import numbers
 import os
 import pathlib
 import socket
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
 
-from dew._json import plain
+from dew._json import plain, write_atomic
 from dew.config import RunConfig, override
 from dew.naming import Split, check_index, metric_tag
 from dew.telemetry.records import TrialFinished, decode_json_value, encode_json_value
@@ -809,38 +808,6 @@ class _State:
     running: dict[int, dict[str, Any]]
 
 
-def _fsync_directory(folder: pathlib.Path) -> None:
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-    try:
-        descriptor = os.open(folder, flags)
-    except OSError:  # pragma: no cover  (platforms that cannot open a directory)
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:  # pragma: no cover  (file systems that refuse a directory fsync)
-        pass
-    finally:
-        os.close(descriptor)
-
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder: write, flush,
-    fsync, replace, then fsync the folder, so `path` is always a whole old or new file."""
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
-    _fsync_directory(path.parent)
-
-
 class _Ledger:
     """The ledger file, its lock file `<ledger>.lock` and this process's trial claims.
 
@@ -1023,7 +990,7 @@ class _Ledger:
         ]
         body = f'{self._header},\n "trials": {_lines(lines)},\n "running": {_lines(running)}'
         text = "{\n " + body + "\n}\n"
-        _write_atomic(self.path, text)
+        write_atomic(self.path, text)  # fsynced, folder included
         self._text = text
         self._state = _State(dict(state.finished), dict(state.running))
 
