@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
+from dew._early_stopping import EarlyStopper, EarlyStopping
 from dew.events import BEST_MODEL, EARLY_STOP, Decision, EventSink, TrainingEvent
 from dew.naming import Split, metric_tag
 from dew.steps import MetricHistory, TrainState
-from dew.supervised._early_stopping import EarlyStopper, EarlyStopping
 from dew.telemetry.records import FitEnded, FitStarted, Record
 from dew.tracking import Tracker
 from dew.tracking._protocol import add_note_once

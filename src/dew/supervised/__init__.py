@@ -1,7 +1,7 @@
 """Supervised training: `run_supervised`, validation, early stopping and their pieces."""
 
-from dew.supervised._early_stopping import EarlyStopper as EarlyStopper
-from dew.supervised._early_stopping import EarlyStopping as EarlyStopping
+from dew._early_stopping import EarlyStopper as EarlyStopper
+from dew._early_stopping import EarlyStopping as EarlyStopping
 from dew.supervised._runner import Batch as Batch
 from dew.supervised._runner import HeldOutValidation as HeldOutValidation
 from dew.supervised._runner import Optimizer as Optimizer

@@ -13,6 +13,8 @@ import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
+from dew._early_stopping import EarlyStopper
+from dew._loop import LoopEngine
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew.events import (
     EPOCH_END,
@@ -23,7 +25,6 @@ from dew.metrics._sums import Sum
 from dew.naming import Split, check_name
 from dew.objectives.base import trainable
 from dew.steps import TrainState
-from dew.supervised._early_stopping import EarlyStopper
 from dew.tracking import Tracker
 
 __all__ = [
@@ -194,8 +195,6 @@ def run_supervised(
         # the host, and the sum is fetched once at the end of the epoch.
         count = int(np.shape(jax.tree.leaves(inputs)[0])[0])
         return params, opt_state, total.add(Sum.of(value * count)), rows + count
-
-    from dew._loop import LoopEngine  # the engine imports this package's early stopper
 
     params, opt_state = state.params, state.opt_state
     steps = int(state.step)

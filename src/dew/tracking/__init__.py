@@ -5,13 +5,13 @@ import their extra only when constructed.
 """
 
 from dew.tracking._fanout import Trackers as Trackers
+from dew.tracking._journal import Journal as Journal
+from dew.tracking._journal import read_journal as read_journal
 from dew.tracking._memory import InMemoryTracker as InMemoryTracker
 from dew.tracking._protocol import AbstractTracker as AbstractTracker
 from dew.tracking._protocol import Tracker as Tracker
 from dew.tracking._render import preview_files as preview_files
-from dew.tracking.local import Journal as Journal
 from dew.tracking.local import LocalTracker as LocalTracker
-from dew.tracking.local import read_journal as read_journal
 from dew.tracking.mlflow import MLflowTracker as MLflowTracker
 from dew.tracking.tensorboard import TensorBoardTracker as TensorBoardTracker
 from dew.tracking.wandb import WandbTracker as WandbTracker

@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from dew.naming import parse_metric_tag
+from dew.tracking._journal import read_journal
 
 __all__ = ["plot_journal"]
 
@@ -39,8 +40,6 @@ def plot_journal(path: str | os.PathLike[str]) -> list[pathlib.Path]:
     with a labelled marker at the edge of the plot; their exact values stay in
     the journal. Returns the files written.
     """
-    from dew.tracking.local import read_journal
-
     figure_class, canvas_class = _matplotlib()
     path = pathlib.Path(path)
     journal = read_journal(path)
