@@ -450,14 +450,15 @@ def test_a_run_json_cut_short_by_a_full_disk_is_never_left_torn(tmp_path):
     assert json.loads((tmp_path / "run.json").read_text())["model"] == {"name": "a" * 400}
 
 
-def test_a_torn_run_json_is_named_by_the_recipe_and_by_config_from_run_record(tmp_path):
-    from dew.config._recipe import _check_same_run, config_from_run_record
+def test_a_torn_run_json_is_named_by_the_recipe_and_by_from_run_record(tmp_path):
+    from dew.config import RunConfig
+    from dew.config._recipe import _check_same_run
 
     (tmp_path / "run.json").write_text('{\n  "data": {},\n  "model": {"name": ')
     record = RunRecord(model={"name": "a"}, data={}, optimizer={})
     for call in (
         lambda: _check_same_run(tmp_path, record),
-        lambda: config_from_run_record(tmp_path),
+        lambda: RunConfig.from_run_record(tmp_path),
     ):
         with pytest.raises(ValueError, match=r"run\.json is not valid run\.json .*line 3"):
             call()

@@ -182,10 +182,9 @@ def train_run(
         )
 
 
-def config_from_run_record(path: str | os.PathLike[str]) -> "RunConfig":
-    """The `RunConfig` a run folder's run.json records."""
-    from dew.config._config import RunConfig
-
+def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The configuration sections a run folder's run.json records, as
+    `RunConfig.from_dict` reads them (`path`: the folder or the file)."""
     path = pathlib.Path(path)
     if path.is_dir():
         path = path / "run.json"
@@ -200,4 +199,4 @@ def config_from_run_record(path: str | os.PathLike[str]) -> "RunConfig":
     }
     if saved.get("objective"):
         plain["objective"] = saved["objective"]
-    return RunConfig.from_dict(plain)
+    return plain

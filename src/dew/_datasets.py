@@ -1,0 +1,316 @@
+"""dew's built-in datasets: synthetic token windows, preference pairs and prompts, or
+token windows read from a local `.npy` file. Nothing downloads."""
+
+import functools
+import itertools
+import math
+import numbers
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from dew._checks import check_integer
+from dew.data import Dataset, Partition
+
+__all__ = ["preference_pairs", "prompts", "token_windows"]
+
+SYNTHETIC_TOKENS = 32768
+_CHAIN_SEED = 0
+_POOL_SEED = 0
+
+
+def _integer(builder: str, field: str, value: Any, least: int) -> int:
+    return check_integer(f"{builder}: {field}", value, minimum=least)
+
+
+def _fraction(builder: str, value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or not 0 <= value < 1
+    ):
+        raise ValueError(f"{builder}: val_fraction must be a number in [0, 1), got {value!r}.")
+    return float(value)
+
+
+@functools.lru_cache(maxsize=8)
+def _markov_stream(vocab_size: int, num_tokens: int) -> np.ndarray:
+    """A fixed token stream from a fixed random Markov chain over `vocab_size` IDs (each
+    ID has up to four likely successors), walked as parallel chains of 256 steps."""
+    rng = np.random.default_rng(_CHAIN_SEED)
+    likely = min(4, vocab_size)
+    transitions = np.full((vocab_size, vocab_size), 0.02)
+    for token in range(vocab_size):
+        successors = rng.choice(vocab_size, likely, replace=False)
+        transitions[token, successors] += rng.dirichlet(np.ones(likely))
+    cumulative = np.cumsum(transitions / transitions.sum(axis=1, keepdims=True), axis=1)
+    length = 256
+    chains = -(-num_tokens // length)
+    walks = np.empty((chains, length), np.int32)
+    walks[:, 0] = rng.integers(0, vocab_size, chains)
+    for position in range(1, length):
+        draws = rng.random(chains)[:, None]
+        walks[:, position] = (draws > cumulative[walks[:, position - 1]]).sum(axis=1)
+    stream = np.minimum(walks.reshape(-1)[:num_tokens], vocab_size - 1).astype(np.int32)
+    stream.flags.writeable = False
+    return stream
+
+
+def _load_tokens(path: str | os.PathLike, vocab_size: int) -> np.ndarray:
+    try:
+        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"token_windows: no token file at {os.fspath(path)!r} (a .npy file of token IDs)."
+        ) from None
+    if not isinstance(tokens, np.ndarray):
+        raise ValueError(
+            f"token_windows: {os.fspath(path)!r} must hold one array of token IDs (a .npy "
+            f"file), got {type(tokens).__name__}."
+        )
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(
+            f"token_windows: {os.fspath(path)!r} must hold a 1-D array of integer token IDs, "
+            f"got shape {tokens.shape} and dtype {tokens.dtype}."
+        )
+    if tokens.size:
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            position = int(np.argmax(tokens == bad))
+            raise ValueError(
+                f"token_windows: {os.fspath(path)!r} holds token ID {bad} at position "
+                f"{position}; valid IDs are 0 to {vocab_size - 1} (vocab_size={vocab_size})."
+            )
+    return tokens
+
+
+def _rows_dataset(
+    builder: str,
+    rows: int,
+    gather: Callable[[np.ndarray], dict[str, np.ndarray]],
+    *,
+    val_fraction: float,
+    batch_size: int,
+    seed: int,
+) -> Dataset:
+    """A Dataset over `rows` indexed rows: the last `ceil(val_fraction * rows)` are held
+    out for validation; `gather(indices)` returns the batch of those rows."""
+    held_out = math.ceil(val_fraction * rows) if val_fraction > 0 else 0
+    train_rows = rows - held_out
+    if train_rows < 1:
+        raise ValueError(
+            f"{builder}: {rows} row(s) leave no training row after holding out "
+            f"val_fraction={val_fraction} for validation; add data or lower val_fraction."
+        )
+
+    def share(rows: int, partition: Partition) -> np.ndarray:
+        if not isinstance(partition, Partition):
+            raise TypeError(f"{builder} batches take a dew.data.Partition, got {partition!r}.")
+        return np.arange(partition.index, rows, partition.count)
+
+    def train(partition: Partition) -> Iterator[dict[str, np.ndarray]]:
+        if share(train_rows, partition).size == 0:
+            raise ValueError(
+                f"{builder}: {train_rows} training row(s) leave none for partition "
+                f"{partition.index} of {partition.count}."
+            )
+        return _endless(partition)
+
+    def _endless(partition: Partition) -> Iterator[dict[str, np.ndarray]]:
+        pending = np.empty(0, np.int64)
+        for epoch in itertools.count():
+            order = np.random.default_rng([seed, epoch]).permutation(train_rows)
+            pending = np.concatenate([pending, order[partition.index :: partition.count]])
+            while pending.size >= batch_size:
+                yield gather(pending[:batch_size])
+                pending = pending[batch_size:]
+
+    def val(partition: Partition) -> Iterator[dict[str, np.ndarray]]:
+        mine = train_rows + share(held_out, partition)
+        return (
+            gather(mine[start : start + batch_size]) for start in range(0, mine.size, batch_size)
+        )
+
+    return Dataset(train=train, val=val if held_out else None, records=train_rows, batch=batch_size)
+
+
+def token_windows(
+    *,
+    seq_len: int,
+    path: str | os.PathLike | None = None,
+    vocab_size: int = 16,
+    val_fraction: float | int = 0.1,
+    num_tokens: int | None = None,
+    batch_size: int,
+    seed: int,
+) -> Dataset:
+    """Windows of `seq_len + 1` token IDs (int32, under `"text"`) cut from one token array.
+
+    **Arguments:**
+
+    - `seq_len`: the positions a window predicts; windows start every `seq_len` tokens,
+      so consecutive windows share one boundary token and every token is a target once.
+    - `path`: a local `.npy` file holding a 1-D integer array of token IDs (memory
+      mapped). With `None`, the tokens come from a fixed synthetic Markov chain
+      (`num_tokens` of them, 32768 by default), so the dataset works with no file.
+    - `vocab_size`: token IDs lie in `[0, vocab_size)`; a file holding others raises.
+    - `val_fraction`: the share of windows (the last ones, rounded up) held out for
+      validation; `0` gives a dataset without validation data.
+    - `batch_size`: rows per batch of each partition; `seed`: the shuffle's seed.
+
+    **Batches:** `train(partition)` is an endless iterator of `batch_size` rows, shuffled
+    anew each epoch from `(seed, epoch)`; every call restarts the same order, so a
+    resumed run replays it. Partitions take disjoint strided shares of each epoch's
+    order. `val(partition)` passes once, in order, over the partition's share of the
+    held-out windows; the last batch keeps its remainder (it may be short).
+
+    ```python
+    >>> data = token_windows(seq_len=8, batch_size=4, seed=0)
+    >>> batch = next(data.train(Partition()))
+    >>> batch["text"].shape, batch["text"].dtype.name
+    ((4, 9), 'int32')
+
+    ```
+    """
+    seq_len = _integer("token_windows", "seq_len", seq_len, 1)
+    vocab_size = _integer("token_windows", "vocab_size", vocab_size, 1)
+    val_fraction = _fraction("token_windows", val_fraction)
+    batch_size = _integer("token_windows", "batch_size", batch_size, 1)
+    seed = _integer("token_windows", "seed", seed, 0)
+    if path is None:
+        count = SYNTHETIC_TOKENS if num_tokens is None else num_tokens
+        tokens = _markov_stream(vocab_size, _integer("token_windows", "num_tokens", count, 2))
+    elif num_tokens is not None:
+        raise ValueError(
+            "token_windows: num_tokens sets the length of the synthetic stream, so it takes "
+            f"no value with a token file (path={os.fspath(path)!r}); got num_tokens={num_tokens}."
+        )
+    else:
+        tokens = _load_tokens(path, vocab_size)
+    windows = (tokens.shape[0] - 1) // seq_len
+    if windows < 1:
+        raise ValueError(
+            f"token_windows: {tokens.shape[0]} token(s) hold no window of seq_len + 1 = "
+            f"{seq_len + 1} tokens."
+        )
+    offsets = np.arange(seq_len + 1)
+
+    def gather(indices: np.ndarray) -> dict[str, np.ndarray]:
+        return {"text": np.asarray(tokens[indices[:, None] * seq_len + offsets], np.int32)}
+
+    return _rows_dataset(
+        "token_windows",
+        windows,
+        gather,
+        val_fraction=val_fraction,
+        batch_size=batch_size,
+        seed=seed,
+    )
+
+
+def preference_pairs(
+    *,
+    prompt_len: int = 4,
+    response_len: int = 4,
+    vocab_size: int = 16,
+    num_pairs: int = 1024,
+    val_fraction: float | int = 0.1,
+    batch_size: int,
+    seed: int,
+) -> Dataset:
+    """Synthetic preference pairs for `DPOObjective`: batches of `"chosen"`, `"rejected"`
+    (int32 `(rows, prompt_len + response_len)`) and `"prompt_mask"` (bool, true on the
+    first `prompt_len` positions).
+
+    Each pair shares a random prompt. The chosen response counts up from the prompt's
+    last token (`t + 1, t + 2, ...` modulo `vocab_size`); the rejected response differs
+    from it at every position. The pool is fixed (the same for every seed); `seed`
+    shuffles the training order, and batches, partitions and validation behave as in
+    `token_windows`.
+
+    ```python
+    >>> batch = next(preference_pairs(batch_size=2, seed=0).train(Partition()))
+    >>> batch["chosen"].shape, batch["prompt_mask"][0].tolist()
+    ((2, 8), [True, True, True, True, False, False, False, False])
+
+    ```
+    """
+    prompt_len = _integer("preference_pairs", "prompt_len", prompt_len, 1)
+    response_len = _integer("preference_pairs", "response_len", response_len, 1)
+    vocab_size = _integer("preference_pairs", "vocab_size", vocab_size, 2)
+    num_pairs = _integer("preference_pairs", "num_pairs", num_pairs, 1)
+    val_fraction = _fraction("preference_pairs", val_fraction)
+    batch_size = _integer("preference_pairs", "batch_size", batch_size, 1)
+    seed = _integer("preference_pairs", "seed", seed, 0)
+    rng = np.random.default_rng(_POOL_SEED)
+    prompt = rng.integers(0, vocab_size, (num_pairs, prompt_len))
+    steps = np.arange(1, response_len + 1)
+    chosen = (prompt[:, -1:] + steps) % vocab_size
+    rejected = (chosen + rng.integers(1, vocab_size, chosen.shape)) % vocab_size
+    pool = {
+        "chosen": np.concatenate([prompt, chosen], axis=1).astype(np.int32),
+        "rejected": np.concatenate([prompt, rejected], axis=1).astype(np.int32),
+    }
+    mask = np.arange(prompt_len + response_len) < prompt_len
+
+    def gather(indices: np.ndarray) -> dict[str, np.ndarray]:
+        batch = {key: rows[indices] for key, rows in pool.items()}
+        batch["prompt_mask"] = np.broadcast_to(mask, batch["chosen"].shape).copy()
+        return batch
+
+    return _rows_dataset(
+        "preference_pairs",
+        num_pairs,
+        gather,
+        val_fraction=val_fraction,
+        batch_size=batch_size,
+        seed=seed,
+    )
+
+
+def prompts(
+    *,
+    prompt_len: int = 4,
+    vocab_size: int = 16,
+    num_prompts: int = 1024,
+    val_fraction: float | int = 0.1,
+    batch_size: int,
+    seed: int,
+) -> Dataset:
+    """Synthetic prompts for `GRPOObjective`: batches of `"prompts"`, int32
+    `(rows, prompt_len)` random token IDs from a fixed pool; `seed` shuffles the
+    training order, and batches, partitions and validation behave as in `token_windows`.
+
+    ```python
+    >>> next(prompts(batch_size=3, seed=0).train(Partition()))["prompts"].shape
+    (3, 4)
+
+    ```
+    """
+    prompt_len = _integer("prompts", "prompt_len", prompt_len, 1)
+    vocab_size = _integer("prompts", "vocab_size", vocab_size, 1)
+    num_prompts = _integer("prompts", "num_prompts", num_prompts, 1)
+    val_fraction = _fraction("prompts", val_fraction)
+    batch_size = _integer("prompts", "batch_size", batch_size, 1)
+    seed = _integer("prompts", "seed", seed, 0)
+    pool = (
+        np.random.default_rng(_POOL_SEED)
+        .integers(0, vocab_size, (num_prompts, prompt_len))
+        .astype(np.int32)
+    )
+
+    def gather(indices: np.ndarray) -> dict[str, np.ndarray]:
+        return {"prompts": pool[indices]}
+
+    return _rows_dataset(
+        "prompts",
+        num_prompts,
+        gather,
+        val_fraction=val_fraction,
+        batch_size=batch_size,
+        seed=seed,
+    )

@@ -1,0 +1,91 @@
+"""`DataConfig` and the dataset registry whose entries build one by name."""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dew import _datasets
+from dew._registry import DATASET_SUPPLIED, Registry, _takes, check_arguments
+from dew.config._fields import (
+    _EMPTY,
+    _kwargs,
+    _registry_name,
+    _Section,
+    _set,
+    _where,
+)
+from dew.data import Dataset
+
+__all__ = ["DataConfig", "DatasetRegistry", "datasets"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_Section):
+    """A dataset by registered name (`dew.registry.datasets`) and its keyword arguments;
+    `dew.registry.datasets[name](**kwargs)` builds one after checking the arguments.
+
+    ```python
+    >>> from dew.data import Partition
+    >>> data = DataConfig("token_windows", {"seq_len": 8}).build(batch_size=4, seed=0)
+    >>> next(data.train(Partition()))["text"].shape
+    (4, 9)
+
+    ```
+    """
+
+    name: str
+    kwargs: Mapping[str, Any] = _EMPTY
+
+    def __post_init__(self) -> None:
+        where = _where(self)
+        _set(self, "name", _registry_name(f"{where}.name", self.name))
+        reserved = {
+            "batch_size": "it comes from trainer.batch_size",
+            "seed": "it comes from trainer.seed",
+        }
+        _set(self, "kwargs", _kwargs(f"{where}.kwargs", self.kwargs, reserved))
+
+    def build(self, *, batch_size: int, seed: int) -> Dataset:
+        """The dataset: `dew.registry.datasets.builder(name)(batch_size=..., seed=...,
+        **kwargs)`."""
+        builder = datasets.builder(self.name)
+        check_arguments("dataset", self.name, builder, self.kwargs, supplied=DATASET_SUPPLIED)
+        data = builder(batch_size=batch_size, seed=seed, **self.kwargs)
+        if not isinstance(data, Dataset):
+            raise TypeError(
+                f"dataset {self.name!r} returned {type(data).__name__}; a dataset builder must "
+                "return a dew.data.Dataset."
+            )
+        return data
+
+
+class DatasetRegistry(Registry[Callable[..., Dataset]]):
+    """The dataset registry: `register(name, builder)` with
+    `builder(*, batch_size, seed, **kwargs) -> Dataset`; `self[name](**kwargs)` returns a
+    `dew.config.DataConfig(name, kwargs)` after checking `kwargs` against the builder;
+    `builder(name)` returns the builder itself."""
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        builder = self._entry(name)
+
+        def data_config(**kwargs: Any) -> Any:
+            config = DataConfig(name, kwargs)
+            check_arguments("dataset", name, builder, kwargs, supplied=DATASET_SUPPLIED)
+            return config
+
+        data_config.__name__ = name
+        data_config.__doc__ = f"A DataConfig for the dataset {name!r}."
+        return data_config
+
+    def builder(self, name: str) -> Callable[..., Dataset]:
+        """The builder registered as `name`: `builder(*, batch_size, seed, **kwargs)`."""
+        return self._entry(name)
+
+
+datasets = DatasetRegistry(
+    "dataset", lambda name, entry: _takes("dataset", name, entry, DATASET_SUPPLIED)
+)
+
+datasets.register("token_windows", _datasets.token_windows)
+datasets.register("preference_pairs", _datasets.preference_pairs)
+datasets.register("prompts", _datasets.prompts)
