@@ -33,6 +33,8 @@ T = TypeVar("T")
 class NotRegisteredError(KeyError):
     """A name that no entry of a registry carries (a `KeyError` with a readable message)."""
 
+    __module__ = "dew.registry"  # where users import it from, and what tracebacks name
+
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 

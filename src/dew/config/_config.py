@@ -19,7 +19,6 @@ from dew.config._fields import (
     _WHERE,
     SCHEDULES,
     SEED_LIMIT,
-    UndeclaredPathError,
     _building,
     _integer,
     _kwargs,
@@ -46,6 +45,14 @@ __all__ = [
     "declared_paths",
     "override",
 ]
+
+
+class UndeclaredPathError(KeyError):
+    """An override path that the config does not declare (a `KeyError` whose message
+    names the nearest declared paths)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,14 +39,6 @@ def _where(config: object) -> str:
     return _WHERE.get() or type(config).__name__
 
 
-class UndeclaredPathError(KeyError):
-    """An override path that the config does not declare (a `KeyError` whose message
-    names the nearest declared paths)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
 class _FrozenMapping(Mapping[str, Any]):
     """A read-only mapping compared by value with any mapping, and hashable."""
 
