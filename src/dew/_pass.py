@@ -21,14 +21,12 @@ import numpy as np
 from jaxtyping import ArrayLike, Int, PRNGKeyArray, PyTree
 
 from dew._checks import explain_failure, ids_checked_on_host
+from dew._domains import SCORING_DOMAIN
 from dew.artifacts import Artifact
 from dew.metrics import MetricSet
 from dew.objectives.base import Objective
 
 __all__ = ["SCORING_DOMAIN", "PassResult", "run_pass", "scoring_key"]
-
-# Fixed RNG domain of scoring draws (preview draws use another, in dew.evaluation).
-SCORING_DOMAIN = 0x5C0
 
 
 @dataclasses.dataclass(frozen=True)

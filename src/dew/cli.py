@@ -264,9 +264,10 @@ def _sweep(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import jax
 
+    from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
     from dew.checkpoints import Checkpointer
     from dew.config import RunConfig
-    from dew.config._recipe import MODEL_DOMAIN, RUN_DOMAIN, build_objective, is_uri, run_folder
+    from dew.config._recipe import build_objective, is_uri, run_folder
     from dew.data import Partition
     from dew.evaluation import evaluate
     from dew.steps import TrainState

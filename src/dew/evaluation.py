@@ -14,9 +14,6 @@ from dew.objectives.base import Objective
 
 __all__ = ["SCORING_DOMAIN", "Evaluation", "PassResult", "evaluate", "run_pass", "scoring_key"]
 
-# Scoring draws (dew._pass.SCORING_DOMAIN) and preview draws never share a key stream.
-PREVIEW_DOMAIN = 0x9EE
-
 
 @dataclasses.dataclass(frozen=True)
 class Evaluation:

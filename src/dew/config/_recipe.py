@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import equinox as eqx
 import jax
 
+from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
 from dew._json import read_json
 from dew.data import Dataset
 from dew.metrics import Metric
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ["run_folder", "train_run"]
 
-MODEL_DOMAIN = 0
-RUN_DOMAIN = 1
 LOCAL_ROOT = "runs"
 
 

@@ -13,6 +13,7 @@ import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
+from dew._domains import SUPERVISED_STEP_DOMAIN
 from dew._early_stopping import EarlyStopper
 from dew._loop import LoopEngine
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
@@ -38,7 +39,6 @@ __all__ = [
 
 Loss = Callable[..., jax.Array]
 Loader = Callable[..., Iterable["Batch"]]
-TRAIN_DOMAIN = 0x5D1
 
 
 class Batch(eqx.Module):
@@ -182,7 +182,7 @@ def run_supervised(
 
     @functools.partial(jax.jit, donate_argnums=(7, 8))
     def step(params, opt_state, inputs, targets, sample_weight, run_key, index, total, rows):
-        key = jax.random.fold_in(jax.random.fold_in(run_key, TRAIN_DOMAIN), index)
+        key = jax.random.fold_in(jax.random.fold_in(run_key, SUPERVISED_STEP_DOMAIN), index)
 
         def objective(p):
             return loss(eqx.combine(p, static), inputs, targets, sample_weight, key, True)

@@ -17,10 +17,11 @@ from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
 from dew._checks import batch_error, check_integer
+from dew._domains import PREVIEW_DOMAIN, TRAIN_STEP_DOMAIN
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew.data import Dataset, Partition
-from dew.evaluation import PREVIEW_DOMAIN, run_pass
+from dew.evaluation import run_pass
 from dew.events import STEP_END, VALIDATION_END, EventSink, TrackerEventSink
 from dew.metrics import Metric, MetricSet
 from dew.naming import Split, check_name
@@ -33,7 +34,6 @@ from dew.tracking import Tracker
 
 __all__ = ["Trainer"]
 
-TRAIN_DOMAIN = 0x7A1
 PREVIEW_NAME = "samples"
 
 
@@ -41,7 +41,7 @@ def _step_function(objective_def: Any, static: Any, optimizer: optax.GradientTra
     def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: Any):
         objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
         state = jax.tree.unflatten(state_def, state_leaves)
-        key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_DOMAIN), state.step)
+        key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_STEP_DOMAIN), state.step)
         next_state, outputs = train_step(objective, optimizer, state, batch, key)
         return jax.tree.leaves(next_state), outputs
 
