@@ -150,8 +150,9 @@ def test_host_metrics_merge_on_the_host_beside_device_metrics(objective):
 
 
 def test_the_accumulator_is_donated_to_each_compiled_call(objective):
-    reducer = _Reducer(objective, objective.init_params(), MetricSet([metrics.perplexity()]))
-    reducer.key = jax.random.key(0)
+    reducer = _Reducer(
+        objective, objective.init_params(), MetricSet([metrics.perplexity()]), jax.random.key(0)
+    )
     before = list(reducer.accumulator)
     reducer.add(_batches(8, count=1)[0], 0, keep=False)
     assert all(leaf.is_deleted() for leaf in before)
@@ -206,12 +207,12 @@ def test_host_batches_are_checked_on_the_host_and_scored_without_the_traced_chec
     np.testing.assert_allclose(
         result.scores["mean_loss"], _reference_mean_loss(counting, params, batches, key), rtol=1e-6
     )
-    spec = _Reducer(counting, params, MetricSet([metrics.mean_loss()])).spec
+    spec = _Reducer(counting, params, MetricSet([metrics.mean_loss()]), key).spec
     traced = jax.make_jaxpr(_update_for(counting)[0](spec).__wrapped__)
     host = jax.make_jaxpr(
         _update_for(counting)[0](dataclasses.replace(spec, checked_on_host=True)).__wrapped__
     )
-    arguments = _Reducer(counting, params, MetricSet([metrics.mean_loss()]))
+    arguments = _Reducer(counting, params, MetricSet([metrics.mean_loss()]), key)
     call = (
         arguments.accumulator,
         batches[0],

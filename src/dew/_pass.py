@@ -158,8 +158,11 @@ def _finalize(accumulator: list, metric_leaves: list, spec: _Spec) -> dict[str, 
 class _Reducer:
     """The compiled calls of one pass of (objective, params, device metrics)."""
 
-    def __init__(self, objective: Objective, params: PyTree, metrics: MetricSet) -> None:
+    def __init__(
+        self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
+    ) -> None:
         self.metrics = metrics
+        self.key = key
         updates, self.objective_leaves = _update_for(objective)
         self.params, params_def = jax.tree.flatten(params)
         metric_arrays, metrics_static = eqx.partition(metrics, eqx.is_array)
@@ -228,9 +231,7 @@ def run_pass(
     """
     device = MetricSet(tuple(m for m in metrics.metrics if not m.host))
     host = MetricSet(tuple(m for m in metrics.metrics if m.host))
-    reducer = _Reducer(objective, params, device) if metrics.metrics else None
-    if reducer is not None:
-        reducer.key = key
+    reducer = _Reducer(objective, params, device, key) if metrics.metrics else None
     host_state = host.init()
     first_artifact = first_batch = None
     count = records = 0
