@@ -154,6 +154,7 @@ def test_the_history_json_round_trips_non_finite_values():
     back = history_from_json(history_to_json(history))
     assert back["lm/validation/psnr"][0] == (1, float("inf"))
     assert np.isnan(back["lm/validation/psnr"][1][1])
+    assert back == history
 
 
 def test_the_run_key_survives_a_checkpoint(objective, tmp_path):

@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
@@ -129,4 +131,49 @@ def test_metric_history_is_immutable_and_keyed_by_tag():
         "lm/validation/perplexity": ((10, 3.0),),
     }
     assert list(two) == ["lm/train/loss", "lm/validation/perplexity"]
-    assert one != MetricHistory(dict(one))  # identity semantics: cheap as a static field
+    assert one == MetricHistory(dict(one))  # equal by contents
+    assert hash(one) == hash(MetricHistory(dict(one)))
+    assert one != two and one != empty and one != dict(one)
+
+
+_VALUES = st.floats(allow_nan=True, allow_infinity=True, width=64)
+_SERIES = st.dictionaries(
+    st.sampled_from(["lm/train/loss", "lm/validation/perplexity", "x/test/psnr"]),
+    st.lists(st.tuples(st.integers(0, 10**6), _VALUES), max_size=4).map(tuple),
+    max_size=3,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_SERIES, _SERIES)
+def test_metric_histories_are_equal_exactly_when_their_series_are(a, b):
+    def same(x, y):  # NaN equals NaN: non-finite values are data
+        return (np.isnan(x) and np.isnan(y)) or x == y
+
+    expected = a.keys() == b.keys() and all(
+        len(a[t]) == len(b[t])
+        and all(s == u and same(x, y) for (s, x), (u, y) in zip(a[t], b[t], strict=True))
+        for t in a
+    )
+    assert (MetricHistory(a) == MetricHistory(b)) == expected
+    assert MetricHistory(a) == MetricHistory(dict(a))
+    if expected:
+        assert hash(MetricHistory(a)) == hash(MetricHistory(b))
+
+
+def test_an_equal_history_does_not_recompile_a_jitted_step():
+    traces = []
+
+    @jax.jit
+    def step(state):
+        traces.append(1)
+        return state.step + 1
+
+    def state(history):
+        zero = jnp.zeros((), jnp.int32)
+        return TrainState(zero, {}, (), jax.random.key(0), None, history)
+
+    history = MetricHistory({"lm/train/loss": ((1, float("nan")),)})
+    step(state(history))
+    step(state(MetricHistory(dict(history))))
+    assert len(traces) == 1

@@ -17,6 +17,7 @@
 ```
 """
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -36,14 +37,33 @@ class MetricHistory(Mapping[str, tuple[tuple[int, float], ...]]):
     """An immutable record of metric values keyed by metric tag: `tag -> ((step, value), ...)`.
 
     Keys are the tags a tracker receives (`stage/split/metric`). `with_values`
-    returns a new history; equality and hashing are by identity, so a history
-    kept as a static field never costs more than a pointer comparison.
+    returns a new history. Two histories are equal when they hold the same series
+    (a NaN equals a NaN: non-finite values are data); the hash is computed once,
+    so a history kept as a static field costs one comparison per jit call
+    (the Trainer hands its compiled step the empty history only).
+
+    ```python
+    >>> MetricHistory({"lm/train/loss": ((1, 2.0),)}) == MetricHistory().with_values(
+    ...     {"lm/train/loss": 2.0}, step=1)
+    True
+
+    ```
     """
 
-    __slots__ = ("_series",)
+    __slots__ = ("_hash", "_key", "_series")
 
     def __init__(self, series: Mapping[str, tuple[tuple[int, float], ...]] | None = None):
         self._series = dict(series or {})
+        self._key: tuple[Any, ...] | None = None
+        self._hash: int | None = None
+
+    def _contents(self) -> tuple[Any, ...]:
+        if self._key is None:
+            self._key = tuple(
+                (tag, tuple((int(step), _comparable(value)) for step, value in series))
+                for tag, series in sorted(self._series.items())
+            )
+        return self._key
 
     def __getitem__(self, tag: str) -> tuple[tuple[int, float], ...]:
         return self._series[tag]
@@ -55,10 +75,16 @@ class MetricHistory(Mapping[str, tuple[tuple[int, float], ...]]):
         return len(self._series)
 
     def __eq__(self, other: object) -> bool:
-        return self is other
+        if self is other:
+            return True
+        if not isinstance(other, MetricHistory):
+            return NotImplemented
+        return self._contents() == other._contents()
 
     def __hash__(self) -> int:
-        return id(self)
+        if self._hash is None:
+            self._hash = hash(self._contents())
+        return self._hash
 
     def __repr__(self) -> str:
         return f"MetricHistory({self._series!r})"
@@ -69,6 +95,12 @@ class MetricHistory(Mapping[str, tuple[tuple[int, float], ...]]):
         for tag, value in values.items():
             series[tag] = (*series.get(tag, ()), (int(step), value))
         return MetricHistory(series)
+
+
+def _comparable(value: float) -> Any:
+    """`value` as a key in which NaN equals NaN (as `"NaN"`) and -0.0 equals 0.0."""
+    value = float(value)
+    return "NaN" if math.isnan(value) else value
 
 
 EMPTY_HISTORY = MetricHistory()
