@@ -45,16 +45,16 @@ ValueError: trainer.steps must be an integer >= 1, got 0.
 ```
 """
 
-from dew.config._config import SCHEDULES as SCHEDULES
-from dew.config._config import DataConfig as DataConfig
-from dew.config._config import ModelConfig as ModelConfig
-from dew.config._config import ObjectiveConfig as ObjectiveConfig
-from dew.config._config import OptimConfig as OptimConfig
 from dew.config._config import RunConfig as RunConfig
-from dew.config._config import TrainerConfig as TrainerConfig
 from dew.config._config import UndeclaredPathError as UndeclaredPathError
-from dew.config._config import declared_paths as declared_paths
-from dew.config._config import override as override
+from dew.config._data import DataConfig as DataConfig
+from dew.config._fields import SCHEDULES as SCHEDULES
+from dew.config._overrides import declared_paths as declared_paths
+from dew.config._overrides import override as override
+from dew.config._sections import ModelConfig as ModelConfig
+from dew.config._sections import ObjectiveConfig as ObjectiveConfig
+from dew.config._sections import OptimConfig as OptimConfig
+from dew.config._sections import TrainerConfig as TrainerConfig
 
 __all__ = [
     "SCHEDULES",

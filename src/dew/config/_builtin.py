@@ -1,13 +1,8 @@
 """Built-in run configurations: `tiny_lm`, what `dew train` trains with no file."""
 
-from dew.config._config import (
-    DataConfig,
-    ModelConfig,
-    ObjectiveConfig,
-    OptimConfig,
-    RunConfig,
-    TrainerConfig,
-)
+from dew.config._config import RunConfig
+from dew.config._data import DataConfig
+from dew.config._sections import ModelConfig, ObjectiveConfig, OptimConfig, TrainerConfig
 
 __all__ = ["tiny_lm"]
 

@@ -1,16 +1,14 @@
 """`Trainer.fit`: the loop that drives the pure step functions."""
 
-import contextlib
 import dataclasses
 import functools
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray
@@ -29,8 +27,10 @@ from dew.objectives.base import Objective
 from dew.profiling import Profile
 from dew.steps import EMPTY_HISTORY, TrainState, train_step
 from dew.supervised import EarlyStopper, EarlyStopping
-from dew.telemetry.records import CheckpointRequested, ProfileWindow
+from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
+from dew.training._batches import _draw, _skip, _stack
+from dew.training._profile_window import ProfileWindowTracer
 
 __all__ = ["Trainer"]
 
@@ -347,7 +347,7 @@ class Trainer:
                 step,
             )
 
-        window = _Window(profile, engine)
+        window = ProfileWindowTracer(profile, engine)
         step = start  # the last completed step
         outputs = None  # the last call's training metrics, still on the device
         done_before = engine.stopping is not None and engine.stopping.stop
@@ -459,87 +459,6 @@ class Trainer:
             return False
         engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=f"\n  {counts}")
         return engine.judge(Split.VALIDATION, step, scores)
-
-
-class _Window:
-    """A `Profile` window over the loop: start before its first step, stop after its last."""
-
-    def __init__(self, profile: Profile | None, engine: LoopEngine) -> None:
-        self.profile = profile
-        self.engine = engine
-        self.tracing = False
-        self.finished = profile is None
-        self.traced = 0
-        self.first = 0
-
-    def before(self, step: int) -> None:
-        if self.finished or self.tracing or step < self.profile.start:
-            return
-        if step > self.profile.stop:
-            self.finished = True
-            return
-        directory = os.fspath(self.profile.directory)
-        os.makedirs(directory, exist_ok=True)
-        jax.profiler.start_trace(directory)
-        self.tracing, self.first = True, step
-
-    def after(self, step: int, leaves: list, count: int = 1) -> None:
-        if not self.tracing:
-            return
-        self.traced += count
-        if step >= self.profile.stop:
-            self.close(leaves)
-
-    def close(self, leaves: list) -> None:
-        if not self.tracing:
-            return
-        self.tracing, self.finished = False, True
-        # The traced steps have run when the trace stops (a failed step's buffers may be
-        # donated already: stop the trace anyway).
-        with contextlib.suppress(RuntimeError):
-            jax.block_until_ready(leaves)
-        jax.profiler.stop_trace()
-        self.engine.record(
-            "profile_window",
-            ProfileWindow(
-                directory=os.fspath(self.profile.directory),
-                traced_steps=self.traced,
-                start_step=self.first,
-            ),
-            self.first + self.traced - 1,
-        )
-
-
-def _draw(batches: Iterator[Any], step: int, steps: int) -> Any:
-    """The batch of `step`."""
-    try:
-        return next(batches)
-    except StopIteration:
-        raise ValueError(
-            f"Dataset.train ran out of batches at step {step} of {steps}; "
-            "make it yield at least one batch per step (e.g. itertools.cycle)."
-        ) from None
-
-
-def _stack(batches: list[Any]) -> Any:
-    """Batches stacked on a new leading axis (device arrays stay on the device)."""
-    return jax.tree.map(
-        lambda *leaves: jnp.stack(leaves) if isinstance(leaves[0], jax.Array) else np.stack(leaves),
-        *batches,
-    )
-
-
-def _skip(batches: Iterator[Any], count: int) -> Iterator[Any]:
-    """Draw and discard the `count` batches a resumed run's checkpoint had consumed."""
-    for index in range(count):
-        try:
-            next(batches)
-        except StopIteration:
-            raise ValueError(
-                f"resuming needs the {count} training batches the checkpointed run consumed "
-                f"replayed first, but Dataset.train ended after {index}."
-            ) from None
-    return batches
 
 
 def _completed(state: TrainState, step: int) -> int:

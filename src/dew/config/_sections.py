@@ -1,0 +1,244 @@
+"""The sections of a run configuration besides the data: the model, the optimizer, the
+objective and the trainer's settings."""
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import optax
+from jaxtyping import PRNGKeyArray
+
+from dew import _registry as registry
+from dew.config._fields import (
+    _EMPTY,
+    SCHEDULES,
+    SEED_LIMIT,
+    _integer,
+    _kwargs,
+    _real,
+    _registry_name,
+    _run_name,
+    _Section,
+    _set,
+    _string,
+    _where,
+)
+
+__all__ = ["ModelConfig", "ObjectiveConfig", "OptimConfig", "TrainerConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(_Section):
+    """A model by registered name (`dew.registry.models`) and its keyword arguments.
+
+    `kwargs` is stored read-only (nested lists as tuples, mappings as read-only
+    mappings) and passed as it is to the builder; `key` is supplied by `build`.
+
+    ```python
+    >>> import jax
+    >>> config = ModelConfig("causal_transformer", {"vocab_size": 4, "emb_features": 16,
+    ...                      "num_layers": 1, "num_heads": 2, "mlp_features": 32,
+    ...                      "max_seq_len": 16})
+    >>> type(config.build(key=jax.random.key(0))).__name__
+    'CausalTransformer'
+
+    ```
+    """
+
+    name: str
+    kwargs: Mapping[str, Any] = _EMPTY
+
+    def __post_init__(self) -> None:
+        where = _where(self)
+        _set(self, "name", _registry_name(f"{where}.name", self.name))
+        reserved = {"key": "ModelConfig.build supplies the initialisation key"}
+        _set(self, "kwargs", _kwargs(f"{where}.kwargs", self.kwargs, reserved))
+
+    def build(self, *, key: PRNGKeyArray) -> Any:
+        """The model: `dew.registry.models[name](**kwargs, key=key)`."""
+        builder = registry.models[self.name]
+        registry.check_arguments("model", self.name, builder, self.kwargs, supplied=("key",))
+        return builder(**self.kwargs, key=key)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig(_Section):
+    """An optimizer by registered name (`dew.registry.optimizers`), its learning-rate
+    schedule, weight decay and gradient clipping.
+
+    - `schedule`: `"constant"`; `"cosine"` and `"linear"` decay to 0 at the run's last
+      step; `"warmup_cosine"` is optax's name for `"cosine"` with warmup, and behaves as
+      `"cosine"`.
+    - `warmup_steps`: with any schedule, the learning rate first rises linearly from 0
+      over these steps; the schedule then runs over the remaining steps.
+    - `weight_decay`: passed as the optimizer's own `weight_decay` argument when it has
+      one (`adamw`, `lion`: decoupled decay); for the others (`adam`, `sgd`,
+      `adafactor`, `rmsprop`, ...) a value `> 0` chains `optax.add_decayed_weights`
+      before the optimizer (L2 regularisation through the gradient).
+    - `clipping`: when set, `optax.clip_by_global_norm(clipping)` comes first.
+    - `kwargs`: further keyword arguments of the optimizer (`b1`, `momentum`, ...).
+
+    ```python
+    >>> schedule = OptimConfig(learning_rate=0.1, schedule="linear").learning_rate_schedule(10)
+    >>> [round(float(schedule(step)), 3) for step in (0, 5, 10)]
+    [0.1, 0.05, 0.0]
+
+    ```
+    """
+
+    optimizer: str = "adam"
+    learning_rate: float = 1e-3
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    clipping: float | None = None
+    kwargs: Mapping[str, Any] = _EMPTY
+
+    def __post_init__(self) -> None:
+        where = _where(self)
+        _set(self, "optimizer", _registry_name(f"{where}.optimizer", self.optimizer))
+        rate = _real(f"{where}.learning_rate", self.learning_rate, positive=True)
+        _set(self, "learning_rate", rate)
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
+            allowed = ", ".join(repr(name) for name in SCHEDULES)
+            raise ValueError(f"{where}.schedule {self.schedule!r} is not one of {allowed}.")
+        _set(self, "schedule", str.__str__(self.schedule))
+        _set(self, "warmup_steps", _integer(f"{where}.warmup_steps", self.warmup_steps, least=0))
+        decay = _real(f"{where}.weight_decay", self.weight_decay, positive=False)
+        _set(self, "weight_decay", decay)
+        clipping = _real(f"{where}.clipping", self.clipping, positive=True, optional=True)
+        _set(self, "clipping", clipping)
+        reserved = {
+            "learning_rate": f"set {where}.learning_rate",
+            "weight_decay": f"set {where}.weight_decay",
+        }
+        _set(self, "kwargs", _kwargs(f"{where}.kwargs", self.kwargs, reserved))
+
+    def learning_rate_schedule(self, steps: int) -> optax.Schedule:
+        """The learning rate at each step of a run of `steps` steps."""
+        steps = _integer("OptimConfig.learning_rate_schedule steps", steps, least=1)
+        if self.warmup_steps > steps:
+            raise ValueError(
+                f"OptimConfig.warmup_steps ({self.warmup_steps}) must not exceed the run's "
+                f"steps ({steps})."
+            )
+        remaining = max(steps - self.warmup_steps, 1)
+        rate = self.learning_rate
+        if self.schedule == "constant":
+            main = optax.constant_schedule(rate)
+        elif self.schedule == "linear":
+            main = optax.linear_schedule(rate, 0.0, remaining)
+        else:
+            main = optax.cosine_decay_schedule(rate, remaining)
+        if not self.warmup_steps:
+            return main
+        warmup = optax.linear_schedule(0.0, rate, self.warmup_steps)
+        return optax.join_schedules([warmup, main], [self.warmup_steps])
+
+    def build(self, steps: int) -> optax.GradientTransformation:
+        """The optimizer for a run of `steps` steps: clipping, then decay where the
+        optimizer has none of its own, then the optimizer on the schedule."""
+        factory = registry.optimizers[self.optimizer]
+        names, _ = registry.keyword_parameters(factory)
+        decoupled = "weight_decay" in names
+        supplied = ("learning_rate", "weight_decay") if decoupled else ("learning_rate",)
+        registry.check_arguments(
+            "optimizer", self.optimizer, factory, self.kwargs, supplied=supplied
+        )
+        schedule = self.learning_rate_schedule(steps)
+        learning_rate = (
+            self.learning_rate
+            if self.schedule == "constant" and not self.warmup_steps
+            else schedule
+        )
+        extra = {"weight_decay": self.weight_decay} if decoupled else {}
+        optimizer = factory(learning_rate=learning_rate, **self.kwargs, **extra)
+        if not isinstance(optimizer, optax.GradientTransformation):
+            raise TypeError(
+                f"optimizer {self.optimizer!r} returned {type(optimizer).__name__}; an "
+                "optimizer must return an optax.GradientTransformation."
+            )
+        parts = []
+        if self.clipping is not None:
+            parts.append(optax.clip_by_global_norm(self.clipping))
+        if not decoupled and self.weight_decay > 0:
+            parts.append(optax.add_decayed_weights(self.weight_decay))
+        return optax.chain(*parts, optimizer) if parts else optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig(_Section):
+    """An objective by registered name (`dew.registry.objectives`) and its keyword
+    arguments; `build(model)` gives `dew.registry.objectives[name](model, **kwargs)`.
+
+    An objective that takes `seq_len` and is not given one takes the dataset's
+    `data.kwargs.seq_len` (see `RunConfig.train`).
+
+    ```python
+    >>> ObjectiveConfig().to_dict()
+    {'name': 'lm', 'kwargs': {}}
+
+    ```
+    """
+
+    name: str = "lm"
+    kwargs: Mapping[str, Any] = _EMPTY
+
+    def __post_init__(self) -> None:
+        where = _where(self)
+        _set(self, "name", _registry_name(f"{where}.name", self.name))
+        reserved = {"model": "the model comes from the model section"}
+        _set(self, "kwargs", _kwargs(f"{where}.kwargs", self.kwargs, reserved))
+
+    def build(self, model: Any, **defaults: Any) -> Any:
+        """The objective on `model`; `defaults` fill keyword arguments `kwargs` lacks
+        and the objective takes."""
+        builder = registry.objectives[self.name]
+        names, extra = registry.keyword_parameters(builder)
+        kwargs = {
+            key: value
+            for key, value in defaults.items()
+            if key not in self.kwargs and (key in names or extra)
+        }
+        kwargs.update(self.kwargs)
+        registry.check_arguments("objective", self.name, builder, kwargs, supplied=("model",))
+        return builder(model, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig(_Section):
+    """How a run trains: its name, where it checkpoints, and its cadences.
+
+    - `name`: `None` or a run name of `/`-separated segments (`"lm-rate/trial-0"`), each
+      non-empty and not blank, `.` or `..`.
+    - `checkpoint_dir`: the directory runs are kept under.
+    - `steps`, `batch_size`, `log_every`: integers `>= 1`; `eval_every` and
+      `checkpoint_every`: `None` (never) or integers `>= 1`.
+    - `seed`: an integer in `[0, 2**32)`, since JAX keys keep 32 bits of an integer seed.
+    """
+
+    name: str | None = None
+    checkpoint_dir: str = "runs"
+    steps: int = 1000
+    batch_size: int = 32
+    log_every: int = 10
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        where = _where(self)
+        _set(self, "name", _run_name(f"{where}.name", self.name))
+        _set(self, "checkpoint_dir", _string(f"{where}.checkpoint_dir", self.checkpoint_dir))
+        for field in ("steps", "batch_size", "log_every"):
+            _set(self, field, _integer(f"{where}.{field}", getattr(self, field), least=1))
+        for field in ("eval_every", "checkpoint_every"):
+            value = _integer(f"{where}.{field}", getattr(self, field), least=1, optional=True)
+            _set(self, field, value)
+        seed = _integer(f"{where}.seed", self.seed, least=0)
+        if seed >= SEED_LIMIT:
+            raise ValueError(
+                f"{where}.seed must be an integer in [0, 2**32), got {seed}: JAX keys keep 32 "
+                "bits of an integer seed, so larger seeds would repeat smaller ones."
+            )
+        _set(self, "seed", seed)

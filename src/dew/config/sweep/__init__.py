@@ -1,0 +1,97 @@
+"""Search a hyperparameter space: one ordinary run per point, recorded in a ledger.
+
+`sweep(config, space, train=..., trials=..., ledger=...)` trains one trial per point of
+`space`. Each trial is `config` with the point applied by `dew.config.override` and with
+`trainer.name` set to `"<config.trainer.name>/trial-<index>"`, so every trial keeps its own
+record, checkpoints and tracking directory. `train(run_config)` trains it and returns its
+score, a float (non-finite scores are data and are kept).
+
+A space maps dotted paths of the run record to what a trial may take there:
+
+- a list or tuple of choices (`[0.01, 0.003]`), or `Choice(values)`;
+- `Uniform(low, high, log=False)`: a float range (random and Optuna search only);
+- `IntUniform(low, high, log=False)`: an integer range, both ends included (likewise).
+
+Three search backends ship, and `Search` is the protocol for writing another:
+
+- `random_search` draws each path independently and reproducibly from the trial index
+  (`random_search(seed=7)` for another seed);
+- `grid_search` walks the cartesian product in order and stops at the grid's size;
+- `optuna_search` asks Optuna's sampler (extra `hpo`); with a shared RDB storage, several
+  worker processes split one sweep's trials.
+
+The ledger is a JSON file: `{"version": 1, "space": ..., "search": ..., "config": ...,
+"trials": [{"index", "overrides", "value"}], "running": [{"index", "overrides"}]}`. A
+finished trial is written to it (atomically, and made durable) before it is reported to the
+tracker; a rerun of the same call skips the finished trials, retrains from its start a trial
+that was cut off mid-training (its checkpoints resume it) and continues. A ledger written for
+another space, another search or another base configuration (`config.to_dict()`) is refused
+before any training. Non-finite scores are written `"NaN"`, `"+Inf"`, `"-Inf"`.
+
+A tracker passed to `sweep` receives each trial's score under `VALUE_TAG`
+(`sweep/validation/value`, dew's `stage/split/metric` scheme) at step `index`, and its
+`dew.telemetry.records.TrialFinished` record as artifact `"trial_finished"`.
+
+```python
+>>> import tempfile
+>>> from dew.config import DataConfig, ModelConfig, RunConfig, TrainerConfig
+>>> config = RunConfig(ModelConfig("mlp"), DataConfig("toy"), trainer=TrainerConfig(name="demo"))
+>>> def train(run):
+...     return abs(run.optim.learning_rate - 0.003) + run.trainer.batch_size / 100
+>>> ledger = tempfile.mkdtemp() + "/ledger.json"
+>>> space = {"optim.learning_rate": [0.01, 0.003], "trainer.batch_size": [16, 32]}
+>>> trials = sweep(config, space, train=train, trials=4, ledger=ledger, search=grid_search)
+>>> for trial in trials:
+...     print(trial.index, trial.overrides)
+0 {'optim.learning_rate': 0.01, 'trainer.batch_size': 16}
+1 {'optim.learning_rate': 0.01, 'trainer.batch_size': 32}
+2 {'optim.learning_rate': 0.003, 'trainer.batch_size': 16}
+3 {'optim.learning_rate': 0.003, 'trainer.batch_size': 32}
+>>> min(trials, key=lambda trial: trial.value).index
+2
+
+```
+"""
+
+from dew.config.sweep._ledger import LEDGER_VERSION as LEDGER_VERSION
+from dew.config.sweep._optuna import OWNER_ATTR as OWNER_ATTR
+from dew.config.sweep._optuna import OptunaSearch as OptunaSearch
+from dew.config.sweep._optuna import _OptunaRun as _OptunaRun
+from dew.config.sweep._optuna import optuna_search as optuna_search
+from dew.config.sweep._search import GridSearch as GridSearch
+from dew.config.sweep._search import IndexedSearch as IndexedSearch
+from dew.config.sweep._search import RandomSearch as RandomSearch
+from dew.config.sweep._search import Search as Search
+from dew.config.sweep._search import SearchRun as SearchRun
+from dew.config.sweep._search import Trial as Trial
+from dew.config.sweep._search import grid_search as grid_search
+from dew.config.sweep._search import random_search as random_search
+from dew.config.sweep._space import Choice as Choice
+from dew.config.sweep._space import Field as Field
+from dew.config.sweep._space import IntUniform as IntUniform
+from dew.config.sweep._space import Space as Space
+from dew.config.sweep._space import Uniform as Uniform
+from dew.config.sweep._space import _checked_space as _checked_space
+from dew.config.sweep._sweep import TRIAL_FINISHED as TRIAL_FINISHED
+from dew.config.sweep._sweep import VALUE_TAG as VALUE_TAG
+from dew.config.sweep._sweep import sweep as sweep
+
+__all__ = [
+    "LEDGER_VERSION",
+    "OWNER_ATTR",
+    "VALUE_TAG",
+    "Choice",
+    "GridSearch",
+    "IndexedSearch",
+    "IntUniform",
+    "OptunaSearch",
+    "RandomSearch",
+    "Search",
+    "SearchRun",
+    "Trial",
+    "Uniform",
+    "grid_search",
+    "optuna_search",
+    "random_search",
+    "sweep",
+]

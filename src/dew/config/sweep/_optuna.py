@@ -1,0 +1,304 @@
+"""The Optuna search backend (extra `hpo`): a sampler asked for each trial's point, a study
+shared through an RDB storage by the workers of one sweep."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence, Set
+from typing import Any
+
+from dew.config.sweep._search import Search, SearchRun, Trial
+from dew.config.sweep._space import Choice, Space, Uniform
+
+_HPO_HINT = 'pip install "dew-ml[hpo]"'
+OWNER_ATTR = "dew.ledger"
+"""The Optuna user attribute naming the ledger (`host:absolute path`) a trial was asked for."""
+
+
+def _import_optuna() -> Any:
+    try:
+        import optuna
+    except ImportError as error:
+        raise ImportError(
+            f"optuna_search needs Optuna, which is not installed: {_HPO_HINT}", name="optuna"
+        ) from error
+    return optuna
+
+
+_OPTUNA_CHOICE = (type(None), bool, int, float, str)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OptunaSearch(Search):
+    """Ask an Optuna sampler for each trial's point and tell it every finished trial (extra
+    `hpo`: `pip install "dew-ml[hpo]"`).
+
+    Trial indices are Optuna's trial numbers. `storage=None` keeps the study in memory:
+    each sweep call creates one and first tells it the ledger's trials. With an RDB storage
+    URL (`"sqlite:///study.db"`, `"postgresql://..."`) and a `study_name`, the study
+    persists, and several worker processes running the same sweep call split its trials:
+    the storage hands out each trial number once, and a worker that draws a number at or
+    beyond the budget tells it as failed and stops. Workers may share one ledger path on one
+    machine (writes are locked), or keep one ledger each. Each trial is created carrying its
+    ledger's name (user attribute `OWNER_ATTR`), so a rerun trains at its number a trial a
+    killed worker created but never recorded, and never takes another ledger's trial.
+
+    - `sampler`: an Optuna sampler (`None`: Optuna's default, TPE).
+    - `direction`: `"minimize"` (default) or `"maximize"` the trial values.
+
+    Choices must be None, bool, int, float or str (Optuna's categorical values). A NaN score
+    is told to Optuna as a failed trial; the ledger keeps it as NaN.
+    """
+
+    storage: Any = None
+    study_name: str | None = None
+    sampler: Any = None
+    direction: str = "minimize"
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("minimize", "maximize"):
+            raise ValueError(f"direction {self.direction!r} is not one of 'minimize', 'maximize'.")
+        if self.storage is not None and not self.study_name:
+            raise ValueError(
+                f"optuna_search(storage={self.storage!r}) needs study_name=..., so reruns and "
+                "other workers find the same study."
+            )
+
+    def __call__(
+        self,
+        *,
+        storage: Any = None,
+        study_name: str | None = None,
+        sampler: Any = None,
+        direction: str = "minimize",
+    ) -> OptunaSearch:
+        """This search with a storage, study name, sampler or direction."""
+        return OptunaSearch(storage, study_name, sampler, direction)
+
+    @property
+    def name(self) -> str:
+        return "optuna"
+
+    def check(self, space: Space) -> None:
+        _import_optuna()
+        for path, spec in space.items():
+            if isinstance(spec, Choice):
+                for value in spec.values:
+                    if not isinstance(value, _OPTUNA_CHOICE):
+                        raise ValueError(
+                            f"optuna_search takes choices of None, bool, int, float or str; "
+                            f"space path {path!r} has {value!r}."
+                        )
+
+    def start(
+        self,
+        space: Space,
+        *,
+        trials: int,
+        finished: Sequence[Trial],
+        running: Sequence[tuple[int, dict[str, Any]]],
+        owner: str | None = None,
+    ) -> SearchRun:
+        """Begin proposing trials; `owner` names the ledger (`sweep` passes it), which each
+        trial records as user attribute `OWNER_ATTR` from the moment the study creates it."""
+        return _OptunaRun(self, space, trials, finished, running, owner)
+
+
+class _OptunaRun(SearchRun):
+    def __init__(
+        self,
+        search: OptunaSearch,
+        space: Space,
+        trials: int,
+        finished: Sequence[Trial],
+        running: Sequence[tuple[int, dict[str, Any]]],
+        owner: str | None,
+    ) -> None:
+        optuna = self.optuna = _import_optuna()
+        self.owner = owner
+        self.orphans: list[int] = []
+        distributions = optuna.distributions
+        self.distributions = {}
+        for path, spec in space.items():
+            if isinstance(spec, Choice):
+                self.distributions[path] = distributions.CategoricalDistribution(spec.values)
+            elif isinstance(spec, Uniform):
+                self.distributions[path] = distributions.FloatDistribution(
+                    spec.low, spec.high, log=spec.log
+                )
+            else:
+                self.distributions[path] = distributions.IntDistribution(
+                    spec.low, spec.high, log=spec.log
+                )
+        self.trials = trials
+        self.study = optuna.create_study(
+            storage=search.storage,
+            study_name=search.study_name,
+            sampler=search.sampler,
+            direction=search.direction,
+            load_if_exists=True,
+        )
+        if self.study.direction.name.lower() != search.direction:
+            raise ValueError(
+                f"Optuna study {self.study.study_name!r} exists with direction "
+                f"{self.study.direction.name.lower()!r}, but optuna_search asks to "
+                f"{search.direction!r}."
+            )
+        storage = search.storage
+        where = f"study {self.study.study_name!r}"
+        if storage is not None:
+            where += (
+                f" of storage {storage if isinstance(storage, str) else type(storage).__name__}"
+            )
+        existing = {trial.number: trial for trial in self.study.get_trials(deepcopy=False)}
+        if existing:
+            self._reconcile(existing, finished, running, where)
+            self._adopt_orphans(existing, finished, running)
+        else:
+            self._replay(finished, running)
+
+    def _frozen(self, state: Any, params: Mapping[str, Any], value: float | None) -> Any:
+        return self.optuna.trial.create_trial(
+            state=state, value=value, params=dict(params), distributions=self.distributions
+        )
+
+    def _replay(
+        self, finished: Sequence[Trial], running: Sequence[tuple[int, dict[str, Any]]]
+    ) -> None:
+        """Tell an empty study the ledger's trials under the ledger's indices: finished ones
+        as complete (failed for NaN), the ones to retrain as running, gaps as failed."""
+        states = self.optuna.trial.TrialState
+        entries: dict[int, tuple[Any, Mapping[str, Any], float | None]] = {}
+        for trial in finished:
+            if math.isnan(trial.value):
+                entries[trial.index] = (states.FAIL, trial.overrides, None)
+            else:
+                entries[trial.index] = (states.COMPLETE, trial.overrides, trial.value)
+        for index, point in running:
+            entries[index] = (states.RUNNING, point, None)
+        for index in range(max(entries, default=-1) + 1):
+            if index in entries:
+                self.study.add_trial(self._frozen(*entries[index]))
+            else:  # a number no finished or resumable trial holds
+                self.study.add_trial(self.optuna.trial.create_trial(state=states.FAIL))
+
+    def _reconcile(
+        self,
+        existing: Mapping[int, Any],
+        finished: Sequence[Trial],
+        running: Sequence[tuple[int, dict[str, Any]]],
+        where: str,
+    ) -> None:
+        """Check the ledger's trials against a persistent study and tell it the finished
+        trials it still holds as running (a worker stopped between ledger and study)."""
+        pairs = [(trial.index, trial.overrides) for trial in finished] + list(running)
+        for index, point in pairs:
+            trial = existing.get(index)
+            if trial is None or dict(trial.params) != dict(point):
+                held = "no such trial" if trial is None else f"params {dict(trial.params)!r}"
+                raise ValueError(
+                    f"the ledger's trial {index} trained {dict(point)!r}, but Optuna {where} "
+                    f"has {held}: the ledger was written for another study."
+                )
+        for trial in finished:
+            if existing[trial.index].state == self.optuna.trial.TrialState.RUNNING:
+                self.tell(trial)
+
+    def _owned(self, trial: Any) -> bool:
+        return self.owner is not None and trial.user_attrs.get(OWNER_ATTR) == self.owner
+
+    def _adopt_orphans(
+        self,
+        existing: Mapping[int, Any],
+        finished: Sequence[Trial],
+        running: Sequence[tuple[int, dict[str, Any]]],
+    ) -> None:
+        """Trials this ledger's processes created that are still running in the study but
+        are in neither part of the ledger: a process died between creating one and
+        recording it. Both happen under the ledger's lock, which the caller holds, so no
+        live process owns them. Those inside the budget are asked for again (first, at their
+        number, with the parameters the study already holds); the others are failed."""
+        recorded = {trial.index for trial in finished} | {index for index, _ in running}
+        for number, trial in sorted(existing.items()):
+            if (
+                trial.state != self.optuna.trial.TrialState.RUNNING
+                or number in recorded
+                or not self._owned(trial)
+            ):
+                continue
+            if number < self.trials:
+                self.orphans.append(number)
+            else:
+                self.study.tell(number, state=self.optuna.trial.TrialState.FAIL)
+
+    def _suggest(self, trial: Any) -> dict[str, Any]:
+        """Every path's value in `trial`: the one it holds, or the sampler's draw."""
+        distributions = self.optuna.distributions
+        point = {}
+        for path, spec in self.distributions.items():
+            if isinstance(spec, distributions.CategoricalDistribution):
+                point[path] = trial.suggest_categorical(path, spec.choices)
+            elif isinstance(spec, distributions.FloatDistribution):
+                point[path] = trial.suggest_float(path, spec.low, spec.high, log=spec.log)
+            else:
+                point[path] = trial.suggest_int(path, spec.low, spec.high, log=spec.log)
+        return point
+
+    def _create(self) -> Any:
+        """`study.ask()`, except that the trial is created already carrying its owner, in
+        the storage's one insert: a process killed at any moment after leaves a trial a
+        rerun can tell as its own."""
+        storage, study_id = self.study._storage, self.study._study_id
+        template = self.optuna.trial.create_trial(
+            state=self.optuna.trial.TrialState.RUNNING,
+            user_attrs={} if self.owner is None else {OWNER_ATTR: self.owner},
+        )
+        trial_id = storage.create_new_trial(study_id, template_trial=template)
+        return self.optuna.trial.Trial(self.study, trial_id)
+
+    def ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:
+        while self.orphans:
+            number = self.orphans.pop(0)
+            if number in taken:
+                continue
+            storage, study_id = self.study._storage, self.study._study_id
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            return number, self._suggest(self.optuna.trial.Trial(self.study, trial_id))
+        if len(self.study.get_trials(deepcopy=False)) >= self.trials:
+            return None
+        trial = self._create()
+        if trial.number >= self.trials or trial.number in taken:
+            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            if trial.number >= self.trials:
+                return None
+            raise RuntimeError(
+                f"Optuna gave trial number {trial.number}, which the ledger already holds: "
+                "processes sharing a ledger must share an Optuna storage "
+                "(optuna_search(storage=..., study_name=...))."
+            )
+        return trial.number, self._suggest(trial)
+
+    def unfinished(self, finished: Set[int]) -> list[int]:
+        """The trials inside the budget this ledger's processes created that are still
+        running in the study and absent from `finished`."""
+        return [
+            trial.number
+            for trial in self.study.get_trials(deepcopy=False)
+            if trial.number < self.trials
+            and trial.number not in finished
+            and trial.state == self.optuna.trial.TrialState.RUNNING
+            and self._owned(trial)
+        ]
+
+    def tell(self, trial: Trial) -> None:
+        if math.isnan(trial.value):
+            state = self.optuna.trial.TrialState.FAIL
+            self.study.tell(trial.index, state=state, skip_if_finished=True)
+        else:
+            self.study.tell(trial.index, trial.value, skip_if_finished=True)
+
+
+optuna_search = OptunaSearch()
+"""Optuna's default sampler on an in-memory study; `optuna_search(storage=..., study_name=...,
+sampler=..., direction=...)` to configure it."""

@@ -1,0 +1,236 @@
+"""The search protocol (`Search`, `SearchRun`, `Trial`) and the indexed backends: random and grid
+search."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence, Set
+from typing import Any
+
+import numpy as np
+
+from dew.config.sweep._space import Choice, Field, Space, Uniform, _is_int, _normalize_space
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One finished trial: its `index` (the trial number, `trial-<index>` in its name), the
+    point it trained (`overrides`, dotted path to value, in the ledger's JSON form) and the
+    score `train` returned (`value`, possibly non-finite)."""
+
+    index: int
+    overrides: dict[str, Any]
+    value: float
+
+
+class SearchRun(abc.ABC):
+    """One sweep call's conversation with a search backend (`Search.start` returns it).
+
+    `ask(taken)` proposes the next trial as `(index, point)`, or `None` when the search has
+    nothing more to propose; `taken` holds the indices the ledger already has (finished or
+    being trained), which a proposal must avoid. `tell(trial)` reports a finished trial.
+    `unfinished(finished)` names the indices still missing at the end; `close()` releases
+    what the run holds.
+    """
+
+    @abc.abstractmethod
+    def ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:
+        """The next trial's index and point, or `None` when done."""
+
+    def tell(self, trial: Trial) -> None:  # noqa: B027  (optional hook)
+        """Report a finished trial (by default nothing is told)."""
+
+    def unfinished(self, finished: Set[int]) -> list[int]:
+        """The indices this search handed out, or must hand out, that `finished` (the
+        ledger's finished indices) lacks once `ask` returned `None` (by default none); the
+        sweep fails naming them unless a live process is still training them."""
+        return []
+
+    def close(self) -> None:  # noqa: B027  (optional hook)
+        """Release what the run holds (by default nothing)."""
+
+
+class Search(abc.ABC):
+    """A search backend: proposes the points a sweep trains.
+
+    - `name`: recorded in the ledger; a rerun with another name is refused.
+    - `check(space)`: refuse a space the backend cannot search (called before any training).
+    - `start(space, *, trials, finished, running)`: a `SearchRun` for one sweep call, given
+      the trial budget, the ledger's finished trials and the trials this call will retrain
+      first (`(index, point)` pairs that were cut off mid-training).
+
+    A search whose index alone decides its point subclasses `IndexedSearch` instead.
+    """
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """The backend's name as the ledger records it."""
+
+    def check(self, space: Space) -> None:  # noqa: B027  (optional hook)
+        """Raise if this backend cannot search `space` (by default every space is fine)."""
+
+    @abc.abstractmethod
+    def start(
+        self,
+        space: Space,
+        *,
+        trials: int,
+        finished: Sequence[Trial],
+        running: Sequence[tuple[int, dict[str, Any]]],
+    ) -> SearchRun:
+        """Begin proposing trials for one sweep call."""
+
+
+class IndexedSearch(Search):
+    """A search whose trial index alone decides its point: `point(space, index)`.
+
+    Trials are proposed at the lowest index the ledger has not taken, below
+    `limit(space, trials)` (by default `trials`).
+    """
+
+    @abc.abstractmethod
+    def point(self, space: Space, index: int) -> dict[str, Any]:
+        """The point of trial `index`: dotted path to value, for every path of `space`."""
+
+    def limit(self, space: Space, trials: int) -> int:
+        """How many trial indices this search proposes for a budget of `trials`."""
+        return trials
+
+    def start(
+        self,
+        space: Space,
+        *,
+        trials: int,
+        finished: Sequence[Trial],
+        running: Sequence[tuple[int, dict[str, Any]]],
+    ) -> SearchRun:
+        return _IndexedRun(self, space, self.limit(space, trials))
+
+
+class _IndexedRun(SearchRun):
+    def __init__(self, search: IndexedSearch, space: Space, limit: int) -> None:
+        self.search, self.space, self.limit, self.cursor = search, space, limit, 0
+
+    def ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:
+        while self.cursor < self.limit and self.cursor in taken:
+            self.cursor += 1
+        if self.cursor >= self.limit:
+            return None
+        return self.cursor, self.search.point(self.space, self.cursor)
+
+    def unfinished(self, finished: Set[int]) -> list[int]:
+        return [index for index in range(self.limit) if index not in finished]
+
+
+def _check_seed(seed: Any) -> int:
+    if not _is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}.")
+    return int(seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomSearch(IndexedSearch):
+    """Draw each path independently from `numpy.random.default_rng([seed, index, position])`
+    (`position`: the path's place in the space), so trial `index` always gets the same point.
+
+    `random_search` is this search with seed 0; `random_search(seed=7)` another seed. Choices
+    are drawn uniformly; a range with `log=True` uniformly in log space.
+
+    ```python
+    >>> space = {"optim.learning_rate": Uniform(1e-4, 1e-1, log=True), "trainer.steps": [5, 9]}
+    >>> random_search.point(space, 3) == random_search.point(space, 3)
+    True
+
+    ```
+    """
+
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", _check_seed(self.seed))
+
+    def __call__(self, *, seed: int = 0) -> RandomSearch:
+        """This search with another seed."""
+        return RandomSearch(seed=seed)
+
+    @property
+    def name(self) -> str:
+        return f"random(seed={self.seed})"
+
+    def point(self, space: Mapping[str, Any], index: int) -> dict[str, Any]:
+        space = _normalize_space(space)
+        point = {}
+        for position, (path, spec) in enumerate(space.items()):
+            rng = np.random.default_rng([self.seed, index, position])
+            point[path] = _draw(spec, rng)
+        return point
+
+
+def _draw(spec: Field, rng: np.random.Generator) -> Any:
+    if isinstance(spec, Choice):
+        return spec.values[int(rng.integers(len(spec.values)))]
+    if isinstance(spec, Uniform):
+        if spec.log:
+            value = math.exp(rng.uniform(math.log(spec.low), math.log(spec.high)))
+        else:
+            value = float(rng.uniform(spec.low, spec.high))
+        return min(max(value, spec.low), spec.high)
+    if spec.log:  # round a log-uniform draw over [low - 1/2, high + 1/2] to the nearest integer
+        drawn = math.exp(rng.uniform(math.log(spec.low - 0.5), math.log(spec.high + 0.5)))
+        return min(max(round(drawn), spec.low), spec.high)
+    return int(rng.integers(spec.low, spec.high + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSearch(IndexedSearch):
+    """Walk the cartesian product of the choices: trial `i` is the `i`-th point in
+    `itertools.product` order of the space's paths as given (the last path varies fastest).
+    A budget larger than the grid stops at the grid's size. Ranges are refused.
+
+    ```python
+    >>> space = {"a": [1, 2], "b": ["x", "y"]}
+    >>> [grid_search.point(space, index) for index in range(4)]  # doctest: +NORMALIZE_WHITESPACE
+    [{'a': 1, 'b': 'x'}, {'a': 1, 'b': 'y'}, {'a': 2, 'b': 'x'}, {'a': 2, 'b': 'y'}]
+
+    ```
+    """
+
+    def __call__(self) -> GridSearch:
+        """This search (grid search takes no settings)."""
+        return self
+
+    @property
+    def name(self) -> str:
+        return "grid"
+
+    def check(self, space: Space) -> None:
+        for path, spec in space.items():
+            if not isinstance(spec, Choice):
+                raise ValueError(
+                    f"grid_search walks lists of choices, but space path {path!r} is {spec!r}; "
+                    "give a list of values, or use random_search or optuna_search for a range."
+                )
+
+    def limit(self, space: Space, trials: int) -> int:
+        return min(trials, math.prod(len(spec.values) for spec in space.values()))
+
+    def point(self, space: Mapping[str, Any], index: int) -> dict[str, Any]:
+        space = _normalize_space(space)
+        self.check(space)
+        size = math.prod(len(spec.values) for spec in space.values())
+        if not 0 <= index < size:
+            raise IndexError(f"grid point {index} is outside the grid of {size} points.")
+        picks = []
+        for spec in reversed(list(space.values())):
+            index, pick = divmod(index, len(spec.values))
+            picks.append(spec.values[pick])
+        return dict(zip(space, reversed(picks), strict=True))
+
+
+random_search = RandomSearch()
+"""Random search with seed 0; `random_search(seed=...)` for another seed."""
+grid_search = GridSearch()
+"""Grid search over the cartesian product of the space's choices."""

@@ -1,0 +1,196 @@
+"""The sweep driver: `sweep` trains one trial per point a search proposes, through the ledger."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dew.config import RunConfig, override
+from dew.config.sweep._ledger import _Ledger
+from dew.config.sweep._optuna import OptunaSearch
+from dew.config.sweep._search import Search, SearchRun, Trial, random_search
+from dew.config.sweep._space import _checked_space, _is_int, _is_real, _space_json
+from dew.naming import Split, check_index, metric_tag
+from dew.telemetry.records import TrialFinished, decode_json_value, encode_json_value
+from dew.tracking import Tracker
+
+VALUE_TAG = metric_tag("sweep", Split.VALIDATION, "value")
+"""The tag each trial's score is logged under, at the trial's index: `sweep/validation/value`."""
+TRIAL_FINISHED = "trial_finished"
+
+
+def _score(value: Any, index: int) -> float:
+    if hasattr(value, "shape") and hasattr(value, "item") and value.shape == ():
+        value = value.item()
+    if not _is_real(value):
+        raise TypeError(
+            f"train returned {value!r} of type {type(value).__name__} for trial {index}; it "
+            "must return the trial's score as a float."
+        )
+    return float(value)
+
+
+def _canonical(point: Mapping[str, Any]) -> dict[str, Any]:
+    """A point as the ledger stores it, so a fresh trial and its replay look the same."""
+    return decode_json_value(json.loads(json.dumps(encode_json_value(dict(point)))))
+
+
+def sweep(
+    config: RunConfig,
+    space: Mapping[str, Any],
+    *,
+    train: Callable[[RunConfig], float],
+    trials: int,
+    ledger: str | os.PathLike[str],
+    tracker: Tracker | None = None,
+    search: Search = random_search,
+) -> list[Trial]:
+    """Train one trial per point of `space` and return the ledger's finished trials.
+
+    **Arguments:**
+
+    - `config`: the base run; it must set `trainer.name`. Trial `i` is `config` with its
+      point applied (`dew.config.override`) and `trainer.name` set to `"<name>/trial-<i>"`.
+    - `space`: dotted path to a list of choices, a `Uniform` or an `IntUniform`. Every path
+      and value is applied to `config` before any training, so an undeclared path raises.
+    - `train`: trains one trial's `RunConfig` and returns its score (a float; NaN and
+      infinities are kept as data).
+    - `trials`: the trial budget (indices `0 .. trials - 1`; grid search stops earlier when
+      the grid is smaller).
+    - `ledger`: the JSON file recording the sweep. A rerun continues where the last call
+      stopped and never retrains a finished trial; a ledger for another space or search is
+      refused. Its folder also gets `<ledger>.lock` (the lock processes sharing it take).
+    - `tracker`: receives each trial this call finishes, after it is in the ledger: its
+      score as `VALUE_TAG` (`sweep/validation/value`) at step `index`, and its
+      `TrialFinished` record as artifact `"trial_finished"` at step `index`.
+    - `search`: `random_search` (default), `grid_search`, `optuna_search` or another `Search`.
+
+    **Returns:** the ledger's finished trials in index order (with a shared ledger, other
+    workers' trials too), each with `overrides` and `value`.
+
+    **Resuming.** Before a trial trains, the ledger records it under `"running"`; once
+    `train` returns, it moves to `"trials"` (the ledger is rewritten atomically and fsynced
+    each time), then the search is told and the tracker gets it. A rerun first retrains, at
+    the same index and point, each running trial whose process is gone (killed, or `train`
+    raised), so its own checkpoints resume it; finished trials are neither retrained nor
+    reported again. A trial killed after its ledger write but before its report is not
+    reported. Processes on one machine may share a ledger (POSIX locks on `<ledger>.lock`
+    tell a live trial from a dead one); one process runs one sweep per ledger at a time.
+
+    **Raises** `RuntimeError` naming the indices when the search has nothing more to propose
+    but an index it handed out (`SearchRun.unfinished`) is neither finished nor trained by a
+    live process: a sweep never ends as if complete with an index missing.
+    """
+    name = config.trainer.name
+    if not name:
+        raise ValueError(
+            f"sweep needs config.trainer.name (got {name!r}): trials run as "
+            "'<trainer.name>/trial-<index>', and trials sharing one name would resume from "
+            "each other's checkpoints. Set TrainerConfig(name=...)."
+        )
+    if not _is_int(trials) or trials < 1:
+        raise ValueError(f"trials must be an integer >= 1, got {trials!r}.")
+    if not isinstance(search, Search):
+        raise TypeError(
+            f"search must be a Search (random_search, grid_search, optuna_search), got {search!r}."
+        )
+    if not callable(train):
+        raise TypeError(f"train must be a callable taking a RunConfig, got {train!r}.")
+    normalized = _checked_space(config, space)
+    search.check(normalized)
+
+    with _Ledger(ledger, _space_json(normalized), search.name, config.to_dict()) as book:
+        with book.locked():
+            book.clean()
+            state = book.load()
+            resume = [
+                (index, point)
+                for index, point in sorted(state.running.items())
+                if index < trials and book.claim(index)
+            ]
+            run = search.start(
+                normalized,
+                trials=trials,
+                finished=[trial for _, trial in sorted(state.finished.items())],
+                running=resume,
+                **({"owner": book.owner} if isinstance(search, OptunaSearch) else {}),
+            )
+            if not book.path.exists():
+                book.store(state)  # record the space and search before anything trains
+        try:
+            _run_trials(config, name, book, run, resume, train, tracker)
+            with book.locked():
+                finished = book.load().finished
+                _check_complete(book, run, finished)
+        finally:
+            run.close()
+        return [trial for _, trial in sorted(finished.items())]
+
+
+def _check_complete(book: _Ledger, run: SearchRun, finished: Mapping[int, Trial]) -> None:
+    """Under the lock: fail naming the indices the search handed out but nobody finished,
+    unless a live process still trains them (it holds their claim)."""
+    missing = []
+    for index in run.unfinished(frozenset(finished)):
+        if book.claim(index):  # no live process holds it
+            book.release(index)
+            missing.append(index)
+    if missing:
+        raise RuntimeError(
+            f"the sweep of ledger {str(book.path)!r} ended with trials {missing} unfinished "
+            "and no live process training them; run the sweep again to train them."
+        )
+
+
+def _run_trials(
+    config: RunConfig,
+    name: str,
+    book: _Ledger,
+    run: SearchRun,
+    resume: list[tuple[int, dict[str, Any]]],
+    train: Callable[[RunConfig], float],
+    tracker: Tracker | None,
+) -> None:
+    pending = iter(resume)
+    for index, point in itertools.chain(pending, iter(lambda: _next(book, run), None)):
+        try:
+            run_config = override(config, {**point, "trainer.name": f"{name}/trial-{index}"})
+            value = _score(train(run_config), index)
+            trial = Trial(index, point, value)
+            with book.locked():
+                state = book.load()
+                state.running.pop(index, None)
+                state.finished[index] = trial
+                book.store(state)
+        finally:
+            book.release(index)
+        run.tell(trial)
+        if tracker is not None:
+            tracker.log_metrics({VALUE_TAG: trial.value}, step=index)
+            record = TrialFinished(trial=index, overrides=trial.overrides, value=trial.value)
+            tracker.log_artifact(TRIAL_FINISHED, record, step=index)
+
+
+def _next(book: _Ledger, run: SearchRun) -> tuple[int, dict[str, Any]] | None:
+    """Under the lock: ask for the next trial, claim it and record it as running."""
+    with book.locked():
+        state = book.load()
+        proposal = run.ask(frozenset(state.finished) | frozenset(state.running))
+        if proposal is None:
+            return None
+        index, point = proposal
+        index = check_index("the trial index the search proposed", index)
+        if set(point) != set(book.space):
+            raise ValueError(
+                f"the search proposed {dict(point)!r} for trial {index}; a point sets exactly "
+                f"the space's paths {list(book.space)}."
+            )
+        point = _canonical({path: point[path] for path in book.space})
+        if index in state.finished or index in state.running or not book.claim(index):
+            raise RuntimeError(f"the search proposed trial {index}, which is already taken.")
+        state.running[index] = point
+        book.store(state)
+        return index, point

@@ -1,0 +1,62 @@
+"""Tracing a `Profile` window of training steps with `jax.profiler`."""
+
+import contextlib
+import os
+
+import jax
+
+from dew._loop import LoopEngine
+from dew.profiling import Profile
+from dew.telemetry.records import ProfileWindow
+
+__all__ = ["ProfileWindowTracer"]
+
+
+class ProfileWindowTracer:
+    """Traces a `Profile` window of the loop with `jax.profiler`: starts the trace before the
+    window's first step, stops it after its last, and reports the `ProfileWindow` record."""
+
+    def __init__(self, profile: Profile | None, engine: LoopEngine) -> None:
+        self.profile = profile
+        self.engine = engine
+        self.tracing = False
+        self.finished = profile is None
+        self.traced = 0
+        self.first = 0
+
+    def before(self, step: int) -> None:
+        if self.finished or self.tracing or step < self.profile.start:
+            return
+        if step > self.profile.stop:
+            self.finished = True
+            return
+        directory = os.fspath(self.profile.directory)
+        os.makedirs(directory, exist_ok=True)
+        jax.profiler.start_trace(directory)
+        self.tracing, self.first = True, step
+
+    def after(self, step: int, leaves: list, count: int = 1) -> None:
+        if not self.tracing:
+            return
+        self.traced += count
+        if step >= self.profile.stop:
+            self.close(leaves)
+
+    def close(self, leaves: list) -> None:
+        if not self.tracing:
+            return
+        self.tracing, self.finished = False, True
+        # The traced steps have run when the trace stops (a failed step's buffers may be
+        # donated already: stop the trace anyway).
+        with contextlib.suppress(RuntimeError):
+            jax.block_until_ready(leaves)
+        jax.profiler.stop_trace()
+        self.engine.record(
+            "profile_window",
+            ProfileWindow(
+                directory=os.fspath(self.profile.directory),
+                traced_steps=self.traced,
+                start_step=self.first,
+            ),
+            self.first + self.traced - 1,
+        )
