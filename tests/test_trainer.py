@@ -311,3 +311,21 @@ def test_out_of_vocabulary_ids_raise_the_host_check_not_jax_noise(objective, ste
     ((_, ended),) = tracker.artifacts["fit_ended"]
     assert ended.status == "failed"
     assert ended.error == f"ValueError: {message}"
+
+
+def test_a_batch_that_disagrees_with_the_declared_batch_size_names_its_step(objective):
+    short = {"text": TRAIN[:4]}
+    batches = [{"text": TRAIN}, {"text": TRAIN}, short]
+    data = Dataset(train=lambda partition: iter(batches), records=16, batch=8)
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    with pytest.raises(
+        ValueError, match=r"batch of 4 rows at step 3, but the Dataset declares batch=8"
+    ):
+        trainer.fit(data, steps=3, log_every=1, progress=False)
+    undeclared = Dataset(train=lambda partition: iter(batches))
+    assert int(trainer.fit(undeclared, steps=3, log_every=1, progress=False).step) == 3
+
+
+def test_a_dataset_batch_larger_than_its_records_is_refused():
+    with pytest.raises(ValueError, match=r"Dataset\.batch=9 is more than Dataset\.records=8"):
+        Dataset(train=lambda partition: iter([]), records=8, batch=9)

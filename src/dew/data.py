@@ -43,8 +43,11 @@ class Dataset:
 
     - `train`: the training batches; the trainer draws one per step.
     - `val`: the validation batches, read in full at each evaluation event.
-    - `records`: how many records one pass over the training data holds (optional).
-    - `batch`: the number of rows in a batch (optional; used for reporting).
+    - `records`: how many records one pass over the training data holds, over all
+      processes (optional; at least `batch`).
+    - `batch`: the rows of every batch `train` yields in this process (optional); when set,
+      the trainer checks each training batch against it, so a ragged batch (which would
+      also recompile the step) fails with the step that yielded it.
 
     ```python
     >>> import itertools
@@ -74,3 +77,8 @@ class Dataset:
         for field in ("records", "batch"):
             value = getattr(self, field)
             check_integer(f"Dataset.{field}", value, minimum=1, optional=True)
+        if self.records is not None and self.batch is not None and self.batch > self.records:
+            raise ValueError(
+                f"Dataset.batch={self.batch} is more than Dataset.records={self.records}: "
+                "one pass over the training data must hold at least one batch."
+            )

@@ -159,7 +159,6 @@ def train_run(
         built,
         config.optim.build(settings.steps),
         key=jax.random.fold_in(seed, RUN_DOMAIN),
-        name=name,
         checkpoint_dir=checkpoints if is_uri(checkpoints) else os.fspath(checkpoints),
     )
     if is_uri(checkpoints) and progress:

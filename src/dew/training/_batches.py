@@ -8,15 +8,25 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _draw(batches: Iterator[Any], step: int, steps: int) -> Any:
-    """The batch of `step`."""
+def _draw(batches: Iterator[Any], step: int, steps: int, rows: int | None = None) -> Any:
+    """The batch of `step`; with `rows` (the dataset's declared `batch`), it must have that many."""
     try:
-        return next(batches)
+        batch = next(batches)
     except StopIteration:
         raise ValueError(
             f"Dataset.train ran out of batches at step {step} of {steps}; "
             "make it yield at least one batch per step (e.g. itertools.cycle)."
         ) from None
+    if rows is not None:
+        found = {int(np.shape(leaf)[0]) for leaf in jax.tree.leaves(batch) if np.ndim(leaf) > 0}
+        if found != {rows}:
+            shown = ", ".join(str(count) for count in sorted(found)) or "no"
+            raise ValueError(
+                f"Dataset.train yielded a batch of {shown} rows at step {step}, but the "
+                f"Dataset declares batch={rows}; yield batches of {rows} rows (a short last "
+                "batch would also recompile the step), or leave Dataset.batch unset."
+            )
+    return batch
 
 
 def _stack(batches: list[Any]) -> Any:

@@ -90,7 +90,6 @@ class Trainer:
     - `optimizer`: an optax `GradientTransformation` over the objective's params.
     - `key`: the run key; step keys and evaluation keys derive from it.
     - `stage`: the first segment of every metric tag (default: the objective's name).
-    - `name`: the run's name (used by recipes).
     - `checkpoint_dir`: where `fit` saves checkpoints (orbax-checkpoint) and resumes
       from: a fit started again with the same directory continues at its latest
       checkpoint.
@@ -103,14 +102,12 @@ class Trainer:
         key: PRNGKeyArray,
         *,
         stage: str | None = None,
-        name: str | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.objective = objective
         self.optimizer = optimizer
         self.key = key
         self.stage = check_name("stage", objective.name if stage is None else stage)
-        self.name = name
         if checkpoint_dir is not None and not os.fspath(checkpoint_dir):
             raise ValueError("checkpoint_dir must be None or a non-empty path, got ''.")
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
@@ -363,7 +360,10 @@ class Trainer:
                 while step < steps and not done_before:
                     aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
                     block = steps_per_call if aligned else 1
-                    drawn = [_draw(batches, step + offset, steps) for offset in range(1, block + 1)]
+                    drawn = [
+                        _draw(batches, step + offset, steps, data.batch)
+                        for offset in range(1, block + 1)
+                    ]
                     unsynced.extend(drawn)
                     window.before(step + 1)
                     if block == 1:
