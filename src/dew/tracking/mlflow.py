@@ -11,7 +11,6 @@ import pathlib
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 from typing import Any
 from urllib.parse import urlparse
 
@@ -19,9 +18,9 @@ import numpy as np
 
 from dew.artifacts import Artifact
 from dew.naming import SEPARATOR, check_index, check_path_segment, flatten_parameters
-from dew.telemetry.records import FitEnded, Record, encode_json_value
-from dew.tracking._protocol import AbstractTracker
-from dew.tracking._render import preview_files
+from dew.telemetry.records import Record, encode_json_value
+from dew.tracking._base import AbstractRunTracker
+from dew.tracking._preview import preview_files
 
 __all__ = ["DEFAULT_ARTIFACTS", "DEFAULT_STORE", "MLflowTracker"]
 
@@ -106,7 +105,7 @@ def _step_name(step: Any) -> str:
     return "none" if step is None else str(check_index("step", step))
 
 
-class MLflowTracker(AbstractTracker):
+class MLflowTracker(AbstractRunTracker):
     """Record one MLflow run through `MlflowClient`; never touches MLflow's active run.
 
     - Store: `uri` is any store MLflow reads. Without one, a SQLite database at
@@ -172,8 +171,6 @@ class MLflowTracker(AbstractTracker):
             database.parent.mkdir(parents=True, exist_ok=True)
         self._params: dict[str, str] = {}
         self._paths: set[str] = set()
-        self._failed = False
-        self.closed = False
         with self._allowed():
             self.client = MlflowClient(tracking_uri=self.uri)
             found = self.client.get_experiment_by_name(experiment)
@@ -199,14 +196,10 @@ class MLflowTracker(AbstractTracker):
     def _allowed(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext() if self._scope is None else self._scope()
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError(
-                f"MLflowTracker(run {self.run_id}) is closed; it records nothing more."
-            )
+    def _describe(self) -> str:
+        return f"MLflowTracker(run {self.run_id})"
 
-    def log_params(self, values: Mapping[str, Any]) -> None:
-        self._check_open()
+    def _log_params(self, values: Mapping[str, Any]) -> None:
         new: dict[str, str] = {}
         for key, value in flatten_parameters(values).items():
             text = _param_text(value)
@@ -238,8 +231,7 @@ class MLflowTracker(AbstractTracker):
                 self.client.log_batch(self.run_id, params=chunk, synchronous=True)
         self._params.update(new)
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
-        self._check_open()
+    def _log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
         step = check_index("step", step)
         timestamp = int(time.time() * 1000)
         metric = self._metric
@@ -266,8 +258,7 @@ class MLflowTracker(AbstractTracker):
         self._paths.add(path)
         return path
 
-    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
-        self._check_open()
+    def _log_artifact(self, name: str, value: Any, *, step: int | np.integer | None) -> None:
         check_path_segment("artifact name", name)
         step_name = _step_name(step)
         if isinstance(value, Record):
@@ -275,8 +266,6 @@ class MLflowTracker(AbstractTracker):
             path = self._unique("records", f"{record_type}-{step_name}")
             with self._allowed():
                 self.client.log_text(self.run_id, value.to_json(), path)
-            if isinstance(value, FitEnded) and value.status != "completed":
-                self._failed = True
             return
         if isinstance(value, Artifact):
             files = preview_files(value)
@@ -297,20 +286,7 @@ class MLflowTracker(AbstractTracker):
         with self._allowed():
             self.client.log_text(self.run_id, text, path)
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        status = "FAILED" if self._failed else "FINISHED"
+    def _close(self) -> None:
+        status = "FAILED" if self.failed else "FINISHED"
         with self._allowed():
             self.client.set_terminated(self.run_id, status)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc is not None:
-            self._failed = True
-        super().__exit__(exc_type, exc, traceback)
