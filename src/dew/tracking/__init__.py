@@ -1,4 +1,4 @@
-"""Experiment trackers: the `Tracker` protocol, its base class and the trackers dew ships.
+"""Experiment trackers: the `Tracker` protocol, its base classes and the trackers dew ships.
 
 Concrete trackers for TensorBoard, MLflow and W&B live in their own modules and
 import their extra only when constructed.

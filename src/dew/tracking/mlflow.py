@@ -9,6 +9,7 @@ import numbers
 import os
 import pathlib
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -67,18 +68,42 @@ def _resolve_store(uri: str | os.PathLike[str] | None) -> tuple[str, pathlib.Pat
     return uri, None
 
 
-@contextlib.contextmanager
-def _file_store_allowed() -> Iterator[None]:
-    """Set MLFLOW_ALLOW_FILE_STORE=true for the duration of one MLflow call."""
-    previous = os.environ.get(_ALLOW_FILE_STORE)
-    os.environ[_ALLOW_FILE_STORE] = "true"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(_ALLOW_FILE_STORE, None)
-        else:
-            os.environ[_ALLOW_FILE_STORE] = previous
+class _ScopedVariable:
+    """Sets one environment variable while any caller is inside `scope()`; the last caller
+    to leave restores the value from before the first one entered, also when a call raised.
+
+    `os.environ` is one per process: a lock and a count of the callers inside keep one
+    thread from restoring the variable while another thread's call still needs it. Other
+    code reading the variable meanwhile sees `value`; a change it makes meanwhile is
+    undone when the last caller leaves.
+    """
+
+    def __init__(self, name: str, value: str) -> None:
+        self.name, self.value = name, value
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._previous: str | None = None
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        with self._lock:
+            if self._inside == 0:
+                self._previous = os.environ.get(self.name)
+                os.environ[self.name] = self.value
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if self._inside == 0:
+                    if self._previous is None:
+                        os.environ.pop(self.name, None)
+                    else:
+                        os.environ[self.name] = self._previous
+
+
+_FILE_STORE_ALLOWED = _ScopedVariable(_ALLOW_FILE_STORE, "true")
 
 
 def _param_text(value: Any) -> str:
@@ -113,7 +138,10 @@ class MLflowTracker(AbstractRunTracker):
       creates in a local SQLite store keep their artifacts in `mlartifacts/` beside
       the database. A plain path or `file:` URI is a file store: MLflow 3.16+ refuses
       those unless `MLFLOW_ALLOW_FILE_STORE=true`, so the tracker sets that variable
-      around each of its own MLflow calls only, then restores it.
+      around each of its own MLflow calls only, then restores it, also when the call
+      raised. The environment is one per process: while any file-store tracker's call
+      is running, in any thread, the variable reads `true` everywhere, and the value
+      from before is restored when the last such call returns.
     - `log_metrics`: one `log_batch` per call, every tag at `step`. NaN and infinities
       are passed as they are; a SQLite store reads +-inf back as +-1.797e308 (the
       largest float), a file store keeps them.
@@ -165,7 +193,7 @@ class MLflowTracker(AbstractRunTracker):
         self._param_limit = int(limit)
         self.uri, artifacts = _resolve_store(uri)
         self.file_store = _is_file_store(self.uri)
-        self._scope = _file_store_allowed if self.file_store and opt_in_needed else None
+        self._scope = _FILE_STORE_ALLOWED.scope if self.file_store and opt_in_needed else None
         database = _sqlite_file(self.uri)
         if database is not None:
             database.parent.mkdir(parents=True, exist_ok=True)
