@@ -78,7 +78,10 @@ class AbstractRunTracker(AbstractTracker):
 
     The four public methods are final: each refuses to run on a closed tracker, then
     calls the hook a subclass fills in (`_log_params`, `_log_metrics`, `_log_artifact`,
-    `_close`). A subclass also says how the refusal names it (`_describe`).
+    `_close`). A subclass also says how the refusal names it (`_describe`). The hooks
+    get the arguments as given and check them (a step with `dew.naming.check_index`,
+    an artifact name with `check_path_segment`), so each tracker names a bad value in
+    its own terms before it writes anything.
 
     - `closed`: True once `close()` has run. Closing again does nothing; any other
       report raises `RuntimeError("<description> is closed; it records nothing more.")`.
@@ -125,11 +128,11 @@ class AbstractRunTracker(AbstractTracker):
         """Record a nested mapping of hyperparameters (the tracker is open)."""
 
     @abc.abstractmethod
-    def _log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         """Record metric tag to scalar at `step` (the tracker is open)."""
 
     @abc.abstractmethod
-    def _log_artifact(self, name: str, value: Any, *, step: int | np.integer | None) -> None:
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         """Record a typed record, a preview artifact or another value (the tracker is open)."""
 
     @abc.abstractmethod

@@ -3,8 +3,6 @@
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from dew.naming import check_index, check_path_segment
 from dew.tracking._base import AbstractRunTracker
 from dew.tracking._protocol import Tracker, add_note_once
@@ -65,11 +63,11 @@ class Trackers(AbstractRunTracker):
     def _log_params(self, values: Mapping[str, Any]) -> None:
         self._each(lambda tracker: tracker.log_params(values))
 
-    def _log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         checked = check_index("step", step)
         self._each(lambda tracker: tracker.log_metrics(values, step=checked))
 
-    def _log_artifact(self, name: str, value: Any, *, step: int | np.integer | None) -> None:
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         checked = None if step is None else check_index("step", step)
         self._each(lambda tracker: tracker.log_artifact(name, value, step=checked))

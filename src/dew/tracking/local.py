@@ -135,7 +135,7 @@ class LocalTracker(AbstractRunTracker):
         _json.write_atomic(self.path / PARAMS, text)
         self._params = params
 
-    def _log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         if type(step) is not int or step < 0:
             step = check_index("step", step)
         simple = True
@@ -158,7 +158,7 @@ class LocalTracker(AbstractRunTracker):
         if step > self._last_step and values:
             self._last_step = step
 
-    def _log_artifact(self, name: str, value: Any, *, step: int | np.integer | None) -> None:
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         if step is not None:
             step = check_index("step", step)

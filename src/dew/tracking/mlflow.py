@@ -15,8 +15,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-import numpy as np
-
 from dew.artifacts import Artifact
 from dew.naming import SEPARATOR, check_index, check_path_segment, flatten_parameters
 from dew.telemetry.records import Record, encode_json_value
@@ -259,7 +257,7 @@ class MLflowTracker(AbstractRunTracker):
                 self.client.log_batch(self.run_id, params=chunk, synchronous=True)
         self._params.update(new)
 
-    def _log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         step = check_index("step", step)
         timestamp = int(time.time() * 1000)
         metric = self._metric
@@ -286,7 +284,7 @@ class MLflowTracker(AbstractRunTracker):
         self._paths.add(path)
         return path
 
-    def _log_artifact(self, name: str, value: Any, *, step: int | np.integer | None) -> None:
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         step_name = _step_name(step)
         if isinstance(value, Record):

@@ -205,7 +205,7 @@ class TensorBoardTracker(AbstractRunTracker):
         self._writer.add_event(event)
         self._writer.flush()
 
-    def _log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         step = _check_step(step)
         self._write_hparams()
         event = self._event(step)
@@ -224,7 +224,7 @@ class TensorBoardTracker(AbstractRunTracker):
             self._value(event, tag, "scalars", simple_value=number)
         self._write(event)
 
-    def _log_artifact(self, name: str, value: Any, *, step: int | np.integer | None) -> None:
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         event = self._event(0 if step is None else _check_step(step))
         if isinstance(value, Record):

@@ -157,7 +157,7 @@ class WandbTracker(AbstractRunTracker):
             self.run.config.update(new)
         self._config.update({key: _identity(value) for key, value in new.items()})
 
-    def _log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         step = self._check_step(step)
         data = {}
         for tag, value in values.items():
@@ -171,7 +171,7 @@ class WandbTracker(AbstractRunTracker):
         self.run.log(data, step=step)
         self._step = step
 
-    def _log_artifact(self, name: str, value: Any, *, step: int | np.integer | None) -> None:
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         step = self._step if step is None else self._check_step(step)
         wandb = self._wandb
