@@ -27,7 +27,7 @@ from dew.naming import (
 )
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._preview import Animation, Picture, Refusal, Spread, TokenTable, render_preview
+from dew.tracking._preview import Animation, Picture, Piece, Refusal, TokenTable, render_preview
 
 __all__ = ["TensorBoardTracker"]
 
@@ -237,19 +237,13 @@ class TensorBoardTracker(AbstractRunTracker):
         self._write_hparams()
         self._write(event)
 
-    def _piece(
-        self, event: Any, tag: str, piece: Picture | Animation | TokenTable | Spread
-    ) -> None:
+    def _piece(self, event: Any, tag: str, piece: Piece) -> None:
         """Add one preview piece: pictures and animations as images (PNG and GIF bytes),
         token tables as text, the spread as a histogram."""
-        if isinstance(piece, Picture | Animation):
-            shape = piece.pixels.shape if isinstance(piece, Picture) else piece.frames.shape[1:]
-            height, width, channels = shape
-            encoded = piece.png if isinstance(piece, Picture) else piece.gif
-            image = self._tb.Summary.Image(
-                height=height, width=width, colorspace=channels, encoded_image_string=encoded
-            )
-            self._value(event, tag, "images", image=image)
+        if isinstance(piece, Picture):
+            self._image(event, tag, piece.pixels.shape, piece.png)
+        elif isinstance(piece, Animation):
+            self._image(event, tag, piece.frames.shape[1:], piece.gif)
         elif isinstance(piece, TokenTable):
             tokens = piece.tokens
             mask = np.ones(tokens.shape, bool) if piece.mask is None else piece.mask
@@ -274,6 +268,13 @@ class TensorBoardTracker(AbstractRunTracker):
                 bucket=spread["counts"],
             )
             self._value(event, tag, "histograms", histo=histo)
+
+    def _image(self, event: Any, tag: str, shape: tuple[int, ...], encoded: bytes) -> None:
+        height, width, channels = shape
+        image = self._tb.Summary.Image(
+            height=height, width=width, colorspace=channels, encoded_image_string=encoded
+        )
+        self._value(event, tag, "images", image=image)
 
     def _close(self) -> None:
         try:

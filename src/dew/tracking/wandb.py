@@ -208,8 +208,8 @@ class WandbTracker(AbstractRunTracker):
         as `wandb.Table`, the spread as `wandb.Histogram`."""
         wandb = self._wandb
         if isinstance(piece, Picture):
-            path, content = piece.file
-            path = folder / path
+            file_name, content = piece.file
+            path = folder / file_name
             path.write_bytes(content)  # wandb.Image copies the PNG file as it is
             return wandb.Image(str(path), caption=piece.caption)
         if isinstance(piece, Animation):
