@@ -8,11 +8,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dew.naming import (
+    ArtifactKind,
+    ArtifactTag,
     MetricTag,
     Split,
+    artifact_tag,
     check_metric_name,
+    check_path_segment,
     flatten_parameters,
     metric_tag,
+    parse_artifact_tag,
     parse_metric_tag,
 )
 
@@ -126,6 +131,87 @@ def test_parse_accepts_exactly_what_metric_tag_builds(text):
     except ValueError:
         return
     assert metric_tag(*parsed) == text
+
+
+def _is_path_segment(text):
+    try:
+        check_path_segment("segment", text)
+    except ValueError:
+        return False
+    return True
+
+
+path_segments = st.text(min_size=1, max_size=12).filter(_is_path_segment)
+artifact_parts = st.one_of(
+    st.tuples(st.just(ArtifactKind.PREVIEW), path_segments, path_segments),
+    st.tuples(st.sampled_from([ArtifactKind.RECORD, ArtifactKind.VALUE]), path_segments, st.none()),
+)
+
+
+def test_artifact_tags_of_the_naming_scheme():
+    assert artifact_tag(ArtifactKind.PREVIEW, "samples", "0") == "validation/samples/0"
+    assert artifact_tag("validation", "text", "tokens") == "validation/text/tokens"
+    assert artifact_tag(ArtifactKind.RECORD, "fit_ended") == "reporting/fit_ended"
+    assert artifact_tag(ArtifactKind.VALUE, "notes") == "artifacts/notes"
+    assert parse_artifact_tag("reporting/fit_ended") == ArtifactTag(
+        ArtifactKind.RECORD, "fit_ended"
+    )
+
+
+@pytest.mark.parametrize(
+    ("parts", "error", "message"),
+    [
+        (("preview", "samples", "0"), ValueError, "artifact kind 'preview' must be one of"),
+        ((ArtifactKind.PREVIEW, "samples"), ValueError, "a preview's artifact tag needs a part"),
+        ((ArtifactKind.RECORD, "fit_ended", "0"), ValueError, "a record's artifact tag has no"),
+        ((ArtifactKind.VALUE, "a/b"), ValueError, "artifact name 'a/b' may not contain '/'"),
+        ((ArtifactKind.RECORD, ".."), ValueError, r"record type '\.\.' may not be"),
+        ((ArtifactKind.PREVIEW, "s", ""), ValueError, "preview part may not be empty"),
+    ],
+)
+def test_artifact_tag_rejects_bad_parts(parts, error, message):
+    with pytest.raises(error, match=message):
+        artifact_tag(*parts)
+
+
+@pytest.mark.parametrize(
+    ("tag", "message"),
+    [
+        ("validation/samples", "must have 3 segments validation/name/part, got 2"),
+        ("validation/samples/0/1", "must have 3 segments validation/name/part, got 4"),
+        ("reporting/fit_ended/0", "must have 2 segments reporting/name, got 3"),
+        ("artifacts", "must have 2 segments artifacts/name, got 1"),
+        ("lm/train/loss", "artifact kind 'lm' must be one of"),
+        ("artifacts/", "artifact name may not be empty"),
+    ],
+)
+def test_parse_artifact_tag_rejects_malformed_tags(tag, message):
+    with pytest.raises(ValueError, match=message):
+        parse_artifact_tag(tag)
+
+
+@given(artifact_parts)
+def test_parse_inverts_artifact_tag(parts):
+    assert parse_artifact_tag(artifact_tag(*parts)) == parts
+
+
+tag_like = st.lists(
+    st.one_of(
+        st.sampled_from(["validation", "reporting", "artifacts", "", ".", "..", " ", "a\\b"]),
+        path_segments,
+    ),
+    min_size=1,
+    max_size=4,
+).map("/".join)
+
+
+@given(tag_like)
+def test_artifact_tag_inverts_parse_and_parse_accepts_exactly_what_it_builds(text):
+    try:
+        parsed = parse_artifact_tag(text)
+    except ValueError:
+        return
+    assert artifact_tag(*parsed) == text
 
 
 def test_check_metric_name():

@@ -5,6 +5,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import jax.numpy as jnp
 import numpy as np
@@ -350,6 +351,75 @@ def test_a_file_store_from_a_plain_path_opts_in_only_around_its_own_calls(tmp_pa
     assert _files(tracker, "records") == ["records/fit_ended-3.json"]
     assert _status(tracker) == "FAILED"
     assert (tmp_path / "mlruns" / tracker.experiment_id / tracker.run_id).is_dir()
+
+
+def test_the_file_store_opt_in_is_restored_when_an_mlflow_call_raises(tmp_path, monkeypatch):
+    tracker = MLflowTracker("files", "raises", uri=tmp_path / "mlruns")
+    seen = []
+
+    def fail(run_id, **kwargs):
+        seen.append(os.environ.get("MLFLOW_ALLOW_FILE_STORE"))
+        raise OSError("store went away")
+
+    monkeypatch.setattr(tracker.client, "log_batch", fail)
+    for before in (None, "false"):
+        if before is None:
+            monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+        else:
+            monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", before)
+        with pytest.raises(OSError, match="store went away"):
+            tracker.log_metrics({"lm/train/loss": 1.0}, step=0)
+        assert os.environ.get("MLFLOW_ALLOW_FILE_STORE") == before
+    assert seen == ["true", "true"]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tracker.close()
+
+
+def test_the_file_store_opt_in_outlives_one_thread_while_another_is_inside(tmp_path, monkeypatch):
+    """Two threads' calls overlap: the first to leave must not take the opt-in away from
+    the second, and the last to leave restores the caller's environment."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    first = MLflowTracker("files", "first", uri=tmp_path / "one")
+    second = MLflowTracker("files", "second", uri=tmp_path / "two")
+    first_inside, first_left, second_inside = (threading.Event() for _ in range(3))
+    seen, failures = [], []
+
+    def hold(tracker, entered, wait_for):
+        send = tracker.client.log_batch
+
+        def log_batch(run_id, **kwargs):
+            entered.set()
+            assert wait_for.wait(timeout=30)
+            seen.append(os.environ.get("MLFLOW_ALLOW_FILE_STORE"))
+            return send(run_id, **kwargs)
+
+        monkeypatch.setattr(tracker.client, "log_batch", log_batch)
+
+    hold(first, first_inside, second_inside)
+    hold(second, second_inside, first_left)
+
+    def report(tracker, done):
+        try:
+            tracker.log_metrics({"lm/train/loss": 1.0}, step=0)
+        except Exception as error:
+            failures.append(error)
+        finally:
+            done.set()
+
+    threads = [
+        threading.Thread(target=report, args=(first, first_left)),
+        threading.Thread(target=report, args=(second, threading.Event())),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == [] and seen == ["true", "true"]
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    first.close()
+    second.close()
+    assert _history(second, "lm/train/loss") == [(0, 1.0)]
 
 
 def test_a_file_uri_is_a_file_store_too(tmp_path, monkeypatch):

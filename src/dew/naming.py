@@ -1,10 +1,12 @@
-"""The one place where metric tags and parameter paths are built and parsed.
+"""The one place where metric tags, artifact tags and parameter paths are built and parsed.
 
 A metric name is bare snake_case (`loss`, `perplexity`). A *metric tag* is the
 namespaced identity of a recorded series, `stage/split/metric`, always three
-segments. A *parameter path* is a key path through a nested parameter mapping.
-Both use `/` as their only separator, and no segment may be empty or contain it,
-so parsing always recovers exactly the parts a string was built from.
+segments. An *artifact tag* names what a tracker shows of an artifact
+(`validation/samples/0`, `reporting/fit_ended`). A *parameter path* is a key path
+through a nested parameter mapping. All use `/` as their only separator, and no
+segment may be empty or contain it, so parsing always recovers exactly the parts a
+string was built from.
 
 No other module in dew joins or splits these strings.
 """
@@ -19,14 +21,18 @@ from dew._checks import check_integer
 
 __all__ = [
     "SEPARATOR",
+    "ArtifactKind",
+    "ArtifactTag",
     "MetricTag",
     "Split",
     "check_metric_name",
     "check_index",
     "check_name",
     "check_path_segment",
+    "artifact_tag",
     "flatten_parameters",
     "metric_tag",
+    "parse_artifact_tag",
     "parse_metric_tag",
 ]
 
@@ -220,6 +226,100 @@ def parse_metric_tag(tag: str) -> MetricTag:
         if not segment:
             raise ValueError(f"tag {tag!r} has an empty {kind} segment.")
     return MetricTag(stage, _as_split(split), metric)
+
+
+class ArtifactKind(enum.StrEnum):
+    """What an artifact tag shows; its value is the tag's first segment.
+
+    - `PREVIEW`: one piece of a preview, `validation/<name>/<part>`, where `<part>` is
+      a generated row's index, `tokens` or `spread`.
+    - `RECORD`: a typed record, `reporting/<record type>`.
+    - `VALUE`: any other value a tracker shows as text, `artifacts/<name>`.
+    """
+
+    PREVIEW = "validation"
+    RECORD = "reporting"
+    VALUE = "artifacts"
+
+
+class ArtifactTag(NamedTuple):
+    """The parts of an artifact tag, as `parse_artifact_tag` returns them."""
+
+    kind: ArtifactKind
+    name: str
+    part: str | None = None
+
+
+def _as_artifact_kind(value: object) -> ArtifactKind:
+    try:
+        return ArtifactKind(value)
+    except ValueError:
+        allowed = ", ".join(repr(kind.value) for kind in ArtifactKind)
+        raise ValueError(f"artifact kind {value!r} must be one of {allowed}.") from None
+
+
+def _check_artifact_parts(kind: ArtifactKind, name: str, part: str | None) -> None:
+    check_path_segment("record type" if kind is ArtifactKind.RECORD else "artifact name", name)
+    if kind is ArtifactKind.PREVIEW:
+        if part is None:
+            raise ValueError("a preview's artifact tag needs a part (a row, tokens or spread).")
+        check_path_segment("preview part", part)
+    elif part is not None:
+        raise ValueError(f"a {kind.name.lower()}'s artifact tag has no part, got {part!r}.")
+
+
+def artifact_tag(kind: ArtifactKind | str, name: str, part: str | None = None) -> str:
+    """Build the tag under which a tracker shows an artifact.
+
+    **Arguments:**
+
+    - `kind`: the `ArtifactKind` (or its value, `"validation"`).
+    - `name`: the artifact's name, or a record's type for `ArtifactKind.RECORD`.
+    - `part`: for a preview only, the piece it shows (`"0"`, `"tokens"`, `"spread"`).
+
+    **Raises:** `ValueError` when `kind` is not an `ArtifactKind`, when a segment is
+    not a path segment (`check_path_segment`), or when `part` is missing for a preview
+    or given for another kind; `TypeError` when a segment is not a string.
+
+    ```python
+    >>> artifact_tag(ArtifactKind.PREVIEW, "samples", "0")
+    'validation/samples/0'
+    >>> artifact_tag(ArtifactKind.RECORD, "fit_ended")
+    'reporting/fit_ended'
+
+    ```
+    """
+    kind = _as_artifact_kind(kind)
+    _check_artifact_parts(kind, name, part)
+    segments = (kind.value, name) if part is None else (kind.value, name, part)
+    return SEPARATOR.join(segments)
+
+
+def parse_artifact_tag(tag: str) -> ArtifactTag:
+    """Recover the `(kind, name, part)` an artifact tag was built from.
+
+    **Raises:** `ValueError` when `tag` is not a tag `artifact_tag` builds, `TypeError`
+    when it is not a string.
+
+    ```python
+    >>> parse_artifact_tag("validation/samples/0")
+    ArtifactTag(kind=<ArtifactKind.PREVIEW: 'validation'>, name='samples', part='0')
+
+    ```
+    """
+    if not isinstance(tag, str):
+        raise TypeError(f"tag must be a string, got {tag!r} of type {type(tag).__name__}.")
+    segments = tag.split(SEPARATOR)
+    kind = _as_artifact_kind(segments[0])
+    shape = ("name", "part") if kind is ArtifactKind.PREVIEW else ("name",)
+    if len(segments) != 1 + len(shape):
+        raise ValueError(
+            f"artifact tag {tag!r} must have {1 + len(shape)} segments "
+            f"{SEPARATOR.join((kind.value, *shape))}, got {len(segments)}."
+        )
+    name, part = segments[1], segments[2] if kind is ArtifactKind.PREVIEW else None
+    _check_artifact_parts(kind, name, part)
+    return ArtifactTag(kind, name, part)
 
 
 def flatten_parameters(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,22 +1,24 @@
-"""Experiment trackers: the `Tracker` protocol, its base class and the trackers dew ships.
+"""Experiment trackers: the `Tracker` protocol, its base classes and the trackers dew ships.
 
 Concrete trackers for TensorBoard, MLflow and W&B live in their own modules and
 import their extra only when constructed.
 """
 
+from dew.tracking._base import AbstractRunTracker as AbstractRunTracker
+from dew.tracking._base import AbstractTracker as AbstractTracker
 from dew.tracking._fanout import Trackers as Trackers
 from dew.tracking._journal import Journal as Journal
 from dew.tracking._journal import read_journal as read_journal
 from dew.tracking._memory import InMemoryTracker as InMemoryTracker
-from dew.tracking._protocol import AbstractTracker as AbstractTracker
+from dew.tracking._preview import preview_files as preview_files
 from dew.tracking._protocol import Tracker as Tracker
-from dew.tracking._render import preview_files as preview_files
 from dew.tracking.local import LocalTracker as LocalTracker
 from dew.tracking.mlflow import MLflowTracker as MLflowTracker
 from dew.tracking.tensorboard import TensorBoardTracker as TensorBoardTracker
 from dew.tracking.wandb import WandbTracker as WandbTracker
 
 __all__ = [
+    "AbstractRunTracker",
     "AbstractTracker",
     "InMemoryTracker",
     "Journal",

@@ -3,24 +3,23 @@
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from dew.naming import check_index, check_path_segment
-from dew.tracking._protocol import AbstractTracker, Tracker, add_note_once
+from dew.tracking._base import AbstractRunTracker
+from dew.tracking._protocol import Tracker, add_note_once
 
 __all__ = ["Trackers"]
 
 
-class Trackers(AbstractTracker):
+class Trackers(AbstractRunTracker):
     """Fan every report out to several trackers.
 
     Every tracker receives each report even if another one fails; after all were
     called, the first failure is raised (later failures are attached to it as
     notes, each once, however often one exception object is raised). Closing closes
-    every tracker the same way. There is no background queue: a report has reached
-    every tracker when the call returns. A step that is not an integer >= 0, or an
-    artifact name that is not a path segment (`dew.naming.check_path_segment`), raises
-    before any tracker is called.
+    every tracker the same way, once; a closed `Trackers` records nothing more. There
+    is no background queue: a report has reached every tracker when the call returns.
+    A step that is not an integer >= 0, or an artifact name that is not a path segment
+    (`dew.naming.check_path_segment`), raises before any tracker is called.
 
     ```python
     >>> from dew.tracking import InMemoryTracker
@@ -58,17 +57,20 @@ class Trackers(AbstractTracker):
                     )
             raise first
 
-    def log_params(self, values: Mapping[str, Any]) -> None:
+    def _describe(self) -> str:
+        return "Trackers"
+
+    def _log_params(self, values: Mapping[str, Any]) -> None:
         self._each(lambda tracker: tracker.log_params(values))
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         checked = check_index("step", step)
         self._each(lambda tracker: tracker.log_metrics(values, step=checked))
 
-    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         checked = None if step is None else check_index("step", step)
         self._each(lambda tracker: tracker.log_artifact(name, value, step=checked))
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._each(lambda tracker: tracker.close())

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from dew.naming import flatten_parameters
-from dew.tracking._protocol import AbstractTracker
+from dew.tracking._base import AbstractRunTracker
 
 __all__ = ["InMemoryTracker"]
 
 
-class InMemoryTracker(AbstractTracker):
+class InMemoryTracker(AbstractRunTracker):
     """A tracker that keeps what it is told in memory; for tests and docs.
 
     - `params`: flattened parameter path to value (`flatten_parameters`).
@@ -32,24 +32,19 @@ class InMemoryTracker(AbstractTracker):
         self.params: dict[str, Any] = {}
         self.scalars: dict[str, list[tuple[int, Any]]] = {}
         self.artifacts: dict[str, list[tuple[int | None, Any]]] = {}
-        self.closed = False
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError("InMemoryTracker is closed; it records nothing more.")
+    def _describe(self) -> str:
+        return "InMemoryTracker"
 
-    def log_params(self, values: Mapping[str, Any]) -> None:
-        self._check_open()
+    def _log_params(self, values: Mapping[str, Any]) -> None:
         self.params.update(flatten_parameters(values))
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
-        self._check_open()
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         for tag, value in values.items():
             self.scalars.setdefault(tag, []).append((step, value))
 
-    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
-        self._check_open()
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         self.artifacts.setdefault(name, []).append((step, value))
 
-    def close(self) -> None:
-        self.closed = True
+    def _close(self) -> None:
+        pass

@@ -1,23 +1,20 @@
-"""Preview renderers shared by every tracker: PNG images, animated GIF clips, JSON.
+"""The encoders previews render with: 8-bit pixels, PNG images, animated GIF clips and
+the histogram of representations' spread.
 
 They need only NumPy and the standard library, so previews work without any
-optional extra, and every tracker uploads the very same files.
+optional extra, and every tracker shows the very same bytes (`dew.tracking._preview`).
 """
 
-import json
 import struct
 import zlib
 from typing import Any
 
 import numpy as np
 
-from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
-
 __all__ = [
     "gif_bytes",
     "histogram",
     "png_bytes",
-    "preview_files",
     "to_uint8",
 ]
 
@@ -163,34 +160,3 @@ def histogram(features: Any, bins: int = 30) -> dict[str, Any]:
         "non_finite": int(spread.size - finite.size),
         "spread": [float(value) if np.isfinite(value) else str(value) for value in spread],
     }
-
-
-def preview_files(value: Any) -> list[tuple[str, bytes]]:
-    """The files a preview artifact renders to, as `(suffix, content)` pairs.
-
-    `Images` become one PNG per generated row, `Clips` one animated GIF per row,
-    `TokenRows` one JSON file of token rows, `Representations` one JSON histogram
-    of their per-dimension spread. `TokenScores` has no preview form and raises.
-    """
-    if isinstance(value, TokenScores):
-        raise TypeError(
-            "TokenScores has no preview form; trackers take Images, Clips, TokenRows or "
-            "Representations previews."
-        )
-    if isinstance(value, Images):
-        pixels = to_uint8(value.generated)
-        return [(f"{index}.png", png_bytes(image)) for index, image in enumerate(pixels)]
-    if isinstance(value, Clips):
-        videos = to_uint8(value.generated)
-        return [(f"{index}.gif", gif_bytes(video)) for index, video in enumerate(videos)]
-    if isinstance(value, TokenRows):
-        rows = {"tokens": np.asarray(value.tokens).tolist()}
-        if value.mask is not None:
-            rows["mask"] = np.asarray(value.mask).tolist()
-        return [("tokens.json", json.dumps(rows).encode())]
-    if isinstance(value, Representations):
-        return [("histogram.json", json.dumps(histogram(value.features)).encode())]
-    raise TypeError(
-        f"no preview renderer for {type(value).__name__}; trackers take Images, Clips, "
-        "TokenRows or Representations previews."
-    )

@@ -19,6 +19,7 @@ from dew.telemetry.records import (
     RunRecord,
     encode_json_value,
 )
+from dew.tracking._base import AbstractRunTracker
 from dew.tracking._journal import (
     PARAMS,
     PREVIEWS,
@@ -29,8 +30,7 @@ from dew.tracking._journal import (
     _read_params,
     _reopen_journal,
 )
-from dew.tracking._protocol import AbstractTracker
-from dew.tracking._render import preview_files
+from dew.tracking._preview import preview_files
 
 __all__ = ["LocalTracker"]
 
@@ -60,7 +60,7 @@ def _param_leaf(value: Any) -> Any:
     return repr(value)
 
 
-class LocalTracker(AbstractTracker):
+class LocalTracker(AbstractRunTracker):
     """Synchronous JSONL journals of scalars and typed records, plus preview files.
 
     Layout of `path`:
@@ -108,7 +108,6 @@ class LocalTracker(AbstractTracker):
         self._tags: set[str] = set()  # tags already checked
         self._scalars = (self.path / SCALARS).open("a", encoding="utf-8")
         self._records = (self.path / RECORDS).open("a", encoding="utf-8")
-        self.closed = False
 
     def _reopen_params(self) -> dict[str, Any]:
         target = self.path / PARAMS
@@ -126,22 +125,17 @@ class LocalTracker(AbstractTracker):
             )
             return {}
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError(
-                f"LocalTracker({str(self.path)!r}) is closed; it records nothing more."
-            )
+    def _describe(self) -> str:
+        return f"LocalTracker({str(self.path)!r})"
 
-    def log_params(self, values: Mapping[str, Any]) -> None:
-        self._check_open()
+    def _log_params(self, values: Mapping[str, Any]) -> None:
         flat = _json.encode(flatten_parameters(values), "params", default=_param_leaf)
         params = {**self._params, **flat}
         text = json.dumps(params, indent=2, sort_keys=True, allow_nan=False) + "\n"
         _json.write_atomic(self.path / PARAMS, text)
         self._params = params
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
-        self._check_open()
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         if type(step) is not int or step < 0:
             step = check_index("step", step)
         simple = True
@@ -164,8 +158,7 @@ class LocalTracker(AbstractTracker):
         if step > self._last_step and values:
             self._last_step = step
 
-    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
-        self._check_open()
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         if step is not None:
             step = check_index("step", step)
@@ -210,10 +203,7 @@ class LocalTracker(AbstractTracker):
             self._scalars.flush()
         return plot_journal(self.path)
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+    def _close(self) -> None:
         self._scalars.close()
         self._records.close()
         if self.plots:

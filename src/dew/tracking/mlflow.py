@@ -9,19 +9,17 @@ import numbers
 import os
 import pathlib
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 from typing import Any
 from urllib.parse import urlparse
 
-import numpy as np
-
 from dew.artifacts import Artifact
 from dew.naming import SEPARATOR, check_index, check_path_segment, flatten_parameters
-from dew.telemetry.records import FitEnded, Record, encode_json_value
-from dew.tracking._protocol import AbstractTracker
-from dew.tracking._render import preview_files
+from dew.telemetry.records import Record, encode_json_value
+from dew.tracking._base import AbstractRunTracker
+from dew.tracking._preview import preview_files
 
 __all__ = ["DEFAULT_ARTIFACTS", "DEFAULT_STORE", "MLflowTracker"]
 
@@ -68,18 +66,42 @@ def _resolve_store(uri: str | os.PathLike[str] | None) -> tuple[str, pathlib.Pat
     return uri, None
 
 
-@contextlib.contextmanager
-def _file_store_allowed() -> Iterator[None]:
-    """Set MLFLOW_ALLOW_FILE_STORE=true for the duration of one MLflow call."""
-    previous = os.environ.get(_ALLOW_FILE_STORE)
-    os.environ[_ALLOW_FILE_STORE] = "true"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(_ALLOW_FILE_STORE, None)
-        else:
-            os.environ[_ALLOW_FILE_STORE] = previous
+class _ScopedVariable:
+    """Sets one environment variable while any caller is inside `scope()`; the last caller
+    to leave restores the value from before the first one entered, also when a call raised.
+
+    `os.environ` is one per process: a lock and a count of the callers inside keep one
+    thread from restoring the variable while another thread's call still needs it. Other
+    code reading the variable meanwhile sees `value`; a change it makes meanwhile is
+    undone when the last caller leaves.
+    """
+
+    def __init__(self, name: str, value: str) -> None:
+        self.name, self.value = name, value
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._previous: str | None = None
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        with self._lock:
+            if self._inside == 0:
+                self._previous = os.environ.get(self.name)
+                os.environ[self.name] = self.value
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if self._inside == 0:
+                    if self._previous is None:
+                        os.environ.pop(self.name, None)
+                    else:
+                        os.environ[self.name] = self._previous
+
+
+_FILE_STORE_ALLOWED = _ScopedVariable(_ALLOW_FILE_STORE, "true")
 
 
 def _param_text(value: Any) -> str:
@@ -106,7 +128,7 @@ def _step_name(step: Any) -> str:
     return "none" if step is None else str(check_index("step", step))
 
 
-class MLflowTracker(AbstractTracker):
+class MLflowTracker(AbstractRunTracker):
     """Record one MLflow run through `MlflowClient`; never touches MLflow's active run.
 
     - Store: `uri` is any store MLflow reads. Without one, a SQLite database at
@@ -114,7 +136,10 @@ class MLflowTracker(AbstractTracker):
       creates in a local SQLite store keep their artifacts in `mlartifacts/` beside
       the database. A plain path or `file:` URI is a file store: MLflow 3.16+ refuses
       those unless `MLFLOW_ALLOW_FILE_STORE=true`, so the tracker sets that variable
-      around each of its own MLflow calls only, then restores it.
+      around each of its own MLflow calls only, then restores it, also when the call
+      raised. The environment is one per process: while any file-store tracker's call
+      is running, in any thread, the variable reads `true` everywhere, and the value
+      from before is restored when the last such call returns.
     - `log_metrics`: one `log_batch` per call, every tag at `step`. NaN and infinities
       are passed as they are; a SQLite store reads +-inf back as +-1.797e308 (the
       largest float), a file store keeps them.
@@ -166,14 +191,12 @@ class MLflowTracker(AbstractTracker):
         self._param_limit = int(limit)
         self.uri, artifacts = _resolve_store(uri)
         self.file_store = _is_file_store(self.uri)
-        self._scope = _file_store_allowed if self.file_store and opt_in_needed else None
+        self._scope = _FILE_STORE_ALLOWED.scope if self.file_store and opt_in_needed else None
         database = _sqlite_file(self.uri)
         if database is not None:
             database.parent.mkdir(parents=True, exist_ok=True)
         self._params: dict[str, str] = {}
         self._paths: set[str] = set()
-        self._failed = False
-        self.closed = False
         with self._allowed():
             self.client = MlflowClient(tracking_uri=self.uri)
             found = self.client.get_experiment_by_name(experiment)
@@ -199,14 +222,10 @@ class MLflowTracker(AbstractTracker):
     def _allowed(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext() if self._scope is None else self._scope()
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError(
-                f"MLflowTracker(run {self.run_id}) is closed; it records nothing more."
-            )
+    def _describe(self) -> str:
+        return f"MLflowTracker(run {self.run_id})"
 
-    def log_params(self, values: Mapping[str, Any]) -> None:
-        self._check_open()
+    def _log_params(self, values: Mapping[str, Any]) -> None:
         new: dict[str, str] = {}
         for key, value in flatten_parameters(values).items():
             text = _param_text(value)
@@ -238,8 +257,7 @@ class MLflowTracker(AbstractTracker):
                 self.client.log_batch(self.run_id, params=chunk, synchronous=True)
         self._params.update(new)
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
-        self._check_open()
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         step = check_index("step", step)
         timestamp = int(time.time() * 1000)
         metric = self._metric
@@ -266,8 +284,7 @@ class MLflowTracker(AbstractTracker):
         self._paths.add(path)
         return path
 
-    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
-        self._check_open()
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         step_name = _step_name(step)
         if isinstance(value, Record):
@@ -275,8 +292,6 @@ class MLflowTracker(AbstractTracker):
             path = self._unique("records", f"{record_type}-{step_name}")
             with self._allowed():
                 self.client.log_text(self.run_id, value.to_json(), path)
-            if isinstance(value, FitEnded) and value.status != "completed":
-                self._failed = True
             return
         if isinstance(value, Artifact):
             files = preview_files(value)
@@ -297,20 +312,7 @@ class MLflowTracker(AbstractTracker):
         with self._allowed():
             self.client.log_text(self.run_id, text, path)
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        status = "FAILED" if self._failed else "FINISHED"
+    def _close(self) -> None:
+        status = "FAILED" if self.failed else "FINISHED"
         with self._allowed():
             self.client.set_terminated(self.run_id, status)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc is not None:
-            self._failed = True
-        super().__exit__(exc_type, exc, traceback)

@@ -17,22 +17,26 @@ from typing import Any
 
 import numpy as np
 
-from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
-from dew.naming import SEPARATOR, check_index, check_path_segment, flatten_parameters
+from dew.artifacts import Artifact
+from dew.naming import (
+    ArtifactKind,
+    artifact_tag,
+    check_index,
+    check_path_segment,
+    flatten_parameters,
+)
 from dew.telemetry.records import Record, encode_json_value
-from dew.tracking._protocol import AbstractTracker
-from dew.tracking._render import gif_bytes, histogram, png_bytes, to_uint8
+from dew.tracking._base import AbstractRunTracker
+from dew.tracking._preview import Animation, Picture, Piece, Refusal, TokenTable, render_preview
 
 __all__ = ["TensorBoardTracker"]
 
 PARAMS_TAG = "params"
-REPORTING = "reporting"
-VALIDATION = "validation"
-SAMPLES = "samples"
-TOKENS = "tokens"
-REPRESENTATIONS = "representations"
-SPREAD = "spread"
-ARTIFACTS = "artifacts"
+_REFUSAL = Refusal(
+    takes="TensorBoardTracker takes",
+    form="summary",
+    unknown="no summary form for {kind} artifact {name}",
+)
 
 
 @functools.cache
@@ -69,10 +73,6 @@ def _tensorboard() -> types.SimpleNamespace:
     )
 
 
-def _tag(*segments: str) -> str:
-    return SEPARATOR.join(segments)
-
-
 def _check_step(step: Any) -> int:
     return check_index("step", step)
 
@@ -105,7 +105,7 @@ def _artifact_text(value: Any) -> str:
         return repr(value)
 
 
-class TensorBoardTracker(AbstractTracker):
+class TensorBoardTracker(AbstractRunTracker):
     """Writes one TensorBoard event file with TensorBoard's own `EventFileWriter`.
 
     TensorFlow is not needed. Install `dew-ml[tensorboard]`. Every report is
@@ -160,13 +160,9 @@ class TensorBoardTracker(AbstractTracker):
         self._new_tags: list[str] = []  # tags the event being built describes
         self._params: dict[str, Any] = {}
         self._hparams_written = False
-        self.closed = False
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError(
-                f"TensorBoardTracker({str(self.logdir)!r}) is closed; it records nothing more."
-            )
+    def _describe(self) -> str:
+        return f"TensorBoardTracker({str(self.logdir)!r})"
 
     def _event(self, step: int) -> Any:
         self._new_tags.clear()
@@ -190,8 +186,7 @@ class TensorBoardTracker(AbstractTracker):
         self._writer.flush()
         self._described.update(self._new_tags)
 
-    def log_params(self, values: Mapping[str, Any]) -> None:
-        self._check_open()
+    def _log_params(self, values: Mapping[str, Any]) -> None:
         flat = {path: _hparam_value(value) for path, value in flatten_parameters(values).items()}
         self._params.update(flat)
         rows = [f"| {_markdown_cell(k)} | {_markdown_cell(v)} |" for k, v in self._params.items()]
@@ -210,8 +205,7 @@ class TensorBoardTracker(AbstractTracker):
         self._writer.add_event(event)
         self._writer.flush()
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
-        self._check_open()
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         step = _check_step(step)
         self._write_hparams()
         event = self._event(step)
@@ -230,44 +224,36 @@ class TensorBoardTracker(AbstractTracker):
             self._value(event, tag, "scalars", simple_value=number)
         self._write(event)
 
-    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
-        self._check_open()
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         event = self._event(0 if step is None else _check_step(step))
         if isinstance(value, Record):
-            self._text(
-                event,
-                _tag(REPORTING, check_path_segment("record type", value.type)),
-                value.to_json(),
-            )
+            self._text(event, artifact_tag(ArtifactKind.RECORD, value.type), value.to_json())
         elif isinstance(value, Artifact):
-            self._preview(event, name, value)
+            for piece in render_preview(value, name=name, refusal=_REFUSAL):
+                self._piece(event, artifact_tag(ArtifactKind.PREVIEW, name, piece.part), piece)
         else:
-            self._text(event, _tag(ARTIFACTS, name), _artifact_text(value))
+            self._text(event, artifact_tag(ArtifactKind.VALUE, name), _artifact_text(value))
         self._write_hparams()
         self._write(event)
 
-    def _preview(self, event: Any, name: str, value: Artifact) -> None:
-        if isinstance(value, TokenScores):
-            raise TypeError(
-                "TokenScores has no summary form; TensorBoardTracker takes Images, Clips, "
-                "TokenRows or Representations previews."
-            )
-        if isinstance(value, Images | Clips):
-            pixels = to_uint8(value.generated)
-            for index, rows in enumerate(pixels):
-                if isinstance(value, Images):
-                    height, width, channels = rows.shape
-                    encoded = png_bytes(rows)
-                else:
-                    _, height, width, channels = rows.shape
-                    encoded = gif_bytes(rows)
-                image = self._tb.Summary.Image(
-                    height=height, width=width, colorspace=channels, encoded_image_string=encoded
-                )
-                self._value(event, _tag(VALIDATION, name, str(index)), "images", image=image)
-        elif isinstance(value, Representations):
-            spread = histogram(value.features)
+    def _piece(self, event: Any, tag: str, piece: Piece) -> None:
+        """Add one preview piece: pictures and animations as images (PNG and GIF bytes),
+        token tables as text, the spread as a histogram."""
+        if isinstance(piece, Picture):
+            self._image(event, tag, piece.pixels.shape, piece.png)
+        elif isinstance(piece, Animation):
+            self._image(event, tag, piece.frames.shape[1:], piece.gif)
+        elif isinstance(piece, TokenTable):
+            tokens = piece.tokens
+            mask = np.ones(tokens.shape, bool) if piece.mask is None else piece.mask
+            rows = [
+                " ".join(str(int(token)) for token in row[keep])
+                for row, keep in zip(tokens, mask, strict=True)
+            ]
+            self._text(event, tag, np.array(rows, dtype=object))
+        else:
+            spread = piece.summary
             values = np.asarray(spread["spread"], np.float64)
             values = values[np.isfinite(values)]
             if values.size == 0:
@@ -281,25 +267,16 @@ class TensorBoardTracker(AbstractTracker):
                 bucket_limit=spread["edges"][1:],
                 bucket=spread["counts"],
             )
-            self._value(event, _tag(VALIDATION, name, SPREAD), "histograms", histo=histo)
-        elif isinstance(value, TokenRows):
-            tokens = np.asarray(value.tokens)
-            mask = np.ones(tokens.shape, bool) if value.mask is None else np.asarray(value.mask)
-            rows = [
-                " ".join(str(int(token)) for token in row[keep])
-                for row, keep in zip(tokens, mask, strict=True)
-            ]
-            self._text(event, _tag(VALIDATION, name, TOKENS), np.array(rows, dtype=object))
-        else:
-            raise TypeError(
-                f"no summary form for {type(value).__name__} artifact {name!r}; "
-                "TensorBoardTracker takes Images, Clips, TokenRows or Representations previews."
-            )
+            self._value(event, tag, "histograms", histo=histo)
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+    def _image(self, event: Any, tag: str, shape: tuple[int, ...], encoded: bytes) -> None:
+        height, width, channels = shape
+        image = self._tb.Summary.Image(
+            height=height, width=width, colorspace=channels, encoded_image_string=encoded
+        )
+        self._value(event, tag, "images", image=image)
+
+    def _close(self) -> None:
         try:
             self._write_hparams()
         finally:

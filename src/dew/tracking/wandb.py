@@ -10,22 +10,25 @@ import os
 import pathlib
 import tempfile
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
-from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
-from dew.naming import check_index, check_path_segment, flatten_parameters
-from dew.telemetry.records import FitEnded, Record, encode_json_value
-from dew.tracking._protocol import AbstractTracker
-from dew.tracking._render import histogram, preview_files
+from dew.artifacts import Artifact
+from dew.naming import (
+    ArtifactKind,
+    artifact_tag,
+    check_index,
+    check_path_segment,
+    flatten_parameters,
+)
+from dew.telemetry.records import Record, encode_json_value
+from dew.tracking._base import AbstractRunTracker
+from dew.tracking._preview import Animation, Picture, Piece, Refusal, TokenTable, render_preview
 
 __all__ = ["WandbTracker"]
 
-REPORTING = "reporting"
-VALIDATION = "validation"
-ARTIFACTS = "artifacts"
+_REFUSAL = Refusal(takes="WandbTracker takes", unknown="no preview form for {kind}")
 
 
 def _config_value(value: Any) -> Any:
@@ -56,7 +59,7 @@ def _pre(text: str) -> str:
     return f"<pre>{html.escape(text)}</pre>"
 
 
-class WandbTracker(AbstractTracker):
+class WandbTracker(AbstractRunTracker):
     """Record one W&B run; the global `wandb.run` is never set.
 
     `wandb.init(project=project, name=name, dir=dir, reinit="create_new")` with
@@ -124,14 +127,9 @@ class WandbTracker(AbstractTracker):
         )
         self._config: dict[str, str] = {}
         self._step = 0
-        self._failed = False
-        self.closed = False
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError(
-                f"WandbTracker(run {self.run.id}) is closed; it records nothing more."
-            )
+    def _describe(self) -> str:
+        return f"WandbTracker(run {self.run.id})"
 
     def _check_step(self, step: Any) -> int:
         step = check_index("step", step)
@@ -142,8 +140,7 @@ class WandbTracker(AbstractTracker):
             )
         return step
 
-    def log_params(self, values: Mapping[str, Any]) -> None:
-        self._check_open()
+    def _log_params(self, values: Mapping[str, Any]) -> None:
         new: dict[str, Any] = {}
         for key, value in flatten_parameters(values).items():
             converted = _config_value(value)
@@ -160,8 +157,7 @@ class WandbTracker(AbstractTracker):
             self.run.config.update(new)
         self._config.update({key: _identity(value) for key, value in new.items()})
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int | np.integer) -> None:
-        self._check_open()
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         step = self._check_step(step)
         data = {}
         for tag, value in values.items():
@@ -175,19 +171,23 @@ class WandbTracker(AbstractTracker):
         self.run.log(data, step=step)
         self._step = step
 
-    def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
-        self._check_open()
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)
         step = self._step if step is None else self._check_step(step)
         wandb = self._wandb
         if isinstance(value, Record):
-            record_type = check_path_segment("record type", value.type)
-            data = {f"{REPORTING}/{record_type}": wandb.Html(_pre(value.to_json()), inject=False)}
-            if isinstance(value, FitEnded) and value.status != "completed":
-                self._failed = True
+            tag = artifact_tag(ArtifactKind.RECORD, value.type)
+            data = {tag: wandb.Html(_pre(value.to_json()), inject=False)}
         elif isinstance(value, Artifact):
+            pieces = render_preview(value, name=name, refusal=_REFUSAL)
             with tempfile.TemporaryDirectory(prefix="dew-wandb-") as folder:
-                self.run.log(self._preview(name, value, pathlib.Path(folder)), step=step)
+                data = {
+                    artifact_tag(ArtifactKind.PREVIEW, name, piece.part): self._media(
+                        piece, pathlib.Path(folder)
+                    )
+                    for piece in pieces
+                }
+                self.run.log(data, step=step)
             self._step = step
             return
         else:
@@ -198,62 +198,32 @@ class WandbTracker(AbstractTracker):
                     f"WandbTracker cannot record artifact {name!r}: {type(value).__name__} is "
                     "not a record, a preview artifact or a JSON value."
                 ) from error
-            data = {f"{ARTIFACTS}/{name}": wandb.Html(_pre(text), inject=False)}
+            data = {artifact_tag(ArtifactKind.VALUE, name): wandb.Html(_pre(text), inject=False)}
         self.run.log(data, step=step)
         self._step = step
 
-    def _preview(self, name: str, value: Artifact, folder: pathlib.Path) -> dict[str, Any]:
+    def _media(self, piece: Piece, folder: pathlib.Path) -> Any:
+        """One preview piece as W&B media: pictures as `wandb.Image` (the PNG file as it
+        is, the prompt as caption), animations as `wandb.Video` (the GIF), token tables
+        as `wandb.Table`, the spread as `wandb.Histogram`."""
         wandb = self._wandb
-        series = f"{VALIDATION}/{name}"
-        if isinstance(value, TokenScores):
-            raise TypeError(
-                "TokenScores has no preview form; WandbTracker takes Images, Clips, TokenRows "
-                "or Representations previews."
-            )
-        if isinstance(value, Images):
-            data = {}
-            prompts = value.prompts or (None,) * value.num_rows
-            for (suffix, content), prompt in zip(preview_files(value), prompts, strict=True):
-                path = folder / suffix
-                path.write_bytes(content)  # wandb.Image copies the PNG file as it is
-                data[f"{series}/{path.stem}"] = wandb.Image(str(path), caption=prompt)
-            return data
-        if isinstance(value, Clips):
-            return {
-                f"{series}/{pathlib.Path(suffix).stem}": wandb.Video(
-                    io.BytesIO(content), format="gif"
-                )
-                for suffix, content in preview_files(value)
-            }
-        if isinstance(value, TokenRows):
-            tokens = np.asarray(value.tokens).tolist()
+        if isinstance(piece, Picture):
+            file_name, content = piece.file
+            path = folder / file_name
+            path.write_bytes(content)  # wandb.Image copies the PNG file as it is
+            return wandb.Image(str(path), caption=piece.caption)
+        if isinstance(piece, Animation):
+            return wandb.Video(io.BytesIO(piece.gif), format="gif")
+        if isinstance(piece, TokenTable):
+            tokens = piece.tokens.tolist()
             columns, rows = ["row", "tokens"], [[index, row] for index, row in enumerate(tokens)]
-            if value.mask is not None:
+            if piece.mask is not None:
                 columns.append("mask")
-                for row, mask in zip(rows, np.asarray(value.mask).tolist(), strict=True):
+                for row, mask in zip(rows, piece.mask.tolist(), strict=True):
                     row.append(mask)
-            return {f"{series}/tokens": wandb.Table(columns=columns, data=rows)}
-        if isinstance(value, Representations):
-            spread = histogram(value.features)
-            counts, edges = np.asarray(spread["counts"]), np.asarray(spread["edges"])
-            return {f"{series}/spread": wandb.Histogram(np_histogram=(counts, edges))}
-        raise TypeError(
-            f"no preview form for {type(value).__name__}; WandbTracker takes Images, Clips, "
-            "TokenRows or Representations previews."
-        )
+            return wandb.Table(columns=columns, data=rows)
+        counts, edges = np.asarray(piece.summary["counts"]), np.asarray(piece.summary["edges"])
+        return wandb.Histogram(np_histogram=(counts, edges))
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.run.finish(exit_code=1 if self._failed else 0)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc is not None:
-            self._failed = True
-        super().__exit__(exc_type, exc, traceback)
+    def _close(self) -> None:
+        self.run.finish(exit_code=1 if self.failed else 0)
