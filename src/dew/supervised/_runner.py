@@ -215,7 +215,7 @@ def run_supervised(
         total=epochs,
         unit="epoch",
     )
-    with engine.running(start=0, steps=epochs, completed=lambda: steps):
+    with engine.reporting_fit(start=0, steps=epochs, completed=lambda: steps):
         for epoch in range(epochs):
             total, rows = Sum.zero(), jnp.zeros((), jnp.int32)
             for batch in train_loader(split="train", epoch=epoch):
@@ -245,7 +245,7 @@ def run_supervised(
                 if scores:
                     measured[Split.VALIDATION] = scores
                     engine.report(VALIDATION_END, Split.VALIDATION, epoch, scores)
-            if early_stopper is not None and engine.judge(
+            if early_stopper is not None and engine.update_early_stopping(
                 early_stopper.source, epoch, measured.get(early_stopper.source, {})
             ):
                 break
