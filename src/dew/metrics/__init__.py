@@ -32,6 +32,7 @@ from dew.metrics._probes import LinearProbe as LinearProbe
 from dew.metrics._regression import RMSE as RMSE
 from dew.metrics._regression import PointCRPS as PointCRPS
 from dew.metrics._regression import RowLoss as RowLoss
+from dew.metrics._regression import RowMeanState as RowMeanState
 from dew.metrics._regression import gaussian_crps as gaussian_crps
 from dew.metrics._set import MetricSet as MetricSet
 from dew.metrics._set import reduce as reduce
@@ -56,6 +57,7 @@ __all__ = [
     "Perplexity",
     "PointCRPS",
     "RowLoss",
+    "RowMeanState",
     "Sum",
     "TokenAccuracy",
     "VideoPSNR",
