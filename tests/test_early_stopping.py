@@ -143,18 +143,12 @@ def test_a_stopper_whose_metric_its_split_lacks_raises_naming_both():
 def test_a_report_with_no_values_or_of_another_split_decides_nothing():
     engine = _engine(EarlyStopper(metric="loss", patience=0))
     before = engine.stopping
-    assert (
-        engine.update_early_stopping(Split.VALIDATION, 1, {}) is False
-    )  # an empty validation pass
-    assert (
-        engine.update_early_stopping(Split.TRAIN, 1, {"accuracy": 0.5}) is False
-    )  # not the watched split
+    update = engine.update_early_stopping
+    assert update(Split.VALIDATION, 1, {}) is False  # an empty validation pass
+    assert update(Split.TRAIN, 1, {"accuracy": 0.5}) is False  # not the watched split
     assert engine.stopping == before
-    assert engine.update_early_stopping(Split.VALIDATION, 2, {"loss": 1.0}) is False
-    assert (
-        engine.stopping.improved
-        and engine.update_early_stopping(Split.VALIDATION, 3, {"loss": 2.0}) is True
-    )
+    assert update(Split.VALIDATION, 2, {"loss": 1.0}) is False
+    assert engine.stopping.improved and update(Split.VALIDATION, 3, {"loss": 2.0}) is True
 
 
 def test_run_supervised_with_a_missing_validation_metric_raises():
