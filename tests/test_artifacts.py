@@ -14,6 +14,7 @@ from dew.artifacts import (
     Artifact,
     Clips,
     Images,
+    RegressionScores,
     Representations,
     TokenRows,
     TokenScores,
@@ -52,6 +53,12 @@ def _representations(rows: int = 4) -> Representations:
     return Representations(_floats(rows, 7), _ints(rows))
 
 
+def _regression_scores(rows: int = 4) -> RegressionScores:
+    return RegressionScores(
+        _floats(rows), _floats(rows), _floats(rows, 2), _floats(rows, 2), _floats(rows, 2)
+    )
+
+
 def _token_rows(rows: int = 4) -> TokenRows:
     return TokenRows(_ints(rows, 9), _bools(rows, 9))
 
@@ -62,6 +69,7 @@ FULL_ARTIFACTS = {
     "Clips": _clips,
     "Representations": _representations,
     "TokenRows": _token_rows,
+    "RegressionScores": _regression_scores,
 }
 
 MINIMAL_ARTIFACTS = {
@@ -70,6 +78,7 @@ MINIMAL_ARTIFACTS = {
     "Clips": lambda: Clips(_floats(3, 1, 4, 4, 3)),
     "Representations": lambda: Representations(_floats(3, 2)),
     "TokenRows": lambda: TokenRows(_ints(3, 5)),
+    "RegressionScores": lambda: RegressionScores(_floats(3), _floats(3)),
 }
 
 
@@ -106,7 +115,7 @@ def test_artifact_with_all_fields_reports_its_row_count(kind, rows):
 def test_artifact_without_optional_fields_is_valid(kind):
     artifact = MINIMAL_ARTIFACTS[kind]()
     assert artifact.num_rows == 3
-    required = 2 if kind == "TokenScores" else 1
+    required = 2 if kind in ("TokenScores", "RegressionScores") else 1
     assert len(jax.tree.leaves(artifact)) == required
 
 
@@ -276,6 +285,39 @@ BAD_ARTIFACTS = {
         lambda: TokenRows(_ints(2, 3), _bools(2, 4)),
         "mask",
         "TokenRows.mask must match tokens, got tokens (2, 3), mask (2, 4).",
+    ),
+    "regression losses rank": (
+        lambda: RegressionScores(_floats(2, 1), _floats(2, 1)),
+        "losses",
+        "RegressionScores.losses must have 1 axes (rows), got shape (2, 1).",
+    ),
+    "regression weights rows": (
+        lambda: RegressionScores(_floats(2), _floats(3)),
+        "weights",
+        "RegressionScores.weights must hold one weight per row, got losses (2,), weights (3,).",
+    ),
+    "regression mean without targets": (
+        lambda: RegressionScores(_floats(2), _floats(2), _floats(2, 1)),
+        "mean",
+        "RegressionScores needs mean and targets together, got only mean (2, 1).",
+    ),
+    "regression std without mean": (
+        lambda: RegressionScores(_floats(2), _floats(2), std=_floats(2, 1)),
+        "std",
+        "RegressionScores.std needs mean and targets beside it.",
+    ),
+    "regression targets rows": (
+        lambda: RegressionScores(_floats(2), _floats(2), _floats(3, 1), None, _floats(3, 1)),
+        "mean",
+        "RegressionScores.mean, std and targets must share one shape whose first axis is the "
+        "rows of losses, got losses (2,), mean (3, 1), targets (3, 1).",
+    ),
+    "regression std shape": (
+        lambda: RegressionScores(
+            _floats(2), _floats(2), _floats(2, 1), _floats(2, 2), _floats(2, 1)
+        ),
+        "std",
+        "got losses (2,), mean (2, 1), std (2, 2), targets (2, 1).",
     ),
 }
 

@@ -133,7 +133,7 @@ def test_a_stopper_whose_metric_its_split_lacks_raises_naming_both():
     # A misspelt metric fails at the split's first report rather than never stopping.
     engine = _engine(EarlyStopper(metric="acuracy", patience=0))
     with pytest.raises(ValueError, match="monitors 'acuracy'") as caught:
-        engine.judge(Split.VALIDATION, 1, {"accuracy": 0.5, "loss": 1.0})
+        engine.update_early_stopping(Split.VALIDATION, 1, {"accuracy": 0.5, "loss": 1.0})
     assert str(caught.value) == (
         "the early stopper monitors 'acuracy' on the validation split, but the validation "
         "metrics are ['accuracy', 'loss']."
@@ -143,11 +143,12 @@ def test_a_stopper_whose_metric_its_split_lacks_raises_naming_both():
 def test_a_report_with_no_values_or_of_another_split_decides_nothing():
     engine = _engine(EarlyStopper(metric="loss", patience=0))
     before = engine.stopping
-    assert engine.judge(Split.VALIDATION, 1, {}) is False  # an empty validation pass
-    assert engine.judge(Split.TRAIN, 1, {"accuracy": 0.5}) is False  # not the watched split
+    update = engine.update_early_stopping
+    assert update(Split.VALIDATION, 1, {}) is False  # an empty validation pass
+    assert update(Split.TRAIN, 1, {"accuracy": 0.5}) is False  # not the watched split
     assert engine.stopping == before
-    assert engine.judge(Split.VALIDATION, 2, {"loss": 1.0}) is False
-    assert engine.stopping.improved and engine.judge(Split.VALIDATION, 3, {"loss": 2.0}) is True
+    assert update(Split.VALIDATION, 2, {"loss": 1.0}) is False
+    assert engine.stopping.improved and update(Split.VALIDATION, 3, {"loss": 2.0}) is True
 
 
 def test_run_supervised_with_a_missing_validation_metric_raises():

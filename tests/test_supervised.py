@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _checks import rejects
 
 from dew.events import TrackerEventSink
 from dew.naming import Split
@@ -217,3 +218,75 @@ def test_a_failing_epoch_reports_failed_and_reraises():
         )
     [(_, ended)] = tracker.artifacts["fit_ended"]
     assert ended.status == "failed" and ended.error == "OSError: disk gone"
+
+
+def test_a_second_run_of_the_same_structure_traces_nothing_again():
+    traces = []
+
+    def counted(model, inputs, targets, sample_weight, key, training):
+        traces.append(training)  # runs only while JAX traces the loss
+        return squared_error(model, inputs, targets, sample_weight, key, training)
+
+    _, optimizer, _ = _setup()
+
+    def run(seed):
+        model = eqx.nn.Linear(1, 1, key=jax.random.key(seed))
+        return run_supervised(
+            model=model,
+            optimizer=optimizer,
+            train_loader=loader,
+            loss=counted,
+            state=initialize_training_state(model, optimizer, jax.random.key(seed)),
+            epochs=2,
+            validation=HeldOutValidation(model, loader, counted),
+        )
+
+    first = run(0)
+    assert sorted(set(traces)) == [False, True]  # the training step and the validation pass
+    traced = len(traces)
+    second = run(1)
+    assert len(traces) == traced
+    assert not np.allclose(first.params.weight, second.params.weight)  # a different model
+
+
+def test_validation_is_the_row_weighted_mean_of_the_batch_losses():
+    model, _, state = _setup()
+    batches = [Batch(INPUTS[:4], TARGETS[:4]), Batch(INPUTS[4:], TARGETS[4:])]
+    validation = HeldOutValidation(model, lambda *, split, epoch: batches, squared_error)
+    scores = validation.evaluate(state.params, 0, jax.random.key(0))
+    losses = [float(squared_error(model, b.inputs, b.targets, None, None, False)) for b in batches]
+    np.testing.assert_allclose(scores["loss"], (4 * losses[0] + 12 * losses[1]) / 16, rtol=1e-6)
+    assert (
+        HeldOutValidation(model, lambda *, split, epoch: [], squared_error).evaluate(
+            state.params, 0, jax.random.key(0)
+        )
+        == {}
+    )
+
+
+def test_a_loader_yielding_something_else_is_refused():
+    model, optimizer, state = _setup()
+    message = r"must yield Batch\(inputs, targets, sample_weight\), got tuple\.$"
+    with rejects(TypeError, message, parameter="batch"):
+        run_supervised(
+            model=model,
+            optimizer=optimizer,
+            train_loader=lambda *, split, epoch: [(INPUTS, TARGETS)],
+            loss=squared_error,
+            state=state,
+            epochs=1,
+        )
+
+
+def test_the_callers_state_survives_the_run():
+    model, optimizer, state = _setup()
+    before = np.asarray(state.params.weight)
+    run_supervised(
+        model=model,
+        optimizer=optimizer,
+        train_loader=loader,
+        loss=squared_error,
+        state=state,
+        epochs=1,
+    )
+    np.testing.assert_array_equal(np.asarray(state.params.weight), before)  # not donated

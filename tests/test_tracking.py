@@ -144,7 +144,7 @@ def test_a_tracker_failing_on_fit_ended_never_replaces_the_fits_own_error():
     engine = _engine(tracker)
     with (
         pytest.raises(ValueError, match="token 9 is outside the vocabulary") as caught,
-        engine.running(start=0, steps=10, completed=lambda: 3),
+        engine.reporting_fit(start=0, steps=10, completed=lambda: 3),
     ):
         raise ValueError("token 9 is outside the vocabulary")
     assert caught.value.__notes__ == [
@@ -160,7 +160,7 @@ def test_a_tracker_failing_on_fit_ended_after_an_interrupt_keeps_the_interrupt()
     engine = _engine(tracker)
     with (
         pytest.raises(KeyboardInterrupt) as caught,
-        engine.running(start=0, steps=10, completed=lambda: 2),
+        engine.reporting_fit(start=0, steps=10, completed=lambda: 2),
     ):
         raise KeyboardInterrupt
     assert caught.value.__notes__ == [
@@ -173,7 +173,7 @@ def test_a_completed_fit_whose_fit_ended_report_fails_raises_that_failure():
     engine = _engine(tracker)
     with (
         pytest.raises(OSError, match="disk full"),
-        engine.running(start=0, steps=10, completed=lambda: 10),
+        engine.reporting_fit(start=0, steps=10, completed=lambda: 10),
     ):
         pass
 
@@ -187,7 +187,7 @@ def test_healthy_trackers_see_fit_ended_failed_when_another_fails_on_fit_started
     with (
         Trackers(healthy, broken, memory) as tracker,
         pytest.raises(ConnectionError, match="unreachable") as caught,
-        _engine(tracker).running(start=4, steps=10, completed=lambda: 4),
+        _engine(tracker).reporting_fit(start=4, steps=10, completed=lambda: 4),
     ):
         body_ran.append(True)
     assert body_ran == []

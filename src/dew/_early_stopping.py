@@ -10,11 +10,11 @@ from typing import SupportsFloat
 from dew._checks import check_integer
 from dew.naming import Split, check_metric_name
 
-__all__ = ["EarlyStopper", "EarlyStopping"]
+__all__ = ["EarlyStopper", "EarlyStoppingState"]
 
 
 @dataclasses.dataclass(frozen=True)
-class EarlyStopping:
+class EarlyStoppingState:
     """The early stopper's state after some updates.
 
     - `best`: the best value seen so far (`None` before the first update).
@@ -83,9 +83,9 @@ class EarlyStopper:
         """The bare name of the monitored metric."""
         return self.metric
 
-    def init(self) -> EarlyStopping:
+    def init(self) -> EarlyStoppingState:
         """The state before any measurement."""
-        return EarlyStopping()
+        return EarlyStoppingState()
 
     def improves(self, value: float, best: float | None) -> bool:
         """Whether `value` improves on `best` under this stopper's mode and min_delta."""
@@ -100,11 +100,15 @@ class EarlyStopper:
     def _better_inf(self, value: float) -> bool:
         return (value < 0) if self.mode == "min" else (value > 0)
 
-    def update(self, state: EarlyStopping, value: SupportsFloat, *, step: int) -> EarlyStopping:
+    def update(
+        self, state: EarlyStoppingState, value: SupportsFloat, *, step: int
+    ) -> EarlyStoppingState:
         """Take the monitored metric's value at `step` and return the next state."""
         value = float(value)
         if self.improves(value, state.best):
-            return EarlyStopping(best=value, best_step=step, waited=0, improved=True, stop=False)
+            return EarlyStoppingState(
+                best=value, best_step=step, waited=0, improved=True, stop=False
+            )
         waited = state.waited + 1
         return dataclasses.replace(
             state, waited=waited, improved=False, stop=waited > self.patience

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
-from dew._early_stopping import EarlyStopper, EarlyStopping
+from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew.events import BEST_MODEL, EARLY_STOP, Decision, EventSink, TrainingEvent
 from dew.naming import Split, metric_tag
 from dew.steps import MetricHistory, TrainState
@@ -53,7 +53,7 @@ class LoopEngine:
         sinks: Sequence[EventSink] = (),
         tracker: Tracker | None = None,
         early_stopper: EarlyStopper | None = None,
-        stopping: EarlyStopping | None = None,
+        stopping: EarlyStoppingState | None = None,
         progress: bool = False,
         total: int | None = None,
         initial: int = 0,
@@ -120,7 +120,7 @@ class LoopEngine:
             self.print(f"step {step}  {shown}{note}")
         self.emit(name, split, step, values)
 
-    def judge(self, split: Split, step: int, values: Mapping[str, float]) -> bool:
+    def update_early_stopping(self, split: Split, step: int, values: Mapping[str, float]) -> bool:
         """Update the early stopper with `split`'s values; emit its decisions; `True`: stop.
 
         A split the stopper does not watch, or a report with no values, decides
@@ -163,7 +163,7 @@ class LoopEngine:
             self.tracker.log_artifact(name, record, step=step)
 
     @contextlib.contextmanager
-    def running(
+    def reporting_fit(
         self, *, start: int, steps: int, completed: Callable[[], int]
     ) -> Iterator["LoopEngine"]:
         """Report `FitStarted`, then `FitEnded`: `completed` when the body returns,

@@ -31,6 +31,7 @@ __all__ = [
     "Artifact",
     "Clips",
     "Images",
+    "RegressionScores",
     "Representations",
     "TokenRows",
     "TokenScores",
@@ -137,6 +138,51 @@ class TokenScores(Artifact):
             fields["correct"] = self.correct
         if len({_shape(value) for value in fields.values()}) != 1:
             raise ValueError(f"TokenScores fields must share one shape, got {_describe(**fields)}.")
+
+
+class RegressionScores(Artifact):
+    """Per-row scores of a supervised batch, and optionally its predictive distribution.
+
+    - `losses`: each row's loss, `(rows,)`.
+    - `weights`: each row's weight, `(rows,)`, zero where a row does not count.
+    - `mean`, `targets`: optional point predictions and their targets, one shape
+      `(rows, ...)`, for `rmse`.
+    - `std`: optional predictive standard deviation of the Gaussian `N(mean, std²)`,
+      shaped like `mean`, for `point_crps`.
+    """
+
+    losses: Float[Array, " rows"]
+    weights: Float[Array, " rows"]
+    mean: Float[Array, " rows *value"] | None = None
+    std: Float[Array, " rows *value"] | None = None
+    targets: Float[Array, " rows *value"] | None = None
+
+    def __check_init__(self) -> None:
+        _require_rank("RegressionScores", "losses", self.losses, 1, "rows")
+        if _shape(self.weights) != _shape(self.losses):
+            raise ValueError(
+                "RegressionScores.weights must hold one weight per row, got "
+                f"{_describe(losses=self.losses, weights=self.weights)}."
+            )
+        values = {
+            name: value
+            for name, value in (("mean", self.mean), ("std", self.std), ("targets", self.targets))
+            if value is not None
+        }
+        if (self.mean is None) != (self.targets is None):
+            raise ValueError(
+                f"RegressionScores needs mean and targets together, got only {_describe(**values)}."
+            )
+        if self.std is not None and self.mean is None:
+            raise ValueError("RegressionScores.std needs mean and targets beside it.")
+        if values and (
+            len({_shape(value) for value in values.values()}) != 1
+            or _shape(self.mean)[:1] != _shape(self.losses)
+        ):
+            raise ValueError(
+                "RegressionScores.mean, std and targets must share one shape whose first axis "
+                f"is the rows of losses, got {_describe(losses=self.losses, **values)}."
+            )
 
 
 class Images(Artifact):

@@ -38,6 +38,7 @@ from dew.artifacts import (
     Artifact,
     Clips,
     Images,
+    RegressionScores,
     Representations,
     TokenRows,
     TokenScores,
@@ -50,6 +51,7 @@ __all__ = [
     "check_metric_laws",
     "clips",
     "images",
+    "regression_scores",
     "representations",
     "token_rows",
     "token_scores",
@@ -94,6 +96,39 @@ def token_scores(
         jnp.asarray(losses),
         jnp.asarray(weights),
         None if correct is None else jnp.asarray(correct),
+    )
+
+
+@st.composite
+def regression_scores(
+    draw: Callable,
+    rows: int | SearchStrategy[int] = st.integers(1, 6),
+    values: int | SearchStrategy[int] = st.sampled_from([1, 3]),
+    with_predictions: bool = True,
+) -> RegressionScores:
+    """`RegressionScores` with losses in [0, 10], 0/1 or fractional row weights (the
+    first row always counts) and, by default, means and targets in [-5, 5] with
+    standard deviations in [0.0625, 3], `values` per row."""
+    n = draw(_rows_strategy(rows))
+    m = draw(_rows_strategy(values))
+    losses = draw(_float_array((n,), 0.0, 10.0))
+    weights = draw(
+        st.one_of(
+            hnp.arrays(np.float32, (n,), elements=st.sampled_from([0.0, 1.0])),
+            _float_array((n,), 0.0, 1.0),
+        )
+    )
+    weights[0] = 1.0
+    if not with_predictions:
+        return RegressionScores(jnp.asarray(losses), jnp.asarray(weights))
+    mean, targets = (draw(_float_array((n, m), -5.0, 5.0)) for _ in range(2))
+    std = draw(_float_array((n, m), 0.0625, 3.0))
+    return RegressionScores(
+        jnp.asarray(losses),
+        jnp.asarray(weights),
+        jnp.asarray(mean),
+        jnp.asarray(std),
+        jnp.asarray(targets),
     )
 
 

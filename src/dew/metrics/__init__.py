@@ -29,6 +29,11 @@ from dew.metrics._images import VideoPSNR as VideoPSNR
 from dew.metrics._images import VideoSSIM as VideoSSIM
 from dew.metrics._probes import KNNProbe as KNNProbe
 from dew.metrics._probes import LinearProbe as LinearProbe
+from dew.metrics._regression import RMSE as RMSE
+from dew.metrics._regression import PointCRPS as PointCRPS
+from dew.metrics._regression import RowLoss as RowLoss
+from dew.metrics._regression import RowMeanState as RowMeanState
+from dew.metrics._regression import gaussian_crps as gaussian_crps
 from dew.metrics._set import MetricSet as MetricSet
 from dew.metrics._set import reduce as reduce
 from dew.metrics._set import stack_batches as stack_batches
@@ -41,6 +46,7 @@ __all__ = [
     "MAE",
     "MSE",
     "PSNR",
+    "RMSE",
     "SSIM",
     "KNNProbe",
     "LinearProbe",
@@ -49,19 +55,26 @@ __all__ = [
     "Metric",
     "MetricSet",
     "Perplexity",
+    "PointCRPS",
+    "RowLoss",
+    "RowMeanState",
     "Sum",
     "TokenAccuracy",
     "VideoPSNR",
     "VideoSSIM",
     "check_finalizable",
+    "gaussian_crps",
     "knn_probe",
     "linear_probe",
+    "loss",
     "mae",
     "mean_loss",
     "mse",
     "perplexity",
+    "point_crps",
     "psnr",
     "reduce",
+    "rmse",
     "ssim",
     "stack_batches",
     "token_accuracy",
@@ -83,6 +96,21 @@ def mean_loss(*, name: str = "mean_loss") -> MeanLoss:
 def token_accuracy(*, name: str = "token_accuracy") -> TokenAccuracy:
     """Token-weighted argmax accuracy over `TokenScores` (name `token_accuracy`)."""
     return TokenAccuracy(name=name)
+
+
+def loss(*, name: str = "loss") -> RowLoss:
+    """The weighted mean of the rows' losses over `RegressionScores` (name `loss`)."""
+    return RowLoss(name=name)
+
+
+def rmse(*, name: str = "rmse") -> RMSE:
+    """Root mean squared error of the point predictions over `RegressionScores` (name `rmse`)."""
+    return RMSE(name=name)
+
+
+def point_crps(*, name: str = "point_crps") -> PointCRPS:
+    """CRPS of the Gaussian predictive distribution over `RegressionScores` (name `point_crps`)."""
+    return PointCRPS(name=name)
 
 
 def mse(*, name: str = "mse") -> MSE:

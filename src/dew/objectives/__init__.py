@@ -1,6 +1,7 @@
 """Objectives: Equinox modules that define how a model is trained, scored and previewed.
 
-One module per objective family: `dew.objectives.lm`, `masked_diffusion`, `dpo`, `grpo`.
+One module per objective family: `dew.objectives.lm`, `masked_diffusion`, `dpo`, `grpo`,
+`supervised`.
 """
 
 from dew.objectives.base import Objective as Objective

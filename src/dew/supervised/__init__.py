@@ -1,7 +1,7 @@
 """Supervised training: `run_supervised`, validation, early stopping and their pieces."""
 
 from dew._early_stopping import EarlyStopper as EarlyStopper
-from dew._early_stopping import EarlyStopping as EarlyStopping
+from dew._early_stopping import EarlyStoppingState as EarlyStoppingState
 from dew.supervised._runner import Batch as Batch
 from dew.supervised._runner import HeldOutValidation as HeldOutValidation
 from dew.supervised._runner import Optimizer as Optimizer
@@ -19,7 +19,7 @@ from dew.supervised._stages import run_stages as run_stages
 __all__ = [
     "Batch",
     "EarlyStopper",
-    "EarlyStopping",
+    "EarlyStoppingState",
     "GammaVarianceStage",
     "GaussianValidation",
     "HeldOutValidation",

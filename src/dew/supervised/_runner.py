@@ -1,31 +1,37 @@
-"""`run_supervised`: epochs of supervised training over a loader, reporting events."""
+"""`run_supervised`: epochs of supervised training over a loader, reporting events.
+
+It runs on the Trainer's machinery: the model and loss become a `SupervisedObjective`,
+each batch is one step of `dew.steps.train_step` in a compiled call that is cached
+across runs (keyed by the objective's structure and the optax transformation) and
+merges the batch's loss into the `loss` metric's statistics on the device, validation
+is a `dew._pass.run_pass` over the `loss` metric (one fetch per pass), and the run is
+observed by the `LoopEngine` that `Trainer.fit` uses.
+"""
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
 from dew._domains import SUPERVISED_STEP_DOMAIN
 from dew._early_stopping import EarlyStopper
-from dew._loop import LoopEngine
+from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
-from dew.events import (
-    EPOCH_END,
-    VALIDATION_END,
-    EventSink,
-)
-from dew.metrics._sums import Sum
+from dew._pass import run_pass
+from dew.artifacts import RegressionScores
+from dew.events import EPOCH_END, VALIDATION_END, EventSink
+from dew.metrics import MetricSet, RowLoss, RowMeanState
 from dew.naming import Split, check_name
 from dew.objectives.base import trainable
-from dew.steps import TrainState
+from dew.objectives.supervised import SupervisedObjective
+from dew.steps import EMPTY_HISTORY, TrainState, train_step
 from dew.tracking import Tracker
 
 __all__ = [
@@ -40,6 +46,9 @@ __all__ = [
 Loss = Callable[..., jax.Array]
 Loader = Callable[..., Iterable["Batch"]]
 
+_LOSS = RowLoss()
+_LOSS_ONLY = MetricSet([_LOSS])
+
 
 class Batch(eqx.Module):
     """One supervised batch (a pytree): `inputs`, `targets`, optional `sample_weight`."""
@@ -47,6 +56,22 @@ class Batch(eqx.Module):
     inputs: Any
     targets: Any
     sample_weight: Any = None
+
+
+def as_mapping(batch: "Batch | Mapping[str, Any]") -> Mapping[str, Any]:
+    """A loader's batch as the mapping a `SupervisedObjective` reads."""
+    if isinstance(batch, Batch):
+        return {
+            "inputs": batch.inputs,
+            "targets": batch.targets,
+            "sample_weight": batch.sample_weight,
+        }
+    if isinstance(batch, Mapping):
+        return batch
+    raise TypeError(
+        "a supervised loader must yield Batch(inputs, targets, sample_weight), got "
+        f"{type(batch).__name__}."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,10 +101,6 @@ def initialize_training_state(
     )
 
 
-def _rows(batch: Batch) -> int:
-    return int(np.shape(jax.tree.leaves(batch.inputs)[0])[0])
-
-
 @dataclasses.dataclass(frozen=True)
 class HeldOutValidation:
     """Validation on held-out batches: the row-weighted mean of `loss` over
@@ -92,52 +113,71 @@ class HeldOutValidation:
     def evaluate(self, params: PyTree, epoch: int, key: PRNGKeyArray) -> dict[str, float]:
         """The validation metrics of `params` at `epoch` (`{}` for an empty loader).
 
-        Each batch is one compiled call that adds its row-weighted loss to a donated
-        compensated sum on the device; the sum is fetched once, after the last batch.
+        One `run_pass` of the `SupervisedObjective(model, loss)` with the `loss` metric:
+        each batch is one compiled call that merges its loss into the statistics on the
+        device, fetched once after the last batch.
         """
-        leaves, params_def = jax.tree.flatten(params)
-        add = self._compiled(params_def)
-        carry = None
-        for index, batch in enumerate(self.loader(split="validation", epoch=epoch)):
-            if carry is None:
-                carry = _zero_carry()
-            carry = add(carry, leaves, batch, key, index)
-        if carry is None:
-            return {}
-        hi, lo, rows = jax.device_get(carry)
-        total = float(np.float64(hi) + np.float64(lo))
-        return {"loss": total / int(rows)} if rows else {}
+        batches = map(as_mapping, self.loader(split="validation", epoch=epoch))
+        return run_pass(self.objective, params, batches, _LOSS_ONLY, key).scores
 
-    def _compiled(self, params_def: Any) -> Callable[..., tuple[jax.Array, ...]]:
-        """The compiled per-batch call for params of structure `params_def` (kept per
-        validation object: a pass flattens nothing but its batches)."""
-        cache = self.__dict__.setdefault("_calls", {})
-        if params_def not in cache:
-            static = eqx.filter(self.model, eqx.is_inexact_array, inverse=True)
-            loss = self.loss
+    @functools.cached_property
+    def objective(self) -> SupervisedObjective:
+        """The objective the validation scores (one object, so its passes share their
+        compiled calls without re-partitioning the model)."""
+        return SupervisedObjective(self.model, self.loss)
 
-            def add(carry, leaves: list, batch: Batch, key, index):
-                model = eqx.combine(jax.tree.unflatten(params_def, leaves), static)
-                value = loss(
-                    model,
-                    batch.inputs,
-                    batch.targets,
-                    batch.sample_weight,
-                    jax.random.fold_in(key, index),
-                    False,
-                )
-                count = _rows(batch)
-                total = Sum(carry[0], carry[1]).add(Sum.of(value * count))
-                return total.hi, total.lo, carry[2] + count
 
-            cache[params_def] = jax.jit(add, donate_argnums=0)
-        return cache[params_def]
+def _compile_step(objective_def: Any, static: Any, transformation: optax.GradientTransformation):
+    """One training step of `train_step` that also merges the batch's loss, weighted by
+    its rows, into the `loss` metric's statistics; the state travels as a flat list of
+    leaves, and it and the statistics are donated."""
+
+    def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: Any, total: Any):
+        objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
+        state = jax.tree.unflatten(state_def, state_leaves)
+        key = jax.random.fold_in(jax.random.fold_in(state.key, SUPERVISED_STEP_DOMAIN), state.step)
+        next_state, outputs = train_step(objective, transformation, state, batch, key)
+        rows = jax.tree.leaves(batch["inputs"])[0].shape[0]
+        # The batch as one score weighted by its rows: the epoch's loss is the
+        # row-weighted mean of the batch losses, and no step waits for the host.
+        loss = jnp.reshape(jnp.asarray(outputs["loss"], jnp.float32), (1,))
+        scores = RegressionScores(loss, jnp.full((1,), rows, jnp.float32))
+        return jax.tree.leaves(next_state), _LOSS.merge(total, _LOSS(scores))
+
+    return jax.jit(step, donate_argnums=(0, 4), static_argnums=3)
+
+
+_cached_step = functools.lru_cache(maxsize=32)(_compile_step)
+
+
+def _step_for(objective: SupervisedObjective, transformation: optax.GradientTransformation):
+    """The compiled step of `objective`'s structure, and the objective's array leaves."""
+    arrays, static = eqx.partition(objective, eqx.is_array)
+    leaves, objective_def = jax.tree.flatten(arrays)
+    try:  # runs of one model structure, loss and optimizer share a compiled step
+        return _cached_step(objective_def, static, transformation), leaves
+    except TypeError:  # an unhashable static field: compile for this run alone
+        return _compile_step(objective_def, static, transformation), leaves
 
 
 @jax.jit
-def _zero_carry() -> tuple[jax.Array, jax.Array, jax.Array]:
-    """A pass's empty (hi, lo, rows): fresh buffers, donated to its first call."""
-    return jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+def _copies(leaves: list) -> list:
+    """Fresh buffers holding `leaves`, in one compiled call."""
+    return [jnp.copy(leaf) for leaf in leaves]
+
+
+@jax.jit
+def _epoch_start() -> Any:
+    """An epoch's empty loss statistics: fresh buffers, donated to its first step."""
+    return _LOSS.init()
+
+
+def _epoch_loss(total: RowMeanState) -> float | None:
+    """The epoch's row-weighted mean loss, finalized on the host in float64 from one
+    fetch of its statistics (`None` for an epoch without rows)."""
+    total = jax.device_get(total)
+    rows = float(total.weight.hi) + float(total.weight.lo)
+    return (float(total.total.hi) + float(total.total.lo)) / rows if rows else None
 
 
 def run_supervised(
@@ -158,7 +198,9 @@ def run_supervised(
 ) -> TrainState:
     """Train `model` for `epochs` epochs and return the final state.
 
-    `loss(model, inputs, targets, sample_weight, key, training)` returns a scalar.
+    `loss(model, inputs, targets, sample_weight, key, training)` returns a scalar (or
+    one value per row, whose sample-weighted mean is the batch's loss: see
+    `dew.objectives.supervised.SupervisedObjective`, which `run_supervised` trains).
     Each epoch emits `epoch_end` (split train, the row-weighted mean training loss),
     then `validation_end` when `validation` is given, then the early stopper's
     `best_model` / `early_stop` decision events (no metrics). Steps are epochs,
@@ -177,37 +219,21 @@ def run_supervised(
     check_name("stage", stage)
     check_integer("epochs", epochs, minimum=0)
     raising = raises_on_nonfinite(on_nonfinite)
-    transformation = optimizer.transformation
-    static = eqx.filter(model, eqx.is_inexact_array, inverse=True)
-
-    @functools.partial(jax.jit, donate_argnums=(7, 8))
-    def step(params, opt_state, inputs, targets, sample_weight, run_key, index, total, rows):
-        key = jax.random.fold_in(jax.random.fold_in(run_key, SUPERVISED_STEP_DOMAIN), index)
-
-        def objective(p):
-            return loss(eqx.combine(p, static), inputs, targets, sample_weight, key, True)
-
-        value, grads = jax.value_and_grad(objective)(params)
-        with jax.numpy_dtype_promotion("standard"):
-            updates, opt_state = transformation.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
-        # The epoch's row-weighted loss accumulates on the device: no step waits for
-        # the host, and the sum is fetched once at the end of the epoch.
-        count = int(np.shape(jax.tree.leaves(inputs)[0])[0])
-        return params, opt_state, total.add(Sum.of(value * count)), rows + count
-
-    params, opt_state = state.params, state.opt_state
+    step, objective_leaves = _step_for(SupervisedObjective(model, loss), optimizer.transformation)
+    # The compiled step sees the empty history only, so a growing history never changes
+    # its static structure; it donates the state, so it gets copies of the caller's arrays.
+    history = state.metric_history
+    leaves, state_def = jax.tree.flatten(with_history(state, EMPTY_HISTORY))
+    leaves = _copies(leaves)
     steps = int(state.step)
 
     def current() -> TrainState:
-        return TrainState(
-            jnp.asarray(steps, jnp.int32), params, opt_state, state.key, state.ema_params
-        )
+        return jax.tree.unflatten(state_def, leaves)
 
     engine = LoopEngine(
         stage=stage,
         current=current,
-        history=state.metric_history,
+        history=history,
         sinks=event_sinks,
         tracker=tracker,
         early_stopper=early_stopper,
@@ -215,40 +241,30 @@ def run_supervised(
         total=epochs,
         unit="epoch",
     )
-    with engine.running(start=0, steps=epochs, completed=lambda: steps):
+    with engine.reporting_fit(start=0, steps=epochs, completed=lambda: steps):
         for epoch in range(epochs):
-            total, rows = Sum.zero(), jnp.zeros((), jnp.int32)
+            total = _epoch_start()
             for batch in train_loader(split="train", epoch=epoch):
-                params, opt_state, total, rows = step(
-                    params,
-                    opt_state,
-                    batch.inputs,
-                    batch.targets,
-                    batch.sample_weight,
-                    state.key,
-                    steps,
-                    total,
-                    rows,
-                )
+                leaves, total = step(leaves, as_mapping(batch), objective_leaves, state_def, total)
                 steps += 1
             engine.advance()
             measured: dict[Split, dict[str, float]] = {}
-            total, rows = jax.device_get((total.value(), rows))
-            if raising and rows:  # the epoch's loss is where run_supervised looks
-                check_loss(float(total) / int(rows), steps, note=f" (the end of epoch {epoch})")
-            if rows:
-                measured[Split.TRAIN] = {"loss": float(total) / int(rows)}
+            value = _epoch_loss(total)
+            if raising and value is not None:  # the epoch's loss is where run_supervised looks
+                check_loss(value, steps, note=f" (the end of epoch {epoch})")
+            if value is not None:
+                measured[Split.TRAIN] = {"loss": value}
                 engine.report(EPOCH_END, Split.TRAIN, epoch, measured[Split.TRAIN])
             if validation is not None:
                 key = jax.random.fold_in(state.key, epoch)
-                scores = validation.evaluate(params, epoch, key)
+                scores = validation.evaluate(current().params, epoch, key)
                 if scores:
                     measured[Split.VALIDATION] = scores
                     engine.report(VALIDATION_END, Split.VALIDATION, epoch, scores)
-            if early_stopper is not None and engine.judge(
+            if early_stopper is not None and engine.update_early_stopping(
                 early_stopper.source, epoch, measured.get(early_stopper.source, {})
             ):
                 break
         if raising:
-            check_params(params, steps)
+            check_params(current().params, steps)
     return engine.state()

@@ -10,7 +10,7 @@ with its own loss and its own stage name, so its tags (`mean/train/loss`,
 """
 
 import dataclasses
-import math
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -18,17 +18,21 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from jax.scipy.stats import norm
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
+from dew import metrics
 from dew._checks import check_integer
+from dew._pass import run_pass
 from dew.events import EventSink
+from dew.metrics import MetricSet, gaussian_crps
 from dew.naming import check_name
 from dew.objectives.base import combine
+from dew.objectives.supervised import SupervisedObjective
 from dew.steps import TrainState
 from dew.supervised._runner import (
     Batch,
     HeldOutValidation,
+    as_mapping,
     create_optimizer,
     initialize_training_state,
     run_supervised,
@@ -84,23 +88,6 @@ def gamma_variance_nll(
     return 0.5 * jnp.log(variance) + squared_residuals / (2.0 * variance)
 
 
-def gaussian_crps(
-    mean: Float[Array, "*shape"], std: Float[Array, "*shape"], targets: Float[Array, "*shape"]
-) -> Float[Array, "*shape"]:
-    """Elementwise CRPS of the Gaussian `N(mean, std²)` at `targets`, in closed form:
-    `std * (z * (2 Φ(z) - 1) + 2 φ(z) - 1 / sqrt(pi))` with `z = (targets - mean) / std`.
-
-    ```python
-    >>> import jax.numpy as jnp
-    >>> round(float(gaussian_crps(jnp.array(0.0), jnp.array(1.0), jnp.array(0.0))), 6)
-    0.233695
-
-    ```
-    """
-    z = (targets - mean) / std
-    return std * (z * (2.0 * norm.cdf(z) - 1.0) + 2.0 * norm.pdf(z) - 1.0 / math.sqrt(math.pi))
-
-
 def _predict(model: PyTree, inputs: Any) -> jax.Array:
     return jax.vmap(model)(inputs)
 
@@ -110,26 +97,13 @@ def _per_row(values: jax.Array) -> jax.Array:
     return jnp.mean(jnp.reshape(values, (values.shape[0], -1)), axis=1)
 
 
-def _row_weights(sample_weight: Any, rows: jax.Array) -> jax.Array:
-    if sample_weight is None:
-        return jnp.ones_like(rows)
-    return jnp.reshape(jnp.asarray(sample_weight), rows.shape).astype(rows.dtype)
-
-
-def _weighted_mean(rows: jax.Array, sample_weight: Any) -> jax.Array:
-    if sample_weight is None:
-        return jnp.mean(rows)
-    weights = _row_weights(sample_weight, rows)
-    return jnp.sum(rows * weights) / jnp.sum(weights)
-
-
 def _squared_error(model, inputs, targets, sample_weight, key, training):
-    errors = jnp.square(targets - _predict(model, inputs).astype(targets.dtype))
-    return _weighted_mean(_per_row(errors), sample_weight)
+    """Each row's mean squared error (the objective weighs the rows)."""
+    return _per_row(jnp.square(targets - _predict(model, inputs).astype(targets.dtype)))
 
 
 class _GammaVarianceLoss(eqx.Module):
-    """The variance stage's loss; the mean model is a field, so it is never trained."""
+    """The variance stage's loss, per row; the mean model is a field, so it is never trained."""
 
     mean_model: PyTree
 
@@ -137,50 +111,31 @@ class _GammaVarianceLoss(eqx.Module):
         mean = jax.lax.stop_gradient(_predict(self.mean_model, inputs).astype(targets.dtype))
         squared = jnp.square(targets - mean)
         variance = positive_variance(_predict(model, inputs).astype(targets.dtype))
-        return _weighted_mean(_per_row(gamma_variance_nll(variance, squared)), sample_weight)
+        return _per_row(gamma_variance_nll(variance, squared))
 
 
-@eqx.filter_jit
-def _batch_sums(
-    mean_model: PyTree, variance_model: PyTree, std: Any, batch: Batch
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Weighted sums over one batch: (weight, squared error, CRPS, loss).
+class _ConstantSpread(eqx.Module):
+    """The mean stage's predictive distribution: `N(model(x), std²)`, one `std` for all."""
 
-    With `variance_model` None the predictive std is the scalar `std` and the
-    loss is the squared error; otherwise the std is `sqrt(v(x))` and the loss
-    is the Gamma variance NLL.
-    """
-    targets = batch.targets
-    mean = _predict(mean_model, batch.inputs).astype(targets.dtype)
-    squared = jnp.square(targets - mean)
-    if variance_model is None:
-        sigma = jnp.broadcast_to(jnp.asarray(std, targets.dtype), targets.shape)
-        loss = squared
-    else:
-        variance = positive_variance(_predict(variance_model, batch.inputs).astype(targets.dtype))
-        sigma = jnp.sqrt(variance)
-        loss = gamma_variance_nll(variance, squared)
-    squared_rows = _per_row(squared)
-    weights = _row_weights(batch.sample_weight, squared_rows)
-    crps_rows = _per_row(gaussian_crps(mean, sigma, targets))
-    return (
-        jnp.sum(weights),
-        jnp.sum(weights * squared_rows),
-        jnp.sum(weights * crps_rows),
-        jnp.sum(weights * _per_row(loss)),
-    )
+    std: jax.Array
+
+    def __call__(self, model: PyTree, inputs: Any) -> tuple[jax.Array, jax.Array]:
+        return _predict(model, inputs), self.std
 
 
-def _residual_std(mean_model: PyTree, loader: Loader, epoch: int) -> float:
-    """The root weighted mean squared residual of `mean_model` over the training
-    batches of `epoch`, floored at `VARIANCE_FLOOR` (1.0 for an empty loader)."""
-    weight = squared = 0.0
-    for batch in loader(split="train", epoch=epoch):
-        w, s, _, _ = _batch_sums(mean_model, None, jnp.ones(()), batch)
-        weight, squared = weight + float(w), squared + float(s)
-    if not weight:
-        return 1.0
-    return max(math.sqrt(squared / weight), VARIANCE_FLOOR)
+class _GammaSpread(eqx.Module):
+    """The variance stage's predictive distribution: `N(mean_model(x), v(x))`, where the
+    model being trained predicts `v`."""
+
+    mean_model: PyTree
+
+    def __call__(self, model: PyTree, inputs: Any) -> tuple[jax.Array, jax.Array]:
+        variance = positive_variance(_predict(model, inputs))
+        return _predict(self.mean_model, inputs), jnp.sqrt(variance)
+
+
+_GAUSSIAN_METRICS = MetricSet([metrics.loss(), metrics.rmse(), metrics.point_crps()])
+_RMSE = MetricSet([metrics.rmse()])
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -193,8 +148,8 @@ class GaussianValidation(HeldOutValidation):
     is the residual standard deviation of the training set
     (`train_loader(split="train", epoch=epoch)`) under the current mean,
     floored at 1e-6. Otherwise `model` is the variance model being trained,
-    `mean_model` is frozen and `sigma = sqrt(v(x))`. `loss` is kept only for
-    `HeldOutValidation`'s interface; the loss reported is computed here.
+    `mean_model` is frozen and `sigma = sqrt(v(x))`. `loss` returns each row's
+    loss. Each pass is a `run_pass` of the `loss`, `rmse` and `point_crps` metrics.
     """
 
     mean_model: PyTree = None
@@ -202,26 +157,30 @@ class GaussianValidation(HeldOutValidation):
 
     def evaluate(self, params: PyTree, epoch: int, key: PRNGKeyArray) -> dict[str, float]:
         """The validation metrics of `params` at `epoch` (`{}` for an empty loader)."""
-        model = combine(params, self.model)
+        objective = self.objective
         if self.mean_model is None:
             if self.train_loader is None:
                 raise ValueError("GaussianValidation: a mean model needs a train_loader.")
-            mean_model, variance_model = model, None
-            std = _residual_std(model, self.train_loader, epoch)
+            std = self._residual_std(params, epoch, key)
+            objective = eqx.tree_at(lambda o: o.predictive.std, objective, std)
+        batches = map(as_mapping, self.loader(split="validation", epoch=epoch))
+        return run_pass(objective, params, batches, _GAUSSIAN_METRICS, key).scores
+
+    @functools.cached_property
+    def objective(self) -> SupervisedObjective:
+        if self.mean_model is None:
+            predictive = _ConstantSpread(jnp.ones((), jnp.float32))
         else:
-            mean_model, variance_model, std = self.mean_model, model, 1.0
-        weight = squared = crps = loss = 0.0
-        for batch in self.loader(split="validation", epoch=epoch):
-            sums = _batch_sums(mean_model, variance_model, jnp.asarray(std), batch)
-            w, s, c, total = (float(value) for value in sums)
-            weight, squared, crps, loss = weight + w, squared + s, crps + c, loss + total
-        if not weight:
-            return {}
-        return {
-            "loss": loss / weight,
-            "rmse": math.sqrt(squared / weight),
-            "point_crps": crps / weight,
-        }
+            predictive = _GammaSpread(self.mean_model)
+        return SupervisedObjective(self.model, self.loss, predictive=predictive)
+
+    def _residual_std(self, params: PyTree, epoch: int, key: PRNGKeyArray) -> jax.Array:
+        """The root weighted mean squared residual of the mean model over the training
+        batches of `epoch`, floored at `VARIANCE_FLOOR` (1.0 for an empty loader)."""
+        batches = map(as_mapping, self.train_loader(split="train", epoch=epoch))
+        scores = run_pass(self.objective, params, batches, _RMSE, key).scores
+        std = max(scores["rmse"], VARIANCE_FLOOR) if scores else 1.0
+        return jnp.asarray(std, jnp.float32)
 
 
 def _check_epochs(epochs: int) -> None:

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from dew._checks import batch_error, check_integer
 from dew._domains import PREVIEW_DOMAIN, TRAIN_STEP_DOMAIN
+from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew.data import Dataset, Partition
@@ -26,7 +27,6 @@ from dew.naming import Split, check_name
 from dew.objectives.base import Objective
 from dew.profiling import Profile
 from dew.steps import EMPTY_HISTORY, TrainState, train_step
-from dew.supervised import EarlyStopper, EarlyStopping
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
 from dew.training._batches import _draw, _skip, _stack
@@ -207,7 +207,7 @@ class Trainer:
         sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
 
         checkpoints = None
-        stopping: EarlyStopping | None = None
+        stopping: EarlyStoppingState | None = None
         data_start = None
         if self.checkpoint_dir is not None:
             from dew.checkpoints import Checkpointer
@@ -226,7 +226,7 @@ class Trainer:
                 data_start = int(extra.get("data_start", 0))
                 saved = extra.get("early_stopping")
                 if early_stopper is not None and saved is not None:
-                    stopping = EarlyStopping(**saved)
+                    stopping = EarlyStoppingState(**saved)
             elif state is None:
                 state = TrainState.create(self.objective, self.optimizer, key=self.key)
             else:  # the step donates its input: never let fit delete the caller's arrays
@@ -270,7 +270,7 @@ class Trainer:
         sinks: list[EventSink],
         preview: bool,
         early_stopper: EarlyStopper | None,
-        stopping: EarlyStopping | None,
+        stopping: EarlyStoppingState | None,
         checkpoints: Any,
         checkpoint_every: int | None,
         data_start: int | None,
@@ -351,7 +351,7 @@ class Trainer:
         # The batches drawn since the step's outputs were last fetched: a check inside the
         # compiled step fails asynchronously, so its error may surface a few calls later.
         unsynced: list[Any] = []
-        with engine.running(
+        with engine.reporting_fit(
             start=start, steps=steps, completed=lambda: _completed(current(), step)
         ):
             try:
@@ -385,7 +385,7 @@ class Trainer:
                         unsynced.clear()
                         engine.report(STEP_END, Split.TRAIN, step, values)
                         look(step, values)  # a non-finite loss is reported, then raises
-                        stop = engine.judge(Split.TRAIN, step, values)
+                        stop = engine.update_early_stopping(Split.TRAIN, step, values)
                     if eval_every is not None and step % eval_every == 0:
                         stop = (
                             self._evaluate(
@@ -458,7 +458,7 @@ class Trainer:
                 engine.print(f"step {step}  empty validation pass  {counts}")
             return False
         engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=f"\n  {counts}")
-        return engine.judge(Split.VALIDATION, step, scores)
+        return engine.update_early_stopping(Split.VALIDATION, step, scores)
 
 
 def _completed(state: TrainState, step: int) -> int:
