@@ -229,9 +229,8 @@ def run_pass(
     When a compiled call fails (a check inside it fired), the objective's host-side
     checks run on that batch and their `ValueError` is raised instead (`explain_failure`).
     """
-    device = MetricSet(tuple(m for m in metrics.metrics if not m.host))
-    host = MetricSet(tuple(m for m in metrics.metrics if m.host))
-    reducer = _Reducer(objective, params, device, key) if metrics.metrics else None
+    device, host = metrics.split_by_host()
+    reducer = _Reducer(objective, params, device, key) if metrics.names else None
     host_state = host.init()
     first_artifact = first_batch = None
     count = records = 0
