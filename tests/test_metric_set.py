@@ -457,3 +457,18 @@ def test_a_nested_set_names_the_metric_that_reads_another_artifact_type():
 def test_a_nested_set_obeys_the_metric_laws():
     # identity, associativity and batch-split invariance, through dew.testing's checker
     check_metric_laws(_nested(), token_scores(positions=8), max_examples=10)
+
+
+# raise_if: how a finalize refuses statistics that have no value.
+
+
+def test_raise_if_returns_the_value_or_raises_the_message_eagerly_and_compiled():
+    value = jnp.asarray(2.0)
+    assert metrics.raise_if(jnp.asarray(False), "no value", value) is value
+    with pytest.raises(ValueError, match=r"^no value$"):
+        metrics.raise_if(jnp.asarray(True), "no value", value)
+    compiled = jax.jit(lambda bad: metrics.raise_if(bad, "no value", value))
+    assert float(compiled(jnp.asarray(False))) == 2.0
+    with pytest.raises(Exception, match="no value"):
+        jax.block_until_ready(compiled(jnp.asarray(True)))
+    assert not hasattr(metrics, "check_finalizable")

@@ -20,7 +20,7 @@ The factories below build the built-ins under their bare names.
 
 from dew.metrics._base import MeanState as MeanState
 from dew.metrics._base import Metric as Metric
-from dew.metrics._base import check_finalizable as check_finalizable
+from dew.metrics._base import raise_if as raise_if
 from dew.metrics._images import MAE as MAE
 from dew.metrics._images import MSE as MSE
 from dew.metrics._images import PSNR as PSNR
@@ -53,7 +53,6 @@ __all__ = [
     "TokenAccuracy",
     "VideoPSNR",
     "VideoSSIM",
-    "check_finalizable",
     "knn_probe",
     "linear_probe",
     "mae",
@@ -61,6 +60,7 @@ __all__ = [
     "mse",
     "perplexity",
     "psnr",
+    "raise_if",
     "reduce",
     "ssim",
     "stack_batches",
