@@ -21,7 +21,13 @@ from dew.objectives.lm import LMObjective
 @pytest.fixture(scope="module")
 def objective():
     model = CausalTransformer(
-        vocab_size=4, emb_features=16, num_layers=1, num_heads=2, mlp_features=32, max_seq_len=16
+        vocab_size=4,
+        emb_features=16,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=32,
+        max_seq_len=16,
+        key=jax.random.key(0),
     )
     return LMObjective(model, seq_len=8)
 

@@ -57,7 +57,7 @@ def evaluate(
     >>> from dew.nn.backbones.causal_transformer import CausalTransformer
     >>> from dew.objectives.lm import LMObjective
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
-    ...                           mlp_features=32, max_seq_len=16)
+    ...                           mlp_features=32, max_seq_len=16, key=jax.random.key(0))
     >>> objective = LMObjective(model, seq_len=8)
     >>> rows = np.tile(np.arange(9, dtype=np.int32) % 4, (8, 1))
     >>> result = evaluate(objective, objective.init_params(), [{"text": rows}],

@@ -72,7 +72,7 @@ class DPOObjective(Objective):
     ```python
     >>> import jax, jax.numpy as jnp
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
-    ...                           mlp_features=32, max_seq_len=8)
+    ...                           mlp_features=32, max_seq_len=8, key=jax.random.key(0))
     >>> objective = DPOObjective(model, model, beta=0.1)
     >>> batch = {"chosen": jnp.array([[1, 2, 3, 3]], jnp.int32),
     ...          "rejected": jnp.array([[1, 2, 0, 0]], jnp.int32),

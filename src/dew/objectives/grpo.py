@@ -180,7 +180,7 @@ class GRPOObjective(Objective):
     ```python
     >>> import jax, jax.numpy as jnp
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
-    ...                           mlp_features=32, max_seq_len=8)
+    ...                           mlp_features=32, max_seq_len=8, key=jax.random.key(0))
     >>> def reward(prompts, completions):
     ...     return jnp.mean(jnp.where(completions == 3, 1.0, 0.0), axis=-1)
     >>> objective = GRPOObjective(model, model, reward, group_size=4, max_new_tokens=3)

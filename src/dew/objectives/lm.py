@@ -34,7 +34,7 @@ class LMObjective(Objective):
     ```python
     >>> import jax, jax.numpy as jnp
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
-    ...                           mlp_features=32, max_seq_len=16)
+    ...                           mlp_features=32, max_seq_len=16, key=jax.random.key(0))
     >>> objective = LMObjective(model, seq_len=8)
     >>> batch = {"text": jnp.tile(jnp.arange(9, dtype=jnp.int32) % 4, (2, 1))}
     >>> loss, aux = objective.loss(objective.init_params(), batch, jax.random.key(0))

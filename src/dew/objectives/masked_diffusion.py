@@ -125,7 +125,8 @@ class MaskedDiffusionObjective(Objective):
     ```python
     >>> import jax, jax.numpy as jnp
     >>> model = BidirectionalTransformer(vocab_size=4, emb_features=16, num_layers=1,
-    ...                                  num_heads=2, mlp_features=32, max_seq_len=8)
+    ...                                  num_heads=2, mlp_features=32, max_seq_len=8,
+    ...                                  key=jax.random.key(0))
     >>> objective = MaskedDiffusionObjective(model, seq_len=8, sampling_steps=4)
     >>> batch = {"text": jnp.tile(jnp.arange(8, dtype=jnp.int32) % 4, (4, 1))}
     >>> params = objective.init_params()
