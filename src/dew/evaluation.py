@@ -25,6 +25,7 @@ class Evaluation:
     - `uneven_shards`: whether a shard ended before another (its remaining rows were
       left out of the metrics).
     - `step`: the training step the pass scored.
+    - `key`: the key the pass was scored with (batch `i` with `scoring_key(key, i)`).
     """
 
     scores: dict[str, float]
@@ -32,6 +33,7 @@ class Evaluation:
     records: int
     uneven_shards: bool
     step: int
+    key: PRNGKeyArray | None = dataclasses.field(default=None, compare=False)
 
 
 def evaluate(
@@ -77,5 +79,10 @@ def evaluate(
         batches = batches(Partition.current())
     result = run_pass(objective, params, batches, metric_set, key)
     return Evaluation(
-        result.scores, result.batches, result.records, uneven_shards=False, step=int(step)
+        result.scores,
+        result.batches,
+        result.records,
+        uneven_shards=False,
+        step=int(step),
+        key=key,
     )

@@ -55,6 +55,8 @@ from dew.config._config import TrainerConfig as TrainerConfig
 from dew.config._config import UndeclaredPathError as UndeclaredPathError
 from dew.config._config import declared_paths as declared_paths
 from dew.config._config import override as override
+from dew.config._evaluation import default_metrics as default_metrics
+from dew.config._evaluation import evaluate_run as evaluate_run
 
 __all__ = [
     "SCHEDULES",
@@ -66,5 +68,7 @@ __all__ = [
     "TrainerConfig",
     "UndeclaredPathError",
     "declared_paths",
+    "default_metrics",
+    "evaluate_run",
     "override",
 ]

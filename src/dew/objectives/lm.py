@@ -7,6 +7,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
 from dew.artifacts import TokenRows, TokenScores
+from dew.metrics import Metric, perplexity, token_accuracy
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
     Batch,
@@ -131,9 +132,11 @@ class LMObjective(Objective):
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenScores:
         return self.scores(params, batch)
 
-    def preview(
-        self, params: PyTree, batch: Batch, key: PRNGKeyArray, scored: object = None
-    ) -> TokenRows:
+    def default_metrics(self) -> tuple[Metric, ...]:
+        """Perplexity and token accuracy of the held-out text."""
+        return (perplexity(), token_accuracy())
+
+    def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenRows:
         """Continue the first `samples.num_samples` rows' prompts by sampling."""
         tokens = self._tokens(batch)
         prompts = tokens[: self.samples.num_samples, : self.prompt_len]

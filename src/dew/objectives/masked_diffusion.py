@@ -10,6 +10,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
 from dew.artifacts import TokenRows
+from dew.metrics import Metric
 from dew.nn.backbones.bidirectional_transformer import BidirectionalTransformer
 from dew.objectives.base import (
     Batch,
@@ -239,9 +240,11 @@ class MaskedDiffusionObjective(Objective):
         rows = self.sample(params, self._tokens(batch).shape[0], key)
         return TokenRows(rows, jnp.ones(rows.shape, jnp.bool_))
 
-    def preview(
-        self, params: PyTree, batch: Batch, key: PRNGKeyArray, scored: object = None
-    ) -> TokenRows:
+    def default_metrics(self) -> tuple[Metric, ...]:
+        """None: no built-in metric reads generated `TokenRows`."""
+        return ()
+
+    def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenRows:
         """`preview_count` generated rows; the batch's contents are not used."""
         rows = self.sample(params, self.preview_count, key)
         return TokenRows(rows, jnp.ones(rows.shape, jnp.bool_))
