@@ -33,7 +33,7 @@ class Evaluation:
     records: int
     uneven_shards: bool
     step: int
-    key: PRNGKeyArray | None = dataclasses.field(default=None, compare=False)
+    key: PRNGKeyArray | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def evaluate(
