@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import jaxtyping
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dew import metrics
 from dew.artifacts import Artifact, Images, TokenScores
@@ -452,6 +454,16 @@ def test_a_nested_set_names_the_metric_that_reads_another_artifact_type():
     nested = MetricSet([MetricSet([metrics.psnr()])])
     with pytest.raises(TypeError, match=r"metric 'psnr' reads Images, got TokenScores\."):
         nested.reduce(_batches(seed=33, count=1))
+
+
+@settings(max_examples=10, deadline=None, database=None)
+@given(passes=st.lists(token_scores(positions=8), max_size=4))
+def test_a_nested_set_reduces_any_pass_as_the_flat_set(passes):
+    flat = MetricSet(_all_metrics())
+    expected = _floats(flat.reduce(passes))
+    got = _floats(_nested().reduce(passes))
+    assert list(got) == list(expected)
+    np.testing.assert_allclose(list(got.values()), list(expected.values()), rtol=1e-6)
 
 
 def test_a_nested_set_obeys_the_metric_laws():

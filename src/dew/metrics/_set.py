@@ -84,6 +84,7 @@ class MetricSet(Metric[Artifact]):
         metrics' names."""
         return "metric_set"
 
+    # A single metric's class variables; a set's follow from its metrics.
     @property
     def artifact_type(self) -> type[Artifact]:  # pyright: ignore[reportIncompatibleVariableOverride]
         """The artifact type every metric of the set reads (any artifact when empty)."""
