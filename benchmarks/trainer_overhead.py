@@ -96,6 +96,15 @@ class RegressionObjective(Objective):
     def evaluate(self, params: Any, batch: Any, key: Any) -> Representations:
         return Representations(jax.vmap(combine(params, self.model))(batch["x"]))
 
+    def check_batch(self, batch: Any) -> None:
+        return None
+
+    def generate_preview(self, params: Any, batch: Any, key: Any) -> None:
+        return None
+
+    def default_metrics(self) -> tuple[()]:
+        return ()
+
 
 @dataclass
 class Case:

@@ -76,8 +76,8 @@ def test_bidirectional_transformer_matches_a_numpy_reference():
 
 
 def test_causal_logits_ignore_later_tokens_and_bidirectional_ones_do_not():
-    causal = CausalTransformer(**SIZES)
-    bidirectional = BidirectionalTransformer(**SIZES)
+    causal = CausalTransformer(**SIZES, key=jax.random.key(0))
+    bidirectional = BidirectionalTransformer(**SIZES, key=jax.random.key(0))
     causal, bidirectional = eqx.filter_jit(causal), eqx.filter_jit(bidirectional)
     tokens = jnp.array([1, 2, 3, 4, 5, 6], jnp.int32)
     changed = tokens.at[4].set(0)
@@ -87,8 +87,8 @@ def test_causal_logits_ignore_later_tokens_and_bidirectional_ones_do_not():
 
 
 def test_bfloat16_computes_in_bfloat16_and_keeps_float32_parameters():
-    model32 = CausalTransformer(**SIZES, dtype="float32")
-    model16 = CausalTransformer(**SIZES, dtype="bfloat16")
+    model32 = CausalTransformer(**SIZES, dtype="float32", key=jax.random.key(0))
+    model16 = CausalTransformer(**SIZES, dtype="bfloat16", key=jax.random.key(0))
     leaves = jax.tree.leaves(eqx.filter(model16, eqx.is_inexact_array))
     assert {leaf.dtype for leaf in leaves} == {jnp.dtype(jnp.float32)}
     tokens = jnp.array([1, 2, 3], jnp.int32)
@@ -101,14 +101,14 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_parameters():
 
 
 def test_models_vmap_over_a_batch_and_jit():
-    model = CausalTransformer(**SIZES)
+    model = CausalTransformer(**SIZES, key=jax.random.key(0))
     batch = jnp.zeros((3, 5), jnp.int32)
     logits = eqx.filter_jit(lambda m, b: jax.vmap(m)(b))(model, batch)
     assert logits.shape == (3, 5, 7)
 
 
 def test_sequences_longer_than_max_seq_len_raise():
-    model = CausalTransformer(**SIZES)
+    model = CausalTransformer(**SIZES, key=jax.random.key(0))
     with pytest.raises(ValueError, match="sequence of 13 tokens, longer than max_seq_len 12"):
         model(jnp.zeros(13, jnp.int32))
 
@@ -117,7 +117,7 @@ def test_cudnn_attention_raises_clearly_without_a_gpu():
     if jax.default_backend() == "gpu":
         pytest.skip("this machine has a GPU; the cudnn path is exercised by the device check")
     with pytest.raises(ValueError, match="attention_impl 'cudnn' needs a CUDA GPU, but the"):
-        CausalTransformer(**SIZES, dtype="bfloat16", attention_impl="cudnn")
+        CausalTransformer(**SIZES, dtype="bfloat16", attention_impl="cudnn", key=jax.random.key(0))
 
 
 @pytest.mark.parametrize(
@@ -132,4 +132,15 @@ def test_cudnn_attention_raises_clearly_without_a_gpu():
 )
 def test_bad_configurations_raise(change, error, message):
     with rejects(error, message, parameter=next(iter(change))):
-        CausalTransformer(**(SIZES | change))
+        CausalTransformer(**(SIZES | change), key=jax.random.key(0))
+
+
+@pytest.mark.parametrize("backbone", [CausalTransformer, BidirectionalTransformer])
+def test_the_initialisation_key_is_a_required_keyword(backbone):
+    # As in eqx.nn: no silent default key, and no key by position.
+    with pytest.raises(TypeError, match="key"):
+        backbone(**SIZES)
+    with pytest.raises(TypeError):
+        backbone(*SIZES.values(), "float32", "xla", jax.random.key(0))
+    a, b = (backbone(**SIZES, key=jax.random.key(seed)) for seed in (0, 1))
+    assert not np.array_equal(a.stack.head.weight, b.stack.head.weight)

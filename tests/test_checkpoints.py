@@ -293,7 +293,9 @@ def test_resuming_a_checkpoint_of_another_model_or_optimizer_says_what_differs(
 ):
     _fit(objective, tmp_path / "run", steps=4)
     if other == "model":  # twice the width
-        objective = LMObjective(CausalTransformer(8, 32, 1, 2, 32, 16), seq_len=8)
+        objective = LMObjective(
+            CausalTransformer(8, 32, 1, 2, 32, 16, key=jax.random.key(0)), seq_len=8
+        )
     trainer = Trainer(objective, optimizer, key=jax.random.key(11), checkpoint_dir=tmp_path / "run")
     with pytest.raises(ValueError, match="written for another model or optimizer") as caught:
         trainer.fit(_data(), steps=8, log_every=2, progress=False)

@@ -18,7 +18,7 @@ from dew._checks import (
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
 
-OBJECTIVE = LMObjective(CausalTransformer(4, 16, 1, 2, 32, 16), seq_len=8)
+OBJECTIVE = LMObjective(CausalTransformer(4, 16, 1, 2, 32, 16, key=jax.random.key(0)), seq_len=8)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 import itertools
 import traceback
 
+import equinox as eqx
 import jax
 import numpy as np
 import pytest
@@ -20,7 +21,13 @@ from dew.objectives.lm import LMObjective
 @pytest.fixture(scope="module")
 def objective():
     model = CausalTransformer(
-        vocab_size=4, emb_features=16, num_layers=1, num_heads=2, mlp_features=32, max_seq_len=16
+        vocab_size=4,
+        emb_features=16,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=32,
+        max_seq_len=16,
+        key=jax.random.key(0),
     )
     return LMObjective(model, seq_len=8)
 
@@ -53,6 +60,42 @@ def test_scores_are_the_metrics_reduced_over_every_batch(objective):
     np.testing.assert_allclose(
         np.log(result.scores["perplexity"]), result.scores["mean_loss"], rtol=1e-5
     )
+
+
+class _HostCount(metrics.Metric[TokenScores]):
+    """A host metric: the counted targets of the pass, in a float64 NumPy scalar."""
+
+    artifact_type = TokenScores
+    host = True
+    name: str = eqx.field(static=True, default="host_counted")
+
+    def init(self):
+        return np.zeros(())
+
+    def statistics(self, artifact):
+        return np.asarray(np.sum(np.asarray(artifact.weights, np.float64)))
+
+    def merge(self, accumulated, contribution):
+        return accumulated + contribution
+
+    def finalize(self, accumulated):
+        return float(accumulated)
+
+
+def test_a_metric_set_goes_where_a_metric_goes_and_scores_as_the_flat_set(objective):
+    params, key, batches = objective.init_params(), jax.random.key(6), _batches(2)
+    flat = [metrics.perplexity(), _HostCount(), metrics.token_accuracy(), metrics.mean_loss()]
+    expected = evaluate(objective, params, batches, metrics=flat, key=key).scores
+    assert list(expected) == ["perplexity", "host_counted", "token_accuracy", "mean_loss"]
+    assert expected["host_counted"] == 19 * 8
+    for chosen in (
+        (MetricSet(flat),),
+        (MetricSet(flat[:2]), MetricSet([MetricSet(flat[2:3]), flat[3]])),
+        (flat[0], MetricSet([flat[1], MetricSet([]), MetricSet(flat[2:])])),
+    ):
+        result = evaluate(objective, params, batches, metrics=chosen, key=key)
+        assert result.scores == expected
+        assert (result.coordinated_batches, result.records) == (3, 19)
 
 
 def test_a_dataset_split_is_read_through_its_partition(objective):

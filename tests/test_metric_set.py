@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import jaxtyping
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dew import metrics
 from dew.artifacts import Artifact, Images, TokenScores
@@ -372,3 +374,113 @@ def test_reduce_stacked_gives_the_same_scores_for_every_chunk_size(chunk):
 def test_reduce_stacked_refuses_a_bad_chunk():
     with pytest.raises(ValueError, match="chunk must be None or an integer >= 1, got 0"):
         MetricSet([metrics.perplexity()]).reduce_stacked(stack_batches(_batches(seed=22)), chunk=0)
+
+
+# A set is itself a metric, so sets nest.
+
+
+def _nested() -> MetricSet:
+    return MetricSet(
+        [
+            metrics.token_accuracy(),
+            MetricSet([MaxLoss(), MetricSet([metrics.perplexity()])]),
+            MetricSet([]),
+            metrics.mean_loss(),
+        ]
+    )
+
+
+def test_a_metric_set_is_a_metric_over_the_tuple_of_its_states():
+    nested = _nested()
+    assert isinstance(nested, Metric)
+    assert nested.artifact_type is TokenScores
+    assert MetricSet([]).artifact_type is Artifact
+    assert not nested.host
+    assert MetricSet([MetricSet([HostMinLoss()])]).host
+    assert MetricSet([metrics.ssim(), MetricSet([metrics.psnr()])]).scan_chunk == 4
+    assert nested.names == MetricSet(_all_metrics()).names  # flattened, in order
+    assert len(nested.init()) == 4 and nested.init()[2] == ()
+    batch = _batches(seed=30, count=1)[0]
+    assert jax.tree.structure(nested(batch)) == jax.tree.structure(nested.init())
+
+
+def test_a_nested_set_scores_as_the_flat_set_of_its_metrics():
+    batches = _batches(seed=31)
+    expected = _eager_fold(_all_metrics(), batches)
+    nested = _nested()
+    state = nested.init()
+    for batch in batches:
+        state = nested.merge(state, nested(batch))
+    for scores in (
+        nested.finalize(state),
+        nested.reduce(batches),
+        nested.reduce_stacked(stack_batches(batches)),
+    ):
+        assert list(scores) == list(expected)
+        assert _floats(scores) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_nested_set_mixing_host_and_device_metrics_reduces_each_where_it_runs():
+    metric_list = [metrics.mean_loss(), HostMinLoss(), MaxLoss()]
+    nested = MetricSet([MetricSet(metric_list[:2]), MetricSet(metric_list[2:])])
+    assert not nested.on_device
+    device, host = nested.split_by_host()
+    assert (device.names, host.names) == (("mean_loss", "max_loss"), ("host_min_loss",))
+    batches = _batches(seed=32)
+    scores = nested.reduce(batches)
+    assert list(scores) == ["mean_loss", "host_min_loss", "max_loss"]
+    assert _floats(scores) == pytest.approx(_eager_fold(metric_list, batches), rel=1e-6)
+    with pytest.raises(ValueError, match=r"\['host_min_loss'\] are host metrics; use reduce"):
+        nested.reduce_stacked(stack_batches(batches))
+
+
+def test_duplicate_names_across_nested_sets_raise_naming_the_duplicate():
+    message = (
+        r"got \['perplexity'\] more than once \(a nested set's values are keyed by its "
+        r"metrics' own names\); give one of them another name"
+    )
+    with pytest.raises(ValueError, match=message):
+        MetricSet([MetricSet([metrics.perplexity()]), metrics.perplexity()])
+    with pytest.raises(ValueError, match=message):
+        MetricSet([MetricSet([metrics.perplexity()]), MetricSet([Perplexity()])])
+
+
+def test_nested_sets_reading_different_artifact_types_are_refused():
+    with pytest.raises(ValueError, match=r"these metrics read \['Images', 'TokenScores'\]"):
+        MetricSet([MetricSet([metrics.perplexity()]), MetricSet([metrics.psnr()])])
+
+
+def test_a_nested_set_names_the_metric_that_reads_another_artifact_type():
+    nested = MetricSet([MetricSet([metrics.psnr()])])
+    with pytest.raises(TypeError, match=r"metric 'psnr' reads Images, got TokenScores\."):
+        nested.reduce(_batches(seed=33, count=1))
+
+
+@settings(max_examples=10, deadline=None, database=None)
+@given(passes=st.lists(token_scores(positions=8), max_size=4))
+def test_a_nested_set_reduces_any_pass_as_the_flat_set(passes):
+    flat = MetricSet(_all_metrics())
+    expected = _floats(flat.reduce(passes))
+    got = _floats(_nested().reduce(passes))
+    assert list(got) == list(expected)
+    np.testing.assert_allclose(list(got.values()), list(expected.values()), rtol=1e-6)
+
+
+def test_a_nested_set_obeys_the_metric_laws():
+    # identity, associativity and batch-split invariance, through dew.testing's checker
+    check_metric_laws(_nested(), token_scores(positions=8), max_examples=10)
+
+
+# raise_if: how a finalize refuses statistics that have no value.
+
+
+def test_raise_if_returns_the_value_or_raises_the_message_eagerly_and_compiled():
+    value = jnp.asarray(2.0)
+    assert metrics.raise_if(jnp.asarray(False), "no value", value) is value
+    with pytest.raises(ValueError, match=r"^no value$"):
+        metrics.raise_if(jnp.asarray(True), "no value", value)
+    compiled = jax.jit(lambda bad: metrics.raise_if(bad, "no value", value))
+    assert float(compiled(jnp.asarray(False))) == 2.0
+    with pytest.raises(Exception, match="no value"):
+        jax.block_until_ready(compiled(jnp.asarray(True)))
+    assert not hasattr(metrics, "check_finalizable")

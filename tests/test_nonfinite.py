@@ -41,6 +41,7 @@ def objective():
         max_seq_len=16,
         dtype="float32",
         attention_impl="xla",
+        key=jax.random.key(0),
     )
     return LMObjective(model, seq_len=8)
 

@@ -405,7 +405,9 @@ def test_bad_configuration_raises():
     with pytest.raises(ValueError, match="pad_id must be None or a token ID"):
         DPOObjective(model, model, beta=1.0, pad_id=VOCAB)
     # The shapes of a model suffice: the check reads its vocab_size.
-    other = eqx.filter_eval_shape(CausalTransformer, VOCAB + 1, 16, 1, 2, 32, 12)
+    other = eqx.filter_eval_shape(
+        CausalTransformer, VOCAB + 1, 16, 1, 2, 32, 12, key=jax.random.key(0)
+    )
     with pytest.raises(ValueError, match="vocab_size 7 for the reference"):
         DPOObjective(model, other, beta=1.0)
     with pytest.raises(ValueError, match=r"Samples\.prompt_len must be None"):

@@ -493,7 +493,9 @@ def test_a_fractional_group_size_is_rejected_as_a_type_or_a_value():
 
 def test_a_reference_of_another_vocabulary_is_refused():
     # The shapes of a model suffice: the check reads its vocab_size.
-    other = eqx.filter_eval_shape(CausalTransformer, VOCAB + 1, 16, 1, 2, 32, 8)
+    other = eqx.filter_eval_shape(
+        CausalTransformer, VOCAB + 1, 16, 1, 2, 32, 8, key=jax.random.key(0)
+    )
     with pytest.raises(ValueError, match="vocab_size 7 for the reference"):
         GRPOObjective(_model(13), other, target_fraction, GROUP, NEW)
 

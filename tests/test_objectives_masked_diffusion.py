@@ -287,7 +287,13 @@ def test_bad_constructor_arguments_raise(arguments, match, parameter):
 
 def test_a_causal_model_is_refused():
     causal = CausalTransformer(
-        vocab_size=VOCAB, emb_features=16, num_layers=1, num_heads=2, mlp_features=32, max_seq_len=8
+        vocab_size=VOCAB,
+        emb_features=16,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=32,
+        max_seq_len=8,
+        key=jax.random.key(0),
     )
     with rejects(
         ValueError, r"needs a BidirectionalTransformer .* CausalTransformer", parameter="model"

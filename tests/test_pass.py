@@ -70,7 +70,13 @@ class HostWeightedLoss(Metric[TokenScores]):
 @pytest.fixture(scope="module")
 def objective():
     model = CausalTransformer(
-        vocab_size=5, emb_features=16, num_layers=1, num_heads=2, mlp_features=32, max_seq_len=16
+        vocab_size=5,
+        emb_features=16,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=32,
+        max_seq_len=16,
+        key=jax.random.key(0),
     )
     return LMObjective(model, seq_len=8)
 
@@ -171,7 +177,13 @@ def test_a_new_objective_of_the_same_structure_shares_the_compiled_call(objectiv
 
 def test_trainer_validation_events_reuse_one_compiled_pass():
     model = CausalTransformer(
-        vocab_size=5, emb_features=8, num_layers=1, num_heads=2, mlp_features=16, max_seq_len=16
+        vocab_size=5,
+        emb_features=8,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=16,
+        max_seq_len=16,
+        key=jax.random.key(0),
     )
     objective = LMObjective(model, seq_len=8)  # a structure no other test compiled
     batches = _batches(10, count=3)

@@ -17,7 +17,13 @@ from dew.steps import MetricHistory, TrainState, ema_update, eval_step, train_st
 @pytest.fixture(scope="module")
 def objective():
     model = CausalTransformer(
-        vocab_size=4, emb_features=8, num_layers=1, num_heads=2, mlp_features=16, max_seq_len=8
+        vocab_size=4,
+        emb_features=8,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=16,
+        max_seq_len=8,
+        key=jax.random.key(0),
     )
     return LMObjective(model, seq_len=4)
 

@@ -213,7 +213,8 @@ def explain_failure(objective: Any, batches: Iterable[Any] | Mapping[str, Any]) 
     >>> import jax, numpy as np
     >>> from dew.nn.backbones.causal_transformer import CausalTransformer
     >>> from dew.objectives.lm import LMObjective
-    >>> objective = LMObjective(CausalTransformer(4, 16, 1, 2, 32, 16), seq_len=8)
+    >>> model = CausalTransformer(4, 16, 1, 2, 32, 16, key=jax.random.key(0))
+    >>> objective = LMObjective(model, seq_len=8)
     >>> batch = {"text": np.full((2, 9), 7, np.int32)}
     >>> loss = jax.jit(objective.loss)
     >>> with explain_failure(objective, batch):

@@ -171,9 +171,6 @@ class _Reducer:
         self.accumulator, accumulator_def = jax.tree.flatten(initial)
         self.spec = _Spec(accumulator_def, params_def, metrics_def, metrics_static, keep=False)
         self.objective = objective
-        # An objective that defines its host-side checks has host batches checked on the
-        # host, and is scored by a variant compiled without the traced ID checks.
-        self.host_checks = type(objective).check_batch is not Objective.check_batch
         self.updates = updates
         self.variants: dict[tuple[bool, bool], Callable[..., Any]] = {}
 
@@ -186,7 +183,9 @@ class _Reducer:
 
     def add(self, batch: Mapping[str, Any], index: int, keep: bool) -> Artifact | None:
         """Score `batch` and merge its statistics; the artifact when `keep`."""
-        checked = self.host_checks and _on_host(batch)
+        # Host batches are checked on the host by the objective's own checks, and scored
+        # by a variant compiled without the traced ID checks.
+        checked = _on_host(batch)
         if checked:
             self.objective.check_batch(batch)  # raises the objective's own ValueError
         self.accumulator, artifact = self._variant(keep, checked)(
@@ -229,9 +228,8 @@ def run_pass(
     When a compiled call fails (a check inside it fired), the objective's host-side
     checks run on that batch and their `ValueError` is raised instead (`explain_failure`).
     """
-    device = MetricSet(tuple(m for m in metrics.metrics if not m.host))
-    host = MetricSet(tuple(m for m in metrics.metrics if m.host))
-    reducer = _Reducer(objective, params, device, key) if metrics.metrics else None
+    device, host = metrics.split_by_host()
+    reducer = _Reducer(objective, params, device, key) if metrics.names else None
     host_state = host.init()
     first_artifact = first_batch = None
     count = records = 0

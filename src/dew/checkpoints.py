@@ -16,7 +16,8 @@ its curves and its patience where they were.
 >>> from dew.nn.backbones.causal_transformer import CausalTransformer
 >>> from dew.objectives.lm import LMObjective
 >>> from dew.steps import TrainState
->>> objective = LMObjective(CausalTransformer(4, 16, 1, 2, 32, 16), seq_len=8)
+>>> model = CausalTransformer(4, 16, 1, 2, 32, 16, key=jax.random.key(0))
+>>> objective = LMObjective(model, seq_len=8)
 >>> state = TrainState.create(objective, optax.adam(1e-2), key=jax.random.key(0))
 >>> with Checkpointer(tempfile.mkdtemp()) as checkpoints:
 ...     checkpoints.save(0, state)

@@ -114,27 +114,19 @@ def _configure(args: argparse.Namespace) -> Any:
         return override(config, point) if point else config
 
 
-def default_metrics(objective_name: str) -> tuple[Any, ...]:
-    """The validation metrics the command scores an objective with."""
-    from dew import metrics
-
-    if objective_name == "lm":
-        return (metrics.perplexity(), metrics.token_accuracy())
-    return ()
-
-
 def _summary(history: Mapping[str, Sequence[tuple[int, float]]]) -> str:
     return "  ".join(f"{tag} {series[-1][1]:.4f}" for tag, series in history.items() if series)
 
 
 def _train(args: argparse.Namespace) -> int:
+    from dew.config import default_metrics
     from dew.config._recipe import run_folder
 
     config = _configure(args)
     name = config.trainer.name
     if name is None:
         raise ValueError("dew train needs a run name: set trainer.name or pass --name.")
-    state = config.train(metrics=default_metrics(config.objective.name), progress=not args.quiet)
+    state = config.train(metrics=default_metrics(config), progress=not args.quiet)
     _, folder = run_folder(config, name)
     print(f"step {int(state.step)}  {_summary(state.metric_history)}")
     print(f"run folder {folder}")
@@ -214,6 +206,7 @@ def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> f
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from dew.config import default_metrics
     from dew.config._recipe import run_folder
     from dew.config.sweep import _checked_space, sweep
     from dew.tracking import LocalTracker
@@ -223,7 +216,7 @@ def _sweep(args: argparse.Namespace) -> int:
         raise ValueError("dew sweep needs trainer.name (or --name): it names every trial.")
     if args.storage is not None and args.search != "optuna":
         raise ValueError(f"--storage is Optuna's; use it with --search optuna, not {args.search}.")
-    metrics = default_metrics(config.objective.name)
+    metrics = default_metrics(config)
     metric = args.metric or (metrics[0].name if metrics else "loss")
     _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
     ledger = args.ledger or str(local / "ledger.json")
@@ -262,56 +255,16 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import jax
+    from dew.config import evaluate_run
+    from dew.training import key_text
 
-    from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
-    from dew.checkpoints import Checkpointer
-    from dew.config import RunConfig
-    from dew.config._recipe import build_objective, is_uri, run_folder
-    from dew.data import Partition
-    from dew.evaluation import evaluate
-    from dew.steps import TrainState
-    from dew.training._trainer import key_text
-
-    folder = pathlib.Path(args.run_dir)
-    config = RunConfig.from_run_record(folder / "run.json")
-    seed = jax.random.key(config.trainer.seed)
-    objective = build_objective(config, None, jax.random.fold_in(seed, MODEL_DOMAIN))
-    optimizer = config.optim.build(config.trainer.steps)
-    run_key = jax.random.fold_in(seed, RUN_DOMAIN)
-    template = TrainState.create(objective, optimizer, key=run_key)
-    checkpoints: Any = folder / "checkpoints"
-    if is_uri(config.trainer.checkpoint_dir) and config.trainer.name is not None:
-        checkpoints, _ = run_folder(config, config.trainer.name)  # the run's remote store
-    elif not checkpoints.is_dir():
-        raise FileNotFoundError(f"{folder} has no checkpoints folder to evaluate.")
-    try:
-        with Checkpointer(checkpoints) as saved:
-            state, _ = saved.restore(template)
-    except (OSError, ValueError, KeyError) as error:  # orbax's KeyError: a damaged checkpoint
-        raise ValueError(
-            f"cannot restore the latest checkpoint under {checkpoints}: {_message(error)}"
-        ) from error
-    data = config.data.build(batch_size=config.trainer.batch_size, seed=config.trainer.seed)
-    if data.val is None:
-        raise ValueError(f"the run's dataset {config.data.name!r} has no validation data.")
-    step = int(state.step)
-    event_key = jax.random.fold_in(run_key, step)
-    metrics = default_metrics(config.objective.name)
-    result = evaluate(
-        objective,
-        state.params,
-        data.val(Partition.current()),
-        metrics=metrics,
-        key=event_key,
-        step=step,
-    )
+    result = evaluate_run(args.run_dir)
     shown = "  ".join(f"{name} {value:.4f}" for name, value in result.scores.items())
-    print(f"step {step}  {shown}")
+    print(f"step {result.step}  {shown}")
     print(
         f"  evaluation/coordinated_batches {result.coordinated_batches}  evaluation/records "
         f"{result.records}  evaluation/uneven_shards {result.uneven_shards}  event key "
-        f"{key_text(event_key)}"
+        f"{key_text(result.key)}"
     )
     return 0
 

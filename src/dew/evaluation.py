@@ -25,6 +25,7 @@ class Evaluation:
     - `uneven_shards`: whether a shard ended before another (its remaining rows were
       left out of the metrics).
     - `step`: the training step the pass scored.
+    - `key`: the key the pass was scored with (batch `i` with `scoring_key(key, i)`).
     """
 
     scores: dict[str, float]
@@ -32,6 +33,7 @@ class Evaluation:
     records: int
     uneven_shards: bool
     step: int
+    key: PRNGKeyArray | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def evaluate(
@@ -57,7 +59,7 @@ def evaluate(
     >>> from dew.nn.backbones.causal_transformer import CausalTransformer
     >>> from dew.objectives.lm import LMObjective
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
-    ...                           mlp_features=32, max_seq_len=16)
+    ...                           mlp_features=32, max_seq_len=16, key=jax.random.key(0))
     >>> objective = LMObjective(model, seq_len=8)
     >>> rows = np.tile(np.arange(9, dtype=np.int32) % 4, (8, 1))
     >>> result = evaluate(objective, objective.init_params(), [{"text": rows}],
@@ -77,5 +79,10 @@ def evaluate(
         batches = batches(Partition.current())
     result = run_pass(objective, params, batches, metric_set, key)
     return Evaluation(
-        result.scores, result.batches, result.records, uneven_shards=False, step=int(step)
+        result.scores,
+        result.batches,
+        result.records,
+        uneven_shards=False,
+        step=int(step),
+        key=key,
     )

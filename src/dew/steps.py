@@ -5,7 +5,7 @@
 >>> from dew.nn.backbones.causal_transformer import CausalTransformer
 >>> from dew.objectives.lm import LMObjective
 >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
-...                           mlp_features=32, max_seq_len=16)
+...                           mlp_features=32, max_seq_len=16, key=jax.random.key(0))
 >>> objective, optimizer = LMObjective(model, seq_len=8), optax.adam(1e-2)
 >>> state = TrainState.create(objective, optimizer, key=jax.random.key(0))
 >>> step = jax.jit(lambda s, b, k: train_step(objective, optimizer, s, b, k), donate_argnums=0)

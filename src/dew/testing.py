@@ -24,7 +24,7 @@ Hypothesis is a test dependency (`dew-ml[test]`); this module imports it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -223,7 +223,17 @@ def assert_scores_close(
     what: str = "value",
 ) -> None:
     """Assert two metric values agree within their dtype's tolerance; NaN equals NaN
-    and an infinity equals only the same infinity."""
+    and an infinity equals only the same infinity. Mappings of values (what a
+    `MetricSet` finalizes to) agree when they hold the same names, in the same order,
+    and each value agrees."""
+    if isinstance(actual, Mapping) or isinstance(expected, Mapping):
+        if not (isinstance(actual, Mapping) and isinstance(expected, Mapping)):
+            raise AssertionError(f"{what}: {actual!r} and {expected!r} are not both mappings")
+        if list(actual) != list(expected):
+            raise AssertionError(f"{what}: names {list(actual)} != {list(expected)}")
+        for name, value in expected.items():
+            assert_scores_close(actual[name], value, rtol=rtol, atol=atol, what=f"{what} ({name})")
+        return
     default_rtol, default_atol = _tolerances(expected)
     np.testing.assert_allclose(
         np.asarray(actual, np.float64),

@@ -48,6 +48,8 @@ ValueError: trainer.steps must be an integer >= 1, got 0.
 from dew.config._config import RunConfig as RunConfig
 from dew.config._config import UndeclaredPathError as UndeclaredPathError
 from dew.config._data import DataConfig as DataConfig
+from dew.config._evaluation import default_metrics as default_metrics
+from dew.config._evaluation import evaluate_run as evaluate_run
 from dew.config._fields import SCHEDULES as SCHEDULES
 from dew.config._overrides import declared_paths as declared_paths
 from dew.config._overrides import override as override
@@ -66,5 +68,7 @@ __all__ = [
     "TrainerConfig",
     "UndeclaredPathError",
     "declared_paths",
+    "default_metrics",
+    "evaluate_run",
     "override",
 ]

@@ -20,7 +20,7 @@ The factories below build the built-ins under their bare names.
 
 from dew.metrics._base import MeanState as MeanState
 from dew.metrics._base import Metric as Metric
-from dew.metrics._base import check_finalizable as check_finalizable
+from dew.metrics._base import raise_if as raise_if
 from dew.metrics._images import MAE as MAE
 from dew.metrics._images import MSE as MSE
 from dew.metrics._images import PSNR as PSNR
@@ -62,7 +62,6 @@ __all__ = [
     "TokenAccuracy",
     "VideoPSNR",
     "VideoSSIM",
-    "check_finalizable",
     "gaussian_crps",
     "knn_probe",
     "linear_probe",
@@ -73,6 +72,7 @@ __all__ = [
     "perplexity",
     "point_crps",
     "psnr",
+    "raise_if",
     "reduce",
     "rmse",
     "ssim",

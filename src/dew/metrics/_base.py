@@ -13,7 +13,7 @@ from dew._checks import error_if
 from dew.artifacts import Artifact
 from dew.metrics._sums import Sum
 
-__all__ = ["MeanState", "Metric", "check_finalizable"]
+__all__ = ["MeanState", "Metric", "raise_if"]
 
 A = TypeVar("A", bound=Artifact)
 _SNAKE_CASE = re.compile(r"[a-z][a-z0-9_]*")
@@ -83,11 +83,14 @@ class Metric(eqx.Module, Generic[A]):
         """The metric's scalar value for the accumulated statistics."""
 
 
-def check_finalizable(bad: Any, message: str, value: Any) -> Any:
-    """Raise `ValueError(message)` if `bad` holds; return `value`.
+def raise_if(bad: Any, message: str, value: Any) -> Any:
+    """Return `value`, or raise `ValueError(message)` where `bad` holds: how a
+    `finalize` refuses statistics that have no value (a pass with token positions but
+    no counted target).
 
-    Eagerly this is a plain Python check; under `jit` it becomes
-    `eqx.error_if`, which raises when the compiled function runs.
+    Eagerly this is a plain Python check; under `jit` it becomes `eqx.error_if`,
+    which raises when the compiled function runs (dew's own passes then finalize
+    once more eagerly, so the user sees the plain `ValueError`).
     """
     return error_if(value, bad, message)
 

@@ -16,7 +16,7 @@ from jax.scipy.stats import norm
 from jaxtyping import Array, Float
 
 from dew.artifacts import Artifact, RegressionScores
-from dew.metrics._base import Metric, check_finalizable
+from dew.metrics._base import Metric, raise_if
 from dew.metrics._sums import Sum
 
 __all__ = ["RMSE", "PointCRPS", "RowLoss", "RowMeanState", "gaussian_crps"]
@@ -72,7 +72,7 @@ def _weighted_mean(state: RowMeanState, name: str) -> Float[Array, ""]:
     # A Python NaN, not a NaN array: eagerly, jax.debug_nans checks every array an op
     # builds, so only the empty pass may ever produce one.
     mean = jnp.where(empty, jnp.nan, state.total.value() / safe)
-    return check_finalizable(
+    return raise_if(
         jnp.logical_and(~empty, weight == 0),
         f"metric {name!r}: the pass has rows but no counted row (every row weight is zero), "
         "so there is nothing to average.",

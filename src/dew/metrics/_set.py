@@ -17,11 +17,20 @@ from dew.metrics._base import Metric
 __all__ = ["MetricSet", "reduce"]
 
 
-class MetricSet(eqx.Module):
+class MetricSet(Metric[Artifact]):
     """Several metrics reduced together over one pass, like `optax.chain` for metrics.
 
-    The accumulator is the tuple of each metric's statistics. Names must be unique
-    within the pass. `reduce` folds an iterable of artifacts, holding only the
+    A set is itself a metric over the tuple of its members' statistics: `init()` is
+    the tuple of their identities, `set(artifact)` the tuple of one batch's
+    statistics, `merge` merges member by member, and `finalize` gives every member's
+    value. So a set goes wherever a metric goes (`evaluate(metrics=...)`, the
+    Trainer's `metrics=`, another set), and sets nest.
+
+    The values are keyed by the members' own bare names, a nested set's members
+    included (its results are flattened into the enclosing set's, in order), so a
+    nested set scores exactly as the flat set of the same metrics. Names must
+    therefore be unique across the whole nest, and every metric must read one
+    artifact type. `reduce` folds an iterable of artifacts, holding only the
     accumulator and the current contribution; `reduce_stacked` runs the whole pass
     as one compiled `lax.scan` over artifacts stacked along a leading batch axis.
 
@@ -32,6 +41,10 @@ class MetricSet(eqx.Module):
     >>> pass_metrics = MetricSet((metrics.perplexity(), metrics.mean_loss()))
     >>> batch = TokenScores(losses=jnp.zeros((2, 3)), weights=jnp.ones((2, 3)))
     >>> {name: float(value) for name, value in pass_metrics.reduce([batch, batch]).items()}
+    {'perplexity': 1.0, 'mean_loss': 0.0}
+    >>> nested = MetricSet((MetricSet((metrics.perplexity(),)), metrics.mean_loss()))
+    >>> state = nested.merge(nested.init(), nested(batch))
+    >>> {name: float(value) for name, value in nested.finalize(state).items()}
     {'perplexity': 1.0, 'mean_loss': 0.0}
 
     ```
@@ -47,47 +60,104 @@ class MetricSet(eqx.Module):
                     f"MetricSet takes Metric instances, got {metric!r} of type "
                     f"{type(metric).__name__}."
                 )
-        kinds = sorted({metric.artifact_type.__name__ for metric in metrics})
+        flat = _flatten(metrics)
+        kinds = sorted({metric.artifact_type.__name__ for metric in flat})
         if len(kinds) > 1:
             raise ValueError(
                 f"a pass reads one artifact type, but these metrics read {kinds}; reduce each "
                 "artifact type in its own MetricSet."
             )
-        duplicates = sorted(name for name, n in Counter(m.name for m in metrics).items() if n > 1)
+        duplicates = sorted(name for name, n in Counter(m.name for m in flat).items() if n > 1)
         if duplicates:
+            nested = any(isinstance(metric, MetricSet) for metric in metrics)
+            keyed = " (a nested set's values are keyed by its metrics' own names)"
             raise ValueError(
-                f"metric names must be unique within a pass, got {duplicates} more than once; "
+                f"metric names must be unique within a pass, got {duplicates} more than once"
+                f"{keyed if nested else ''}; "
                 "give one of them another name (for example PSNR(name='psnr_full_range'))."
             )
         self.metrics = metrics
 
     @property
+    def name(self) -> str:
+        """The set's own name, used in its messages only: its values are keyed by its
+        metrics' names."""
+        return "metric_set"
+
+    # A single metric's class variables; a set's follow from its metrics.
+    @property
+    def artifact_type(self) -> type[Artifact]:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """The artifact type every metric of the set reads (any artifact when empty)."""
+        flat = self.flat_metrics
+        return flat[0].artifact_type if flat else Artifact
+
+    @property
+    def host(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """Whether any metric of the set is a host metric (then the set is one)."""
+        return not self.on_device
+
+    @property
+    def scan_chunk(self) -> int | None:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """The smallest `scan_chunk` of the set's metrics (None when none asks for one)."""
+        hints = [m.scan_chunk for m in self.flat_metrics if m.scan_chunk is not None]
+        return min(hints) if hints else None
+
+    @property
+    def flat_metrics(self) -> tuple[Metric, ...]:
+        """Every metric of the set, nested sets' metrics in their place, in order."""
+        return _flatten(self.metrics)
+
+    @property
     def names(self) -> tuple[str, ...]:
-        """The metrics' bare names, in order."""
-        return tuple(metric.name for metric in self.metrics)
+        """The bare names of the set's values, in order (nested sets flattened)."""
+        return tuple(metric.name for metric in self.flat_metrics)
 
     @property
     def on_device(self) -> bool:
         """Whether every metric is a device metric, so the pass can run in one scan."""
-        return not any(metric.host for metric in self.metrics)
+        return not any(metric.host for metric in self.flat_metrics)
 
-    def init(self) -> tuple[Any, ...]:
-        """The identity accumulator."""
-        return tuple(metric.init() for metric in self.metrics)
-
-    def update(self, accumulated: tuple[Any, ...], artifact: Artifact) -> tuple[Any, ...]:
-        """Merge one batch's contribution of every metric into the accumulator."""
-        return tuple(
-            metric.merge(state, metric(artifact))
-            for metric, state in zip(self.metrics, accumulated, strict=True)
+    def split_by_host(self) -> tuple[MetricSet, MetricSet]:
+        """The set's device metrics and its host metrics, each as a flat set, in order."""
+        flat = self.flat_metrics
+        return (
+            MetricSet(tuple(m for m in flat if not m.host)),
+            MetricSet(tuple(m for m in flat if m.host)),
         )
 
+    def init(self) -> tuple[Any, ...]:
+        """The identity accumulator: each metric's identity statistics."""
+        return tuple(metric.init() for metric in self.metrics)
+
+    def statistics(self, artifact: Artifact) -> tuple[Any, ...]:
+        """One batch's statistics of every metric; each metric checks the artifact's
+        type, so a wrong one raises the `TypeError` naming that metric."""
+        return tuple(
+            metric.statistics(artifact) if isinstance(metric, MetricSet) else metric(artifact)
+            for metric in self.metrics
+        )
+
+    def merge(self, accumulated: tuple[Any, ...], contribution: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Merge two accumulators metric by metric; associative, with `init()` as unit."""
+        return tuple(
+            metric.merge(state, part)
+            for metric, state, part in zip(self.metrics, accumulated, contribution, strict=True)
+        )
+
+    def update(self, accumulated: tuple[Any, ...], artifact: Artifact) -> tuple[Any, ...]:
+        """Merge one batch's contribution of every metric into the accumulator:
+        `merge(accumulated, statistics(artifact))`."""
+        return self.merge(accumulated, self.statistics(artifact))
+
     def finalize(self, accumulated: tuple[Any, ...]) -> dict[str, Any]:
-        """Each metric's scalar, keyed by its bare name."""
-        return {
-            metric.name: metric.finalize(state)
-            for metric, state in zip(self.metrics, accumulated, strict=True)
-        }
+        """Each metric's value keyed by its bare name; a nested set's values in its place."""
+        values: dict[str, Any] = {}
+        for metric, state in zip(self.metrics, accumulated, strict=True):
+            if isinstance(metric, MetricSet):
+                values |= metric.finalize(state)
+            else:
+                values[metric.name] = metric.finalize(state)
+        return values
 
     def _finalize_compiled(self, accumulated: tuple[Any, ...]) -> dict[str, Any]:
         """`finalize` in one compiled call; when a metric's check fires in it (a pass
@@ -108,8 +178,7 @@ class MetricSet(eqx.Module):
         Device metrics update in one compiled call per batch; host metrics update
         eagerly. An empty pass finalizes the identity.
         """
-        device = MetricSet(tuple(m for m in self.metrics if not m.host))
-        host = MetricSet(tuple(m for m in self.metrics if m.host))
+        device, host = self.split_by_host()
         device_state, host_state = device.init(), host.init()
         for artifact in artifacts:
             device_state = _compiled_update(device, device_state, artifact)
@@ -129,13 +198,12 @@ class MetricSet(eqx.Module):
         be a device metric.
         """
         if not self.on_device:
-            hosts = [metric.name for metric in self.metrics if metric.host]
+            hosts = [metric.name for metric in self.flat_metrics if metric.host]
             raise ValueError(
                 f"reduce_stacked runs on the device, but {hosts} are host metrics; use reduce."
             )
         if chunk is None:
-            hints = [m.scan_chunk for m in self.metrics if m.scan_chunk is not None]
-            chunk = min(hints) if hints else jax.tree.leaves(stacked)[0].shape[0]
+            chunk = self.scan_chunk or jax.tree.leaves(stacked)[0].shape[0]
         check_integer("chunk", chunk, minimum=1, optional=True)
         if not self.metrics:
             return {}
@@ -164,28 +232,19 @@ def _compiled_scan(metrics: MetricSet, stacked: Artifact, chunk: int) -> tuple[A
     chunk = max(1, min(chunk, batches))
     whole = batches - batches % chunk
 
-    def statistics(artifact):
-        return tuple(metric(artifact) for metric in metrics.metrics)
-
     def merge_all(state, contributions, count):
         for index in range(count):
-            contribution = jax.tree.map(lambda leaf, i=index: leaf[i], contributions)
-            state = tuple(
-                metric.merge(accumulated, part)
-                for metric, accumulated, part in zip(
-                    metrics.metrics, state, contribution, strict=True
-                )
-            )
+            state = metrics.merge(state, jax.tree.map(lambda leaf, i=index: leaf[i], contributions))
         return state
 
     def step(state, chunk_of_batches):
-        return merge_all(state, jax.vmap(statistics)(chunk_of_batches), chunk), None
+        return merge_all(state, jax.vmap(metrics)(chunk_of_batches), chunk), None
 
     chunks = jax.tree.map(lambda leaf: leaf[:whole].reshape(-1, chunk, *leaf.shape[1:]), stacked)
     state, _ = jax.lax.scan(step, metrics.init(), chunks)
     if whole < batches:
         rest = jax.tree.map(lambda leaf: leaf[whole:], stacked)
-        state = merge_all(state, jax.vmap(statistics)(rest), batches - whole)
+        state = merge_all(state, jax.vmap(metrics)(rest), batches - whole)
     return state
 
 
@@ -194,6 +253,15 @@ def _compiled_scan_and_finalize(
     metrics: MetricSet, stacked: Artifact, chunk: int
 ) -> dict[str, Any]:
     return metrics.finalize(_compiled_scan(metrics, stacked, chunk))
+
+
+def _flatten(metrics: tuple[Metric, ...]) -> tuple[Metric, ...]:
+    """`metrics` with every nested set replaced by its own metrics, in order."""
+    return tuple(
+        leaf
+        for metric in metrics
+        for leaf in (metric.flat_metrics if isinstance(metric, MetricSet) else (metric,))
+    )
 
 
 def reduce(metrics: Sequence[Metric], artifacts: Iterable[Artifact]) -> dict[str, Any]:

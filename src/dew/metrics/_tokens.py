@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from dew.artifacts import Artifact, TokenScores
-from dew.metrics._base import Metric, check_finalizable
+from dew.metrics._base import Metric, raise_if
 from dew.metrics._sums import Sum
 
 __all__ = ["MeanLoss", "Perplexity", "TokenAccuracy", "TokenLossState"]
@@ -46,7 +46,7 @@ def _mean_token_loss(state: TokenLossState, name: str) -> Float[Array, ""]:
     # A Python NaN, not a NaN array: eagerly, jax.debug_nans checks every array an op
     # builds, so only the empty pass may ever produce one.
     mean = jnp.where(empty, jnp.nan, state.loss.value() / safe)
-    return check_finalizable(
+    return raise_if(
         jnp.logical_and(~empty, weight == 0),
         f"metric {name!r}: the pass has token positions but no counted target "
         "(every target weight is zero), so there is nothing to average.",

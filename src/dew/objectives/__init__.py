@@ -4,6 +4,7 @@ One module per objective family: `dew.objectives.lm`, `masked_diffusion`, `dpo`,
 `supervised`.
 """
 
+from dew.objectives.base import AbstractObjective as AbstractObjective
 from dew.objectives.base import Objective as Objective
 
-__all__ = ["Objective"]
+__all__ = ["AbstractObjective", "Objective"]

@@ -12,31 +12,37 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from dew._checks import check_ids
 from dew.artifacts import Artifact
+from dew.metrics import Metric
 
-__all__ = ["Objective", "check_token_batch", "token_log_probs"]
+__all__ = ["AbstractObjective", "Objective", "check_token_batch", "token_log_probs"]
 
 Batch = Mapping[str, Any]
 
 
-class Objective(eqx.Module):
+class AbstractObjective(eqx.Module):
     """An Equinox module that holds a model's structure and defines how to train,
-    score and preview it.
+    score and preview it. Every objective is abstract or final, as in Equinox: a
+    subclass implements the abstract methods below and overrides nothing else.
 
     `params` are the trainable arrays (`eqx.partition` of the model by
     `eqx.is_inexact_array`), so optax updates only them; anything frozen (a DPO
     reference model, static hyperparameters) stays in the objective.
 
+    A subclass implements:
+
+    - `name`: the default stage name of a run (`lm`, `masked_diffusion`, `dpo`, ...).
     - `init_params()`: the trainable arrays to start training from.
     - `loss(params, batch, key) -> (loss, aux)`: a scalar loss and a mapping of
       bare metric names to scalars, for `jax.grad` with `has_aux=True`.
     - `evaluate(params, batch, key)`: the scoring artifact for the whole batch.
-    - `preview(params, batch, key, scored=None)`: a preview artifact for a
-      tracker. The base preview returns `scored`, the first scoring artifact of
-      the evaluation event, so it never runs the model a second time.
     - `check_batch(batch)`: the checks `loss` and `evaluate` run on a batch, on the
-      host, raising their `ValueError`. The Trainer and `evaluate` call it only after
-      a compiled call has failed, to report which value of which batch was bad.
-    - `name`: the default stage name of a run (`lm`, `masked_diffusion`, `dpo`, ...).
+      host, raising their `ValueError` (an objective without any returns `None`).
+    - `generate_preview(params, batch, key)`: the objective's own preview artifact
+      (sampled rows, say), or `None` to preview the scoring artifact.
+    - `default_metrics()`: the metrics a run of this objective is scored with when
+      none are named (`dew train`, `dew eval`); `()` for none.
+
+    and gets `preview(params, batch, key, scored=None)`, the artifact a tracker shows.
     """
 
     name: AbstractVar[str]
@@ -55,11 +61,23 @@ class Objective(eqx.Module):
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> Artifact:
         """The scoring artifact of one coordinated batch."""
 
+    @abc.abstractmethod
     def check_batch(self, batch: Batch) -> None:
         """Run the batch checks of `loss` and `evaluate` on a concrete `batch` and raise
-        their `ValueError`. The default checks nothing; every built-in objective
-        overrides it with the checks its own methods run (traced, those checks are
-        `eqx.error_if`, whose failure reaches the user only through this method)."""
+        their `ValueError`. Traced, those checks are `eqx.error_if`, whose failure
+        reaches the user only through this method; a pass over batches held on the host
+        runs it on each of them and scores them without the traced token-ID checks, so
+        it must run every check `loss` and `evaluate` rely on."""
+
+    @abc.abstractmethod
+    def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> Artifact | None:
+        """The objective's own preview artifact of `batch`, or `None` when it previews
+        the scoring artifact (see `preview`)."""
+
+    @abc.abstractmethod
+    def default_metrics(self) -> tuple[Metric, ...]:
+        """The validation metrics a run of this objective is scored with when none are
+        named (`dew train`, `dew eval`)."""
 
     def preview(
         self,
@@ -68,8 +86,23 @@ class Objective(eqx.Module):
         key: PRNGKeyArray,
         scored: Artifact | None = None,
     ) -> Artifact:
-        """A preview artifact: by default the first scoring artifact itself."""
-        return self.evaluate(params, batch, key) if scored is None else scored
+        """A preview artifact for a tracker: `generate_preview(params, batch, key)`, or
+        where that is `None` the first scoring artifact of the evaluation event
+        (`scored`, else `evaluate(params, batch, key)`), so the model never runs twice
+        for it."""
+        generated = self.generate_preview(params, batch, key)
+        if generated is None:
+            generated = self.evaluate(params, batch, key) if scored is None else scored
+        if not isinstance(generated, Artifact):
+            raise TypeError(
+                f"{type(self).__name__}'s preview must be a dew artifact, got "
+                f"{type(generated).__name__}."
+            )
+        return generated
+
+
+Objective = AbstractObjective
+"""The objective base under its first public name: `Objective is AbstractObjective`."""
 
 
 def trainable(model: PyTree) -> PyTree:

@@ -10,6 +10,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from dew._checks import check_integer, error_if
 from dew.artifacts import TokenRows, TokenScores
+from dew.metrics import Metric
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
     Batch,
@@ -72,7 +73,7 @@ class DPOObjective(Objective):
     ```python
     >>> import jax, jax.numpy as jnp
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
-    ...                           mlp_features=32, max_seq_len=8)
+    ...                           mlp_features=32, max_seq_len=8, key=jax.random.key(0))
     >>> objective = DPOObjective(model, model, beta=0.1)
     >>> batch = {"chosen": jnp.array([[1, 2, 3, 3]], jnp.int32),
     ...          "rejected": jnp.array([[1, 2, 0, 0]], jnp.int32),
@@ -259,9 +260,11 @@ class DPOObjective(Objective):
         losses = -token_log_probs(logits, targets)
         return TokenScores(losses, weights, jnp.argmax(logits, axis=-1) == targets)
 
-    def preview(
-        self, params: PyTree, batch: Batch, key: PRNGKeyArray, scored: object = None
-    ) -> TokenRows:
+    def default_metrics(self) -> tuple[Metric, ...]:
+        """None: a preference run names the metrics it wants scored."""
+        return ()
+
+    def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenRows:
         """Continue the first `samples.num_samples` chosen prompts with the live policy."""
         tokens, mask = self._side(batch, "chosen")
         tokens, mask = tokens[: self.samples.num_samples], mask[: self.samples.num_samples]

@@ -12,6 +12,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from dew._checks import check_ids, check_integer
 from dew.artifacts import TokenRows
+from dew.metrics import Metric
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
     Batch,
@@ -180,7 +181,7 @@ class GRPOObjective(Objective):
     ```python
     >>> import jax, jax.numpy as jnp
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
-    ...                           mlp_features=32, max_seq_len=8)
+    ...                           mlp_features=32, max_seq_len=8, key=jax.random.key(0))
     >>> def reward(prompts, completions):
     ...     return jnp.mean(jnp.where(completions == 3, 1.0, 0.0), axis=-1)
     >>> objective = GRPOObjective(model, model, reward, group_size=4, max_new_tokens=3)
@@ -458,9 +459,11 @@ class GRPOObjective(Objective):
             top_k=None,
         )
 
-    def preview(
-        self, params: PyTree, batch: Batch, key: PRNGKeyArray, scored: object = None
-    ) -> TokenRows:
+    def default_metrics(self) -> tuple[Metric, ...]:
+        """None: no built-in metric reads generated `TokenRows`."""
+        return ()
+
+    def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenRows:
         """Continue the first `samples.num_samples` prompts with the live policy."""
         prompts = self._prompts(batch, self.max_new_tokens, "max_new_tokens")
         return self._continue(

@@ -7,6 +7,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
 from dew.artifacts import TokenRows, TokenScores
+from dew.metrics import Metric, perplexity, token_accuracy
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
     Batch,
@@ -34,7 +35,7 @@ class LMObjective(Objective):
     ```python
     >>> import jax, jax.numpy as jnp
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
-    ...                           mlp_features=32, max_seq_len=16)
+    ...                           mlp_features=32, max_seq_len=16, key=jax.random.key(0))
     >>> objective = LMObjective(model, seq_len=8)
     >>> batch = {"text": jnp.tile(jnp.arange(9, dtype=jnp.int32) % 4, (2, 1))}
     >>> loss, aux = objective.loss(objective.init_params(), batch, jax.random.key(0))
@@ -131,9 +132,11 @@ class LMObjective(Objective):
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenScores:
         return self.scores(params, batch)
 
-    def preview(
-        self, params: PyTree, batch: Batch, key: PRNGKeyArray, scored: object = None
-    ) -> TokenRows:
+    def default_metrics(self) -> tuple[Metric, ...]:
+        """Perplexity and token accuracy of the held-out text."""
+        return (perplexity(), token_accuracy())
+
+    def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenRows:
         """Continue the first `samples.num_samples` rows' prompts by sampling."""
         tokens = self._tokens(batch)
         prompts = tokens[: self.samples.num_samples, : self.prompt_len]

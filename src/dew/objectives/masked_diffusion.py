@@ -10,6 +10,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
 from dew.artifacts import TokenRows
+from dew.metrics import Metric
 from dew.nn.backbones.bidirectional_transformer import BidirectionalTransformer
 from dew.objectives.base import (
     Batch,
@@ -125,7 +126,8 @@ class MaskedDiffusionObjective(Objective):
     ```python
     >>> import jax, jax.numpy as jnp
     >>> model = BidirectionalTransformer(vocab_size=4, emb_features=16, num_layers=1,
-    ...                                  num_heads=2, mlp_features=32, max_seq_len=8)
+    ...                                  num_heads=2, mlp_features=32, max_seq_len=8,
+    ...                                  key=jax.random.key(0))
     >>> objective = MaskedDiffusionObjective(model, seq_len=8, sampling_steps=4)
     >>> batch = {"text": jnp.tile(jnp.arange(8, dtype=jnp.int32) % 4, (4, 1))}
     >>> params = objective.init_params()
@@ -238,9 +240,11 @@ class MaskedDiffusionObjective(Objective):
         rows = self.sample(params, self._tokens(batch).shape[0], key)
         return TokenRows(rows, jnp.ones(rows.shape, jnp.bool_))
 
-    def preview(
-        self, params: PyTree, batch: Batch, key: PRNGKeyArray, scored: object = None
-    ) -> TokenRows:
+    def default_metrics(self) -> tuple[Metric, ...]:
+        """None: no built-in metric reads generated `TokenRows`."""
+        return ()
+
+    def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenRows:
         """`preview_count` generated rows; the batch's contents are not used."""
         rows = self.sample(params, self.preview_count, key)
         return TokenRows(rows, jnp.ones(rows.shape, jnp.bool_))

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from dew.artifacts import RegressionScores
+from dew.metrics import Metric, loss, point_crps, rmse
 from dew.objectives.base import Batch, Objective, combine, trainable
 
 __all__ = ["SupervisedObjective"]
@@ -108,6 +109,16 @@ class SupervisedObjective(Objective):
         if std is not None:
             std = jnp.broadcast_to(std, jnp.shape(mean))
         return RegressionScores(values, weights, mean, std, targets)
+
+    def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> None:
+        """None: a supervised run previews its scoring artifact."""
+        return None
+
+    def default_metrics(self) -> tuple[Metric, ...]:
+        """The loss, and with a `predictive` also the RMSE and the point CRPS."""
+        if self.predictive is None:
+            return (loss(),)
+        return (loss(), rmse(), point_crps())
 
 
 def _fields(batch: Batch) -> tuple[Any, Any, Any]:

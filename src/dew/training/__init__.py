@@ -8,6 +8,7 @@ from dew.tracking import TensorBoardTracker as TensorBoardTracker
 from dew.tracking import Trackers as Trackers
 from dew.tracking import WandbTracker as WandbTracker
 from dew.training._trainer import Trainer as Trainer
+from dew.training._trainer import key_text as key_text
 
 __all__ = [
     "InMemoryTracker",
@@ -18,4 +19,5 @@ __all__ = [
     "Trackers",
     "Trainer",
     "WandbTracker",
+    "key_text",
 ]

@@ -180,7 +180,7 @@ def build_stack(
     max_seq_len: int,
     dtype: str,
     attention_impl: str,
-    key: PRNGKeyArray | None,
+    key: PRNGKeyArray,
 ) -> TransformerStack:
     """Check a backbone's configuration (errors name `kind`), then build its stack: an
     embedding of `vocab_size + extra_tokens` rows and logits over the `vocab_size` tokens."""
@@ -199,6 +199,6 @@ def build_stack(
         out_features=vocab_size,
         dtype=dtype,
         attention_impl=attention_impl,
-        key=jax.random.key(0) if key is None else key,
+        key=key,
         **sizes,
     )

@@ -16,9 +16,10 @@ class BidirectionalTransformer(eqx.Module):
     Same arguments as `CausalTransformer`.
 
     ```python
-    >>> import jax.numpy as jnp
+    >>> import jax, jax.numpy as jnp
     >>> model = BidirectionalTransformer(vocab_size=4, emb_features=16, num_layers=1,
-    ...                                  num_heads=2, mlp_features=32, max_seq_len=8)
+    ...                                  num_heads=2, mlp_features=32, max_seq_len=8,
+    ...                                  key=jax.random.key(0))
     >>> model(jnp.array([0, 4, 2], jnp.int32)).shape
     (3, 4)
 
@@ -39,7 +40,7 @@ class BidirectionalTransformer(eqx.Module):
         dtype: str = "float32",
         attention_impl: str = "xla",
         *,
-        key: PRNGKeyArray | None = None,
+        key: PRNGKeyArray,
     ):
         self.stack = build_stack(
             "BidirectionalTransformer",

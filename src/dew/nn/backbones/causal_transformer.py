@@ -21,7 +21,7 @@ class CausalTransformer(eqx.Module):
       float32; logits are returned in float32.
     - `attention_impl`: `"xla"` (any backend) or `"cudnn"` (CUDA GPUs, bfloat16),
       passed to `jax.nn.dot_product_attention` with a causal mask.
-    - `key`: the initialisation key (defaults to `jax.random.key(0)`).
+    - `key`: the initialisation key, keyword-only and required (as in `eqx.nn`).
 
     The module maps one sequence; `jax.vmap` it over a batch.
 
@@ -29,7 +29,7 @@ class CausalTransformer(eqx.Module):
     >>> import jax, jax.numpy as jnp
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
     ...                           mlp_features=32, max_seq_len=16, dtype="float32",
-    ...                           attention_impl="xla")
+    ...                           attention_impl="xla", key=jax.random.key(0))
     >>> model(jnp.array([0, 1, 2], jnp.int32)).shape
     (3, 4)
 
@@ -50,7 +50,7 @@ class CausalTransformer(eqx.Module):
         dtype: str = "float32",
         attention_impl: str = "xla",
         *,
-        key: PRNGKeyArray | None = None,
+        key: PRNGKeyArray,
     ):
         self.stack = build_stack(
             "CausalTransformer",

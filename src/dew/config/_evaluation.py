@@ -1,0 +1,81 @@
+"""Scoring a configured run: the metrics its objective declares, and `dew eval`'s pass over
+a run folder's latest checkpoint."""
+
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+
+from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
+from dew.checkpoints import Checkpointer
+from dew.config._config import RunConfig
+from dew.config._recipe import build_objective, is_uri, run_folder
+from dew.data import Partition
+from dew.evaluation import Evaluation, evaluate
+from dew.metrics import Metric
+from dew.steps import TrainState
+
+__all__ = ["default_metrics", "evaluate_run"]
+
+
+def default_metrics(config: RunConfig) -> tuple[Metric, ...]:
+    """The metrics the configured objective declares (`Objective.default_metrics`): what
+    `dew train`, `dew sweep` and `dew eval` score a run with. The objective is built on
+    the model's shapes only, so no parameter is initialised."""
+    objective = eqx.filter_eval_shape(build_objective, config, None, jax.random.key(0))
+    return tuple(objective.default_metrics())
+
+
+def evaluate_run(
+    run_dir: str | os.PathLike[str], *, metrics: Sequence[Metric] | None = None
+) -> Evaluation:
+    """Score a run folder's latest checkpoint on its configured validation data.
+
+    The run is rebuilt from its `run.json`; its objective scores the checkpoint's
+    params with `metrics` (default: the objective's `default_metrics()`) and the key
+    of the evaluation event at the checkpoint's step, as the Trainer would. A folder
+    without run.json or checkpoints, a damaged checkpoint, or a dataset without
+    validation data raises, naming the folder.
+    """
+    folder = pathlib.Path(run_dir)
+    config = RunConfig.from_run_record(folder / "run.json")
+    seed = jax.random.key(config.trainer.seed)
+    objective = build_objective(config, None, jax.random.fold_in(seed, MODEL_DOMAIN))
+    run_key = jax.random.fold_in(seed, RUN_DOMAIN)
+    template = TrainState.create(objective, config.optim.build(config.trainer.steps), key=run_key)
+    checkpoints: Any = folder / "checkpoints"
+    if is_uri(config.trainer.checkpoint_dir) and config.trainer.name is not None:
+        checkpoints, _ = run_folder(config, config.trainer.name)  # the run's remote store
+    elif not checkpoints.is_dir():
+        raise FileNotFoundError(f"{folder} has no checkpoints folder to evaluate.")
+    try:
+        with Checkpointer(checkpoints) as saved:
+            state, _ = saved.restore(template)
+    except (OSError, ValueError, KeyError) as error:  # orbax's KeyError: a damaged checkpoint
+        raise ValueError(
+            f"cannot restore the latest checkpoint under {checkpoints}: {_detail(error)}"
+        ) from error
+    data = config.data.build(batch_size=config.trainer.batch_size, seed=config.trainer.seed)
+    if data.val is None:
+        raise ValueError(f"the run's dataset {config.data.name!r} has no validation data.")
+    step = int(state.step)
+    return evaluate(
+        objective,
+        state.params,
+        data.val(Partition.current()),
+        metrics=objective.default_metrics() if metrics is None else metrics,
+        key=jax.random.fold_in(run_key, step),  # the evaluation event's key at `step`
+        step=step,
+    )
+
+
+def _detail(error: BaseException) -> str:
+    """What went wrong, on one line: an OSError's path and reason, a KeyError's key."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{os.fsdecode(error.filename)}: {error.strerror}"
+    if isinstance(error, KeyError) and error.args:
+        return str(error.args[0])
+    return str(error) or type(error).__name__

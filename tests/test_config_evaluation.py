@@ -1,0 +1,103 @@
+"""dew.config.default_metrics and evaluate_run: the metrics a configured objective declares, and
+`dew eval`'s pass over a run folder's latest checkpoint through public names only."""
+
+import ast
+import inspect
+
+import jax
+import numpy as np
+import pytest
+
+from dew import cli, metrics
+from dew.config import (
+    ModelConfig,
+    ObjectiveConfig,
+    OptimConfig,
+    RunConfig,
+    TrainerConfig,
+    default_metrics,
+    evaluate_run,
+)
+from dew.registry import datasets
+
+SIZES = {
+    "vocab_size": 16,
+    "emb_features": 16,
+    "num_layers": 1,
+    "num_heads": 2,
+    "mlp_features": 32,
+    "max_seq_len": 16,
+}
+
+
+def _config(root, model="causal_transformer", objective=None, **trainer):
+    settings = {
+        "name": "tiny",
+        "checkpoint_dir": str(root),
+        "steps": 6,
+        "batch_size": 8,
+        "log_every": 3,
+        "eval_every": 3,
+        "checkpoint_every": 3,
+        **trainer,
+    }
+    return RunConfig(
+        model=ModelConfig(model, SIZES),
+        data=datasets["token_windows"](seq_len=8, num_tokens=2048),
+        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
+        trainer=TrainerConfig(**settings),
+        **({} if objective is None else {"objective": objective}),
+    )
+
+
+def test_the_default_metrics_are_those_the_configured_objective_declares(tmp_path):
+    names = {
+        "lm": default_metrics(_config(tmp_path)),
+        "masked_diffusion": default_metrics(
+            _config(
+                tmp_path,
+                model="bidirectional_transformer",
+                objective=ObjectiveConfig("masked_diffusion"),
+            )
+        ),
+    }
+    assert {kind: tuple(m.name for m in chosen) for kind, chosen in names.items()} == {
+        "lm": ("perplexity", "token_accuracy"),
+        "masked_diffusion": (),
+    }
+
+
+def test_evaluate_run_scores_the_latest_checkpoint_as_the_last_validation_event(tmp_path):
+    config = _config(tmp_path)
+    state = config.train(metrics=default_metrics(config), progress=False)
+    result = evaluate_run(tmp_path / "tiny")
+    assert result.step == 6 and list(result.scores) == ["perplexity", "token_accuracy"]
+    for name, value in result.scores.items():
+        step, logged = state.metric_history[f"lm/validation/{name}"][-1]
+        assert step == 6
+        np.testing.assert_allclose(value, logged, rtol=1e-6)
+    run_key = jax.random.fold_in(jax.random.key(config.trainer.seed), 1)
+    assert np.array_equal(
+        jax.random.key_data(result.key), jax.random.key_data(jax.random.fold_in(run_key, 6))
+    )
+    chosen = evaluate_run(tmp_path / "tiny", metrics=[metrics.mean_loss()])
+    np.testing.assert_allclose(np.exp(chosen.scores["mean_loss"]), result.scores["perplexity"])
+
+
+def test_evaluate_run_names_a_folder_without_checkpoints(tmp_path):
+    _config(tmp_path, eval_every=None, checkpoint_every=None, steps=1).train(progress=False)
+    folder = tmp_path / "tiny"
+    for saved in sorted((folder / "checkpoints").rglob("*"), reverse=True):
+        saved.rmdir() if saved.is_dir() else saved.unlink()
+    (folder / "checkpoints").rmdir()
+    with pytest.raises(FileNotFoundError, match="has no checkpoints folder to evaluate"):
+        evaluate_run(folder)
+
+
+def test_dew_eval_imports_no_private_module():
+    imported = [
+        node.module
+        for node in ast.walk(ast.parse(inspect.getsource(cli._eval).strip()))
+        if isinstance(node, ast.ImportFrom) and node.module
+    ]
+    assert imported and not [name for name in imported if "._" in name or "dew._" in name]
