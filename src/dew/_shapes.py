@@ -13,6 +13,7 @@ __all__ = ["SHAPE_KINDS", "moving_shapes", "shapes"]
 
 SHAPE_KINDS = ("square", "disc", "bar")
 """The shape kinds, indexed by their label: square 0, disc 1, bar 2."""
+_SQUARE, _DISC = SHAPE_KINDS.index("square"), SHAPE_KINDS.index("disc")
 
 _MIN_IMAGE_SIZE = 12
 _SHAPES_SEED = 0
@@ -54,7 +55,7 @@ def _sample(rows: int, size: int, frames: int, seed: int) -> _Pool:
     upright = rng.random(rows) < 0.5
     bar = np.where(upright[:, None], bar, bar[:, ::-1])
     extents = np.select(
-        [labels[:, None] == 0, labels[:, None] == 1],
+        [labels[:, None] == _SQUARE, labels[:, None] == _DISC],
         [np.stack([side, side], axis=1), np.stack([diameter, diameter], axis=1)],
         bar,
     ).astype(np.float64)
@@ -87,7 +88,7 @@ def _draw(pool: _Pool, indices: np.ndarray, size: int, frames: int) -> np.ndarra
     )[..., None, :]
     radius = extents[..., 0:1, None] / 2
     disc = down[..., :, None] ** 2 + across[..., None, :] ** 2 <= radius**2
-    inside = np.where((pool.labels[indices] == 1)[:, None, None, None], disc, box)
+    inside = np.where((pool.labels[indices] == _DISC)[:, None, None, None], disc, box)
     colours = pool.colours[indices][:, None, None, None, :]
     return inside[..., None].astype(np.float32) * colours
 
