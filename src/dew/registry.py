@@ -12,8 +12,9 @@ you register your own by name (as a call or as a decorator):
   data instead of holding it; `datasets.builder(name)` is the builder itself.
 
 The built-in datasets are synthetic or read a local `.npy` file, so they never download:
-`"token_windows"` (language modelling and masked diffusion), `"preference_pairs"` (DPO)
-and `"prompts"` (GRPO).
+`"token_windows"` (language modelling and masked diffusion), `"preference_pairs"` (DPO),
+`"prompts"` (GRPO), and the synthetic vision data `"shapes"` (images of squares, discs
+and bars, labelled by kind) and `"moving_shapes"` (clips of one such shape moving).
 
 ```python
 >>> import optax
@@ -42,11 +43,15 @@ from dew._registry import keyword_parameters as keyword_parameters
 from dew._registry import models as models
 from dew._registry import objectives as objectives
 from dew._registry import optimizers as optimizers
+from dew._shapes import SHAPE_KINDS as SHAPE_KINDS
+from dew._shapes import moving_shapes as moving_shapes
+from dew._shapes import shapes as shapes
 from dew.config._data import DatasetRegistry as DatasetRegistry
 from dew.config._data import datasets as datasets
 
 __all__ = [
     "DATASET_SUPPLIED",
+    "SHAPE_KINDS",
     "DatasetRegistry",
     "NotRegisteredError",
     "Registry",
@@ -54,9 +59,11 @@ __all__ = [
     "datasets",
     "keyword_parameters",
     "models",
+    "moving_shapes",
     "objectives",
     "optimizers",
     "preference_pairs",
     "prompts",
+    "shapes",
     "token_windows",
 ]

@@ -4,7 +4,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dew import _datasets
+from dew import _datasets, _shapes
 from dew._registry import DATASET_SUPPLIED, Registry, _takes, check_arguments
 from dew.config._fields import (
     _EMPTY,
@@ -89,3 +89,5 @@ datasets = DatasetRegistry(
 datasets.register("token_windows", _datasets.token_windows)
 datasets.register("preference_pairs", _datasets.preference_pairs)
 datasets.register("prompts", _datasets.prompts)
+datasets.register("shapes", _shapes.shapes)
+datasets.register("moving_shapes", _shapes.moving_shapes)
