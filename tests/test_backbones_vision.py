@@ -207,6 +207,7 @@ def test_adaln_conditioning_changes_the_output_once_the_weights_are_nonzero():
     assert not np.allclose(base, model(x, jnp.asarray(0.5), jnp.asarray(2)), atol=1e-4)
     # label=None is the null label, the embedding's last row
     assert model.null_label == 3 and model.label_embedding.weight.shape[0] == 4
+    np.testing.assert_array_equal(base, model(x, 0.5, 1))  # Python scalars work alike
     np.testing.assert_array_equal(
         model(x, jnp.asarray(0.5)), model(x, jnp.asarray(0.5), jnp.asarray(3))
     )
@@ -226,6 +227,8 @@ def test_dit_bad_inputs_raise():
         ValueError, r"one example of shape \(8, 8, 3\), got \(2, 8, 8, 3\)", parameter="x"
     ):
         model(jnp.zeros((2, 8, 8, 3)), jnp.asarray(0.5))
+    with rejects(ValueError, r"time t must be a float scalar, got float32 \(2,\)", parameter="t"):
+        model(jnp.zeros((8, 8, 3)), jnp.zeros(2))
     with pytest.raises(ValueError, match="got a label, but it has no classes"):
         model(jnp.zeros((8, 8, 3)), jnp.asarray(0.5), jnp.asarray(0))
     with pytest.raises(ValueError, match="has no class labels"):
@@ -273,6 +276,15 @@ def test_encode_tokens_is_the_second_half_of_the_call():
         rtol=1e-5,
         atol=1e-6,
     )
+    # masked tokens are not attended: whatever they hold, visible outputs stay as they are
+    noise = 10.0 * jax.random.normal(jax.random.key(2), tokens.shape)
+    moved = jnp.where(mask[:, None], tokens, noise)
+    np.testing.assert_array_equal(
+        model.encode_tokens(tokens, mask)[mask], model.encode_tokens(moved, mask)[mask]
+    )
+    gradient = jax.grad(lambda z: jnp.sum(jnp.sin(model.encode_tokens(z, mask))))(tokens)
+    assert np.array_equal(gradient[~mask], np.zeros((1, 8))) and (gradient[mask] != 0).all()
+    assert not np.allclose(model.encode_tokens(tokens)[mask], model.encode_tokens(moved)[mask])
 
 
 def test_vit_bad_inputs_raise():

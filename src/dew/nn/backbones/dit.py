@@ -28,7 +28,7 @@ def _zeroed(linear: eqx.nn.Linear) -> eqx.nn.Linear:
     )
 
 
-def time_embedding(t: Float[Array, ""], features: int) -> Float[Array, " features"]:
+def _time_embedding(t: Float[Array, ""], features: int) -> Float[Array, " features"]:
     """Sinusoidal features of a diffusion time `t` in [0, 1] (scaled by 1000, so the
     fastest sinusoid turns about 160 times across the interval)."""
     half = features // 2
@@ -89,7 +89,9 @@ class DiT(eqx.Module):
     - `num_classes`: `None` for an unconditional model; an integer for class labels
       `0 .. num_classes - 1` plus the null label `num_classes` (`null_label`) that
       classifier-free guidance trains and samples with. Its embedding has
-      `num_classes + 1` rows.
+      `num_classes + 1` rows. A concrete label outside `0 .. num_classes` raises; under
+      `jax.vmap` or `jit` the labels are traced and the caller checks them (as the
+      diffusion objective checks its batches).
     - `dtype`: `"float32"` or `"bfloat16"`, the computation dtype. Parameters stay
       float32; the output is returned in float32.
     - `key`: the initialisation key (required).
@@ -225,7 +227,7 @@ class DiT(eqx.Module):
             position = position + model.time_position_embedding[:, None]
         frames = clip.shape[0]
         h = (tokens.reshape(frames, -1, tokens.shape[-1]) + position).reshape(tokens.shape)
-        condition = model.time_mlp(time_embedding(t, h.shape[-1]).astype(h.dtype))
+        condition = model.time_mlp(_time_embedding(t, h.shape[-1]).astype(h.dtype))
         if model.label_embedding is not None:
             condition = condition + model.label_embedding(label)
         for block in model.blocks:

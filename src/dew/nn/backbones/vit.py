@@ -59,9 +59,11 @@ class ViT(eqx.Module):
     attends only to itself), its pixels never enter a visible token's output (not even
     through the gradient), and its output row is zero.
 
-    A JEPA predictor works on tokens, not pixels: it can place its own tokens on the
-    grid with `position_embedding` (`(patches, width)`, row-major over `grid`) and run
-    them through `encode_tokens`.
+    A JEPA predictor works on tokens, not pixels: it can be a second (narrower) `ViT`
+    on the same grid that places its own tokens (context features mapped to its width,
+    a learned mask token at the target slots) with its `position_embedding`
+    (`(patches, width)`, row-major over `grid`) and runs them through `encode_tokens`;
+    its patch embedding then stays unused.
 
     The module maps one image; `jax.vmap` it over a batch (as the other backbones).
 
