@@ -10,6 +10,8 @@ import optax
 
 from dew.nn.backbones.bidirectional_transformer import BidirectionalTransformer
 from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.nn.backbones.dit import DiT
+from dew.nn.backbones.vit import ViT
 from dew.objectives.base import Objective
 from dew.objectives.dpo import DPOObjective
 from dew.objectives.grpo import GRPOObjective
@@ -251,6 +253,8 @@ optimizers: Registry[Callable[..., optax.GradientTransformation]] = Registry(
 )
 models.register("causal_transformer", CausalTransformer)
 models.register("bidirectional_transformer", BidirectionalTransformer)
+models.register("dit", DiT)
+models.register("vit", ViT)
 
 optimizers.register("adam", optax.adam)
 optimizers.register("adamw", optax.adamw)

@@ -4,5 +4,7 @@ from dew.nn.backbones.bidirectional_transformer import (
     BidirectionalTransformer as BidirectionalTransformer,
 )
 from dew.nn.backbones.causal_transformer import CausalTransformer as CausalTransformer
+from dew.nn.backbones.dit import DiT as DiT
+from dew.nn.backbones.vit import ViT as ViT
 
-__all__ = ["BidirectionalTransformer", "CausalTransformer"]
+__all__ = ["BidirectionalTransformer", "CausalTransformer", "DiT", "ViT"]
