@@ -7,6 +7,7 @@ import dew
 
 ROOT = pathlib.Path(dew.__file__).parent
 CORE = ("naming", "artifacts", "metrics", "objectives", "nn", "steps", "telemetry")
+GROUND = ("_checks", "_domains", "_nonfinite", "_json")  # below the core: import no dew module
 SHELL = (
     "training",
     "evaluation",
@@ -121,4 +122,23 @@ def test_the_core_imports_no_shell_module():
         for name, targets in GRAPH.items()
         if name.count(".") and name.split(".")[1] in CORE
     }
+    assert {name: found for name, found in offending.items() if found} == {}
+
+
+def _floor(name: str) -> str:
+    segment = name.split(".")[1] if name.count(".") else ""
+    return "ground" if segment in GROUND else "core" if segment in CORE else "shell"
+
+
+def test_the_core_imports_only_the_core_and_the_ground_floor():
+    offending = {
+        name: sorted(target for target in targets if _floor(target) == "shell")
+        for name, targets in GRAPH.items()
+        if _floor(name) == "core"
+    }
+    assert {name: found for name, found in offending.items() if found} == {}
+
+
+def test_the_ground_floor_imports_no_dew_module():
+    offending = {name: sorted(GRAPH[name]) for name in GRAPH if _floor(name) == "ground"}
     assert {name: found for name, found in offending.items() if found} == {}
