@@ -194,3 +194,12 @@ def test_a_run_checkpointing_to_a_uri_tracks_locally_and_says_where(tmp_path, mo
     assert f"local tracking at {local}" in capsys.readouterr().out
     assert RunConfig.from_run_record(local) == config
     assert read_journal(local).scalars["lm/train/loss"]
+
+
+def test_the_data_seq_len_reaches_only_objectives_that_name_it():
+    from dew.objectives.dpo import DPOObjective
+
+    model = CausalTransformer(**SIZES, key=jax.random.key(0))
+    dpo = ObjectiveConfig("dpo", {"beta": 0.1}).build(model, seq_len=8)  # **kwargs: not offered
+    assert isinstance(dpo, DPOObjective)
+    assert ObjectiveConfig("lm").build(model, seq_len=8).seq_len == 8

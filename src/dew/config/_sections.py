@@ -192,13 +192,11 @@ class ObjectiveConfig(_Section):
 
     def build(self, model: Any, **defaults: Any) -> Any:
         """The objective on `model`; `defaults` fill keyword arguments `kwargs` lacks
-        and the objective takes."""
+        and the objective names (a builder's `**kwargs` takes only what the config says)."""
         builder = registry.objectives[self.name]
-        names, extra = registry.keyword_parameters(builder)
+        names, _ = registry.keyword_parameters(builder)
         kwargs = {
-            key: value
-            for key, value in defaults.items()
-            if key not in self.kwargs and (key in names or extra)
+            key: value for key, value in defaults.items() if key not in self.kwargs and key in names
         }
         kwargs.update(self.kwargs)
         registry.check_arguments("objective", self.name, builder, kwargs, supplied=("model",))
