@@ -13,6 +13,7 @@ from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.nn.backbones.dit import DiT
 from dew.nn.backbones.vit import ViT
 from dew.objectives.base import Objective
+from dew.objectives.diffusion import DiffusionObjective
 from dew.objectives.dpo import DPOObjective
 from dew.objectives.grpo import GRPOObjective
 from dew.objectives.lm import LMObjective
@@ -295,3 +296,4 @@ objectives.register("lm", LMObjective)
 objectives.register("masked_diffusion", MaskedDiffusionObjective)
 objectives.register("dpo", _dpo)
 objectives.register("grpo", _grpo)
+objectives.register("diffusion", DiffusionObjective)

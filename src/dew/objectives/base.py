@@ -42,10 +42,21 @@ class AbstractObjective(eqx.Module):
     - `default_metrics()`: the metrics a run of this objective is scored with when
       none are named (`dew train`, `dew eval`); `()` for none.
 
+    An objective may also declare `ema_decay: float | None` (a static field; the base
+    says `None`). With a decay, the `Trainer` creates the state with `ema_params` and
+    updates them after every step (`dew.steps.ema_update`), and its validation passes
+    `state.ema_params` to `evaluate` and `preview` instead of the live params
+    (`dew.steps.generation_params`). Without one, both read the live params: the
+    language objectives, DPO and GRPO (whose reference model is frozen in the objective,
+    not an average of the policy) preview and score the live policy.
+
     and gets `preview(params, batch, key, scored=None)`, the artifact a tracker shows.
     """
 
     name: AbstractVar[str]
+    # The EMA contract: an objective with a decay here (a field of its own) has the
+    # Trainer keep `state.ema_params` and generate and score with them.
+    ema_decay = None  # unannotated: a subclass's own field may take its place in any order
 
     @abc.abstractmethod
     def init_params(self) -> PyTree:
