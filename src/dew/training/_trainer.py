@@ -26,7 +26,7 @@ from dew.metrics import Metric, MetricSet
 from dew.naming import Split, check_name
 from dew.objectives.base import Objective
 from dew.profiling import Profile
-from dew.steps import EMPTY_HISTORY, TrainState, train_step
+from dew.steps import EMPTY_HISTORY, TrainState, generation_params, train_step
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
 from dew.training._batches import _draw, _skip, _stack
@@ -42,7 +42,9 @@ def _step_function(objective_def: Any, static: Any, optimizer: optax.GradientTra
         objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
         state = jax.tree.unflatten(state_def, state_leaves)
         key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_STEP_DOMAIN), state.step)
-        next_state, outputs = train_step(objective, optimizer, state, batch, key)
+        next_state, outputs = train_step(
+            objective, optimizer, state, batch, key, ema_decay=objective.ema_decay
+        )
         return jax.tree.leaves(next_state), outputs
 
     return step
@@ -149,6 +151,9 @@ class Trainer:
           `<stage>/validation/<metric>`).
         - Previews (`tracker.log_artifact("samples", ...)`) only with `preview=True`
           and a tracker; the base preview reuses the first scoring artifact.
+        - EMA: when the objective declares an `ema_decay`, the state carries
+          `ema_params`, updated in the compiled step after every optimizer step, and
+          validation scores and previews with them (`dew.steps.generation_params`).
         - The tracker is borrowed, never closed. It receives `FitStarted`,
           `CheckpointRequested`, `ProfileWindow` and `FitEnded` (`completed`,
           `failed` with the error, or `interrupted`).
@@ -221,15 +226,16 @@ class Trainer:
                         f"already holds checkpoints (steps {checkpoints.all_steps()}); resume "
                         "from the checkpoints without state=, or use a new checkpoint_dir."
                     )
-                template = TrainState.create(self.objective, self.optimizer, key=self.key)
+                template = self._initial_state()
                 state, extra = checkpoints.restore(template)
                 data_start = int(extra.get("data_start", 0))
                 saved = extra.get("early_stopping")
                 if early_stopper is not None and saved is not None:
                     stopping = EarlyStoppingState(**saved)
             elif state is None:
-                state = TrainState.create(self.objective, self.optimizer, key=self.key)
+                state = self._initial_state()
             else:  # the step donates its input: never let fit delete the caller's arrays
+                generation_params(self.objective, state)  # raises when EMA params are missing
                 state = jax.tree.map(
                     lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state
                 )
@@ -256,6 +262,11 @@ class Trainer:
         finally:
             if checkpoints is not None:
                 checkpoints.close()  # every submitted save is durable before fit returns
+
+    def _initial_state(self) -> TrainState:
+        """The state before the first step, with EMA params when the objective keeps them."""
+        ema = self.objective.ema_decay is not None
+        return TrainState.create(self.objective, self.optimizer, key=self.key, ema=ema)
 
     def _run(
         self,
@@ -434,9 +445,10 @@ class Trainer:
                 dynamic_ncols=True,
             )
         previewing = preview and tracker is not None
+        params = generation_params(self.objective, state)  # EMA params where declared
         result = run_pass(
             self.objective,
-            state.params,
+            params,
             batches,
             metric_set,
             event_key,
@@ -445,7 +457,7 @@ class Trainer:
         if previewing and result.first_batch is not None:
             preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
             artifact = self.objective.preview(
-                state.params, result.first_batch, preview_key, scored=result.first_artifact
+                params, result.first_batch, preview_key, scored=result.first_artifact
             )
             tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
         scores = result.scores
