@@ -19,7 +19,8 @@ from dew.nn.backbones.dit import DiT
 from dew.objectives.diffusion import DiffusionObjective, Sampling, sample_flow
 from dew.registry import moving_shapes, objectives, shapes
 from dew.steps import TrainState, ema_update
-from dew.tracking import InMemoryTracker
+from dew.telemetry.records import SamplingProtocol
+from dew.tracking import InMemoryTracker, LocalTracker, read_journal
 
 MU, S = 0.7, 0.3
 
@@ -456,3 +457,66 @@ def test_validation_generates_with_the_ema_params():
     np.testing.assert_array_equal(shown.generated, expected)
     live = objective.preview(state.params, batch, preview_key).generated
     assert not np.array_equal(shown.generated, live)
+
+
+# -- the sampling-protocol record ---------------------------------------------------------
+
+
+def test_a_fit_journals_its_sampling_protocol(tmp_path):
+    objective = DiffusionObjective(dit(), sampling=Sampling(solver="heun", steps=3, guidance=1.5))
+    images = np.full((5, 16, 16, 3), 0.5, np.float32)
+    labelled = {"images": images, "labels": np.zeros((5,), np.int32)}
+    data = Dataset(
+        train=lambda partition: itertools.repeat(labelled),
+        val=lambda partition: iter(
+            [labelled, {"images": images[:3], "labels": labelled["labels"][:3]}]
+        ),
+    )
+    folder = tmp_path / "tracking"
+    with LocalTracker(folder) as tracker:
+        trainer = dew.Trainer(objective, optax.adam(1e-3), jax.random.key(0))
+        trainer.fit(
+            data,
+            steps=4,
+            log_every=2,
+            eval_every=2,
+            metrics=[metrics.mse()],
+            tracker=tracker,
+            progress=False,
+        )
+    found = [
+        (step, record)
+        for name, step, record in read_journal(folder).records
+        if name == "sampling_protocol"
+    ]
+    assert [step for step, _ in found] == [0, 2, 4]
+    common = {
+        "objective": "diffusion",
+        "solver": "heun",
+        "steps": 3,
+        "guidance": 1.5,
+        "seed_domain": 0,
+        "conditioning": "class_labels",
+    }
+    assert found[0][1] == SamplingProtocol(**common)
+    for step, record in found[1:]:
+        event_key = dew.training.key_text(jax.random.fold_in(jax.random.key(0), step))
+        assert record == SamplingProtocol(
+            **common, generated_rows=8, real_rows=8, event_key=event_key
+        )
+
+
+def test_no_evaluation_reports_only_the_fit_protocol():
+    objective = DiffusionObjective(dit(num_classes=None), sampling=Sampling(steps=2))
+    tracker = InMemoryTracker()
+    trainer = dew.Trainer(objective, optax.adam(1e-3), jax.random.key(0))
+    trainer.fit(
+        constant_colour((0.5, 0.5, 0.5), rows=4),
+        steps=2,
+        log_every=1,
+        tracker=tracker,
+        progress=False,
+    )
+    ((step, record),) = tracker.artifacts["sampling_protocol"]
+    assert step == 0 and record.conditioning == "unconditional"
+    assert (record.generated_rows, record.real_rows) == (0, 0)

@@ -2,7 +2,7 @@
 
 import abc
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -13,8 +13,15 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 from dew._checks import check_ids
 from dew.artifacts import Artifact
 from dew.metrics import Metric
+from dew.telemetry.records import Record
 
-__all__ = ["AbstractObjective", "Objective", "check_token_batch", "token_log_probs"]
+__all__ = [
+    "AbstractObjective",
+    "Objective",
+    "ReportsSampling",
+    "check_token_batch",
+    "token_log_probs",
+]
 
 Batch = Mapping[str, Any]
 
@@ -110,6 +117,22 @@ class AbstractObjective(eqx.Module):
                 f"{type(generated).__name__}."
             )
         return generated
+
+
+@runtime_checkable
+class ReportsSampling(Protocol):
+    """An objective that generates the artifacts it is scored on and reports how: the
+    `Trainer` reports `sampling_record(0, event_key=None)` once per fit, at its start, and
+    `sampling_record(rows, event_key=..., batch=first batch)` with every evaluation that
+    scored `rows` real rows (`DiffusionObjective` reports a
+    `dew.telemetry.records.SamplingProtocol`)."""
+
+    def sampling_record(
+        self, real_rows: int, *, event_key: str | None, batch: Batch | None = None
+    ) -> Record:
+        """The record of a generation from `real_rows` real rows under `event_key`;
+        `batch` is the pass's first batch (`None` for the fit's record)."""
+        ...
 
 
 Objective = AbstractObjective

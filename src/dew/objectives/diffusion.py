@@ -16,6 +16,7 @@ from dew.artifacts import Clips, Images
 from dew.metrics import Metric
 from dew.nn.backbones.dit import DiT
 from dew.objectives.base import Batch, Objective, combine, trainable
+from dew.telemetry.records import SamplingProtocol
 
 __all__ = ["SOLVERS", "DiffusionObjective", "Sampling", "sample_flow"]
 
@@ -342,6 +343,25 @@ class DiffusionObjective(Objective):
         references."""
         data, labels = self._checked(batch)
         return self._artifact(self.sample(params, labels, key, rows=data.shape[0]), data)
+
+    def sampling_record(
+        self, real_rows: int, *, event_key: str | None, batch: Batch | None = None
+    ) -> SamplingProtocol:
+        """The sampling protocol of a generation from `real_rows` real rows (one sample
+        each) under `event_key` (`dew.objectives.base.ReportsSampling`): conditioned on
+        class labels when the model has classes and `batch` (if given) holds labels."""
+        labelled = self.conditional and (batch is None or "labels" in batch)
+        return SamplingProtocol(
+            objective=self.name,
+            solver=self.sampling.solver,
+            steps=self.sampling.steps,
+            guidance=float(self.sampling.guidance),
+            seed_domain=self.sampling.seed_domain,
+            conditioning="class_labels" if labelled else "unconditional",
+            generated_rows=real_rows,
+            real_rows=real_rows,
+            event_key=event_key,
+        )
 
     def default_metrics(self) -> tuple[Metric, ...]:
         """None: paired metrics (PSNR, SSIM) are meaningless for unpaired generation, and
