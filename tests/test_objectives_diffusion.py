@@ -332,6 +332,11 @@ def test_the_registry_builds_it():
     objective = objectives["diffusion"](dit(), sampling=Sampling(steps=2))
     assert isinstance(objective, DiffusionObjective) and objective.name == "diffusion"
     assert objective.default_metrics() == ()
+    # A JSON configuration writes the protocol as a mapping.
+    built = objectives["diffusion"](dit(), sampling={"solver": "heun", "steps": 3}, ema_decay=0.9)
+    assert built.sampling == Sampling(solver="heun", steps=3) and built.ema_decay == 0.9
+    with pytest.raises(ValueError, match="solver must be one of"):
+        objectives["diffusion"](dit(), sampling={"solver": "rk4"})
 
 
 # -- learning -----------------------------------------------------------------------------
@@ -414,6 +419,27 @@ def test_the_trainer_keeps_ema_params_by_the_formula():
     # Without a decay the state carries no EMA.
     plain = dew.Trainer(DiffusionObjective(dit()), optax.adam(1e-2), jax.random.key(0))
     assert plain.fit(data, steps=1, log_every=1, progress=False).ema_params is None
+
+
+def test_ema_is_the_same_fused_and_across_a_resume(tmp_path):
+    objective = DiffusionObjective(dit(), sampling=Sampling(steps=2), ema_decay=0.8)
+    data = constant_colour((0.5, 0.5, 0.5), rows=4)
+
+    def run(steps, **kwargs):
+        trainer = dew.Trainer(objective, optax.adam(1e-2), jax.random.key(0), **kwargs)
+        return trainer.fit(data, steps=steps, log_every=2, progress=False)
+
+    reference = run(4)
+    fused = dew.Trainer(objective, optax.adam(1e-2), jax.random.key(0)).fit(
+        data, steps=4, log_every=2, progress=False, steps_per_call=2
+    )
+    run(2, checkpoint_dir=tmp_path / "checkpoints")
+    resumed = run(4, checkpoint_dir=tmp_path / "checkpoints")
+    for state in (fused, resumed):
+        for got, want in zip(
+            jax.tree.leaves(state.ema_params), jax.tree.leaves(reference.ema_params), strict=True
+        ):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_state_without_ema_params_is_refused():
