@@ -397,6 +397,40 @@ def test_clips_go_through_the_same_code_path():
     assert isinstance(preview, Clips) and preview.generated.shape == (4, 4, 16, 16, 3)
 
 
+def test_a_tracker_and_previews_change_no_draw():
+    objective = DiffusionObjective(dit(), sampling=Sampling(steps=2), ema_decay=0.5)
+    data = constant_colour((0.8, 0.3, 0.1), rows=4)
+
+    def run(**kwargs):
+        trainer = dew.Trainer(objective, optax.adam(1e-2), jax.random.key(0))
+        return trainer.fit(
+            data,
+            steps=4,
+            log_every=2,
+            eval_every=2,
+            metrics=[metrics.mse()],
+            progress=False,
+            **kwargs,
+        )
+
+    alone = run()
+    tracker = InMemoryTracker()
+    watched = run(tracker=tracker, preview=True)
+    assert [step for step, _ in tracker.artifacts["samples"]] == [2, 4]
+    for got, want in zip(
+        jax.tree.leaves((watched.params, watched.ema_params)),
+        jax.tree.leaves((alone.params, alone.ema_params)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(got, want)
+    tag = "diffusion/validation/mse"
+    assert watched.metric_history[tag] == alone.metric_history[tag]
+    # Without preview=True a tracker gets no samples.
+    quiet = InMemoryTracker()
+    run(tracker=quiet)
+    assert "samples" not in quiet.artifacts
+
+
 # -- EMA ----------------------------------------------------------------------------------
 
 
