@@ -17,6 +17,7 @@ from dew.telemetry.records import (
     FitStarted,
     ProfileWindow,
     RunRecord,
+    SamplingProtocol,
     TrialFinished,
     package_versions,
     record_from_dict,
@@ -56,6 +57,18 @@ records = st.one_of(
         error=st.none() | texts,
     ),
     st.builds(TrialFinished, trial=steps, overrides=mappings, value=floats),
+    st.builds(
+        SamplingProtocol,
+        objective=texts,
+        solver=texts,
+        steps=steps,
+        guidance=floats,
+        seed_domain=steps,
+        conditioning=st.sampled_from(["class_labels", "unconditional"]),
+        generated_rows=steps,
+        real_rows=steps,
+        event_key=st.none() | texts,
+    ),
 )
 
 
@@ -269,3 +282,33 @@ def test_a_file_that_is_not_json_is_named_in_the_error(tmp_path):
     _json.write_atomic(path, '{"a": 1}\n')
     assert _json.read_json(path) == {"a": 1}
     assert [child.name for child in tmp_path.iterdir()] == ["thing.json"]
+
+
+def _protocol(**changes):
+    fields = {
+        "objective": "diffusion",
+        "solver": "euler",
+        "steps": 20,
+        "guidance": 2.0,
+        "seed_domain": 0,
+        "conditioning": "class_labels",
+    }
+    return SamplingProtocol(**{**fields, **changes})
+
+
+def test_sampling_protocol_checks_its_fields():
+    record = _protocol()
+    assert record.guidance == 2.0 and isinstance(record.guidance, float)
+    assert (record.generated_rows, record.real_rows, record.event_key) == (0, 0, None)
+    with pytest.raises(ValueError, match="conditioning 'text' is not one of 'class_labels'"):
+        _protocol(conditioning="text")
+    with rejects(
+        ValueError,
+        r"SamplingProtocol.real_rows must be an integer >= 0, got -1",
+        parameter="real_rows",
+    ):
+        _protocol(real_rows=-1)
+    with rejects(
+        TypeError, r"SamplingProtocol.guidance must be a real number, got 'x'", parameter="guidance"
+    ):
+        _protocol(guidance="x")

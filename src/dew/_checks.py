@@ -19,6 +19,7 @@ __all__ = [
     "batch_error",
     "check_ids",
     "check_integer",
+    "check_unit_interval",
     "error_if",
     "explain_failure",
     "ids_checked_on_host",
@@ -171,6 +172,28 @@ def check_ids(
         host = np.asarray(values)
         bad = (host < 0) | (host >= size)
     message = f"{subject} holds {noun}s outside [0, {size}); {allowed}."
+    return error_if(values, bad, message, first=first)
+
+
+def check_unit_interval(values: Any, *, subject: str, axes: Sequence[str]) -> Any:
+    """Check that every entry of float `values` lies in `[0, 1]` (NaN does not); return
+    `values`. Like `check_ids`, the host message names the first bad value and its
+    position along `axes`, a traced check (see `error_if`) says the same without them,
+    and under `ids_checked_on_host` no traced check is built."""
+
+    def first(index: tuple[int, ...]) -> str:
+        where = ", ".join(f"{axis} {i}" for axis, i in zip(axes, index, strict=True))
+        value = float(np.asarray(values)[index])
+        return f"{subject} holds value {value!r} at {where}; values must lie in [0, 1]."
+
+    if isinstance(values, jax.core.Tracer):
+        if _host_checked.get():
+            return values
+        bad = jnp.logical_not(jnp.logical_and(values >= 0, values <= 1))
+    else:
+        host = np.asarray(values)
+        bad = ~((host >= 0) & (host <= 1))
+    message = f"{subject} holds values outside [0, 1] (or NaN); values must lie in [0, 1]."
     return error_if(values, bad, message, first=first)
 
 

@@ -13,6 +13,7 @@ from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.nn.backbones.dit import DiT
 from dew.nn.backbones.vit import ViT
 from dew.objectives.base import Objective
+from dew.objectives.diffusion import DiffusionObjective, Sampling
 from dew.objectives.dpo import DPOObjective
 from dew.objectives.grpo import GRPOObjective
 from dew.objectives.lm import LMObjective
@@ -270,6 +271,26 @@ def _dpo(model: CausalTransformer, *, beta: float, reference: Any = None, **kwar
     return DPOObjective(model, model if reference is None else reference, beta, **kwargs)
 
 
+def _diffusion(
+    model: Any,
+    *,
+    sampling: Sampling | Mapping[str, Any] | None = None,
+    label_dropout: float = 0.1,
+    ema_decay: float | None = None,
+) -> Any:
+    """`DiffusionObjective(model, sampling=..., label_dropout=..., ema_decay=...)`;
+    `sampling` may be the mapping of a `Sampling`'s fields (as a JSON configuration
+    writes it)."""
+    if isinstance(sampling, Mapping):
+        sampling = Sampling(**sampling)
+    return DiffusionObjective(
+        model,
+        sampling=Sampling() if sampling is None else sampling,
+        label_dropout=label_dropout,
+        ema_decay=ema_decay,
+    )
+
+
 def _grpo(
     model: CausalTransformer,
     *,
@@ -295,3 +316,4 @@ objectives.register("lm", LMObjective)
 objectives.register("masked_diffusion", MaskedDiffusionObjective)
 objectives.register("dpo", _dpo)
 objectives.register("grpo", _grpo)
+objectives.register("diffusion", _diffusion)

@@ -30,7 +30,14 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 from dew.artifacts import Artifact
 from dew.objectives.base import Objective
 
-__all__ = ["MetricHistory", "TrainState", "ema_update", "eval_step", "train_step"]
+__all__ = [
+    "MetricHistory",
+    "TrainState",
+    "ema_update",
+    "eval_step",
+    "generation_params",
+    "train_step",
+]
 
 
 class MetricHistory(Mapping[str, tuple[tuple[int, float], ...]]):
@@ -162,6 +169,20 @@ def ema_update(ema_params: PyTree, params: PyTree, decay: float | Float[Array, "
         return (decay * average + (1.0 - decay) * value).astype(value.dtype)
 
     return jax.tree.map(update, ema_params, params)
+
+
+def generation_params(objective: Objective, state: TrainState) -> PyTree:
+    """The params `objective` scores and previews with: `state.ema_params` when the
+    objective declares an `ema_decay`, else the live `state.params`."""
+    if getattr(objective, "ema_decay", None) is None:
+        return state.params
+    if state.ema_params is None:
+        raise ValueError(
+            f"{type(objective).__name__} generates with EMA params (ema_decay="
+            f"{objective.ema_decay}), but the state has none; create it with "
+            "TrainState.create(..., ema=True)."
+        )
+    return state.ema_params
 
 
 def train_step(

@@ -2,7 +2,7 @@
 
 import abc
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -13,8 +13,15 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 from dew._checks import check_ids
 from dew.artifacts import Artifact
 from dew.metrics import Metric
+from dew.telemetry.records import Record
 
-__all__ = ["AbstractObjective", "Objective", "check_token_batch", "token_log_probs"]
+__all__ = [
+    "AbstractObjective",
+    "Objective",
+    "ReportsSampling",
+    "check_token_batch",
+    "token_log_probs",
+]
 
 Batch = Mapping[str, Any]
 
@@ -42,10 +49,21 @@ class AbstractObjective(eqx.Module):
     - `default_metrics()`: the metrics a run of this objective is scored with when
       none are named (`dew train`, `dew eval`); `()` for none.
 
+    An objective may also declare `ema_decay: float | None` (a static field; the base
+    says `None`). With a decay, the `Trainer` creates the state with `ema_params` and
+    updates them after every step (`dew.steps.ema_update`), and its validation passes
+    `state.ema_params` to `evaluate` and `preview` instead of the live params
+    (`dew.steps.generation_params`). Without one, both read the live params: the
+    language objectives, DPO and GRPO (whose reference model is frozen in the objective,
+    not an average of the policy) preview and score the live policy.
+
     and gets `preview(params, batch, key, scored=None)`, the artifact a tracker shows.
     """
 
     name: AbstractVar[str]
+    # The EMA contract: an objective with a decay here (a field of its own) has the
+    # Trainer keep `state.ema_params` and generate and score with them.
+    ema_decay = None  # unannotated: a subclass's own field may take its place in any order
 
     @abc.abstractmethod
     def init_params(self) -> PyTree:
@@ -99,6 +117,22 @@ class AbstractObjective(eqx.Module):
                 f"{type(generated).__name__}."
             )
         return generated
+
+
+@runtime_checkable
+class ReportsSampling(Protocol):
+    """An objective that generates the artifacts it is scored on and reports how: the
+    `Trainer` reports `sampling_record(0, event_key=None)` once per fit, at its start, and
+    `sampling_record(rows, event_key=..., batch=first batch)` with every evaluation that
+    scored `rows` real rows (`DiffusionObjective` reports a
+    `dew.telemetry.records.SamplingProtocol`)."""
+
+    def sampling_record(
+        self, real_rows: int, *, event_key: str | None, batch: Batch | None = None
+    ) -> Record:
+        """The record of a generation from `real_rows` real rows under `event_key`;
+        `batch` is the pass's first batch (`None` for the fit's record)."""
+        ...
 
 
 Objective = AbstractObjective

@@ -65,7 +65,8 @@ class DPOObjective(Objective):
     (per-position NLL, weight 1 on counted positions), so perplexity and token
     accuracy read it. `preview` continues the first `samples.num_samples` chosen
     prompts (the leading run of prompt tokens of each row, at least one token)
-    with the live policy params, never the reference, and returns `TokenRows`
+    with the live policy params (no `ema_decay`: the reference is a frozen model, not
+    an average of the policy), never the reference, and returns `TokenRows`
     whose mask marks the generated tokens. A continuation stops at
     `min(length + samples.max_new_tokens, max_seq_len)` tokens; positions after it
     hold `pad_id` (or 0).

@@ -174,7 +174,7 @@ class GRPOObjective(Objective):
     returns them as `TokenRows` (prompt then completion, the mask true on the
     completion) for a custom metric to score, e.g. with the reward. `preview` does
     the same for the first `samples.num_samples` prompts with the `samples`
-    settings, always from the live params, never the reference; it generates
+    settings, always from the live params (no `ema_decay`), never the reference; it generates
     `samples.max_new_tokens` tokens, or fewer where the prompt leaves less room
     within `max_seq_len`.
 

@@ -30,7 +30,8 @@ class LMObjective(Objective):
     `[0, vocab_size)`), and optionally per-ID `"weights"` of the same shape; a
     target is ignored where its weight is zero or where it equals `pad_id`.
     `evaluate` returns teacher-forced `TokenScores`; `preview` samples
-    continuations of prompt rows (`TokenRows`) as `samples` configures.
+    continuations of prompt rows (`TokenRows`) as `samples` configures. Both read the
+    live params (the objective declares no `ema_decay`).
 
     ```python
     >>> import jax, jax.numpy as jnp

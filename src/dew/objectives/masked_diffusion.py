@@ -122,6 +122,7 @@ class MaskedDiffusionObjective(Objective):
     `seq_len` tokens) with `sampling_steps` ancestral steps from all-masked rows
     (`ancestral_sample`), for custom text metrics. These are samples: not teacher-forced
     perplexity and not a held-out NELBO. `preview` draws `preview_count` rows the same way.
+    Both generate with the live params (the objective declares no `ema_decay`).
 
     ```python
     >>> import jax, jax.numpy as jnp

@@ -34,6 +34,7 @@ __all__ = [
     "ProfileWindow",
     "Record",
     "RunRecord",
+    "SamplingProtocol",
     "TrialFinished",
     "decode_json_value",
     "encode_json_value",
@@ -44,6 +45,7 @@ __all__ = [
 
 FitStatus = Literal["completed", "failed", "interrupted"]
 FIT_STATUSES: tuple[str, ...] = ("completed", "failed", "interrupted")
+CONDITIONINGS: tuple[str, ...] = ("class_labels", "unconditional")
 
 
 def encode_json_value(value: Any) -> Any:
@@ -230,3 +232,45 @@ class TrialFinished(Record):
         if isinstance(self.value, bool) or not isinstance(self.value, numbers.Real):
             raise TypeError(f"TrialFinished.value must be a real number, got {self.value!r}.")
         object.__setattr__(self, "value", float(self.value))
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingProtocol(Record):
+    """How a generative objective draws the samples it is scored on: what document 000
+    asks a user comparing generative scores to record.
+
+    - `objective`: the objective's name; `solver`, `steps`, `guidance`: its sampler.
+    - `seed_domain`: folded into the event's scoring keys to draw the noise.
+    - `conditioning`: `"class_labels"` (each sample conditioned on its real row's label)
+      or `"unconditional"`.
+    - `generated_rows`, `real_rows`: the rows an evaluation generated and the real rows
+      it consumed (both `0` in the record a fit reports once, at its start).
+    - `event_key`: the evaluation event's key as hex (`dew.training.key_text`), from which
+      the scoring keys derive; `None` in the fit's record.
+    """
+
+    type: ClassVar[str] = "sampling_protocol"
+    objective: str
+    solver: str
+    steps: int
+    guidance: float
+    seed_domain: int
+    conditioning: str
+    generated_rows: int = 0
+    real_rows: int = 0
+    event_key: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("steps", "seed_domain", "generated_rows", "real_rows"):
+            _check_step(f"SamplingProtocol.{name}", getattr(self, name))
+        if isinstance(self.guidance, bool) or not isinstance(self.guidance, numbers.Real):
+            raise TypeError(
+                f"SamplingProtocol.guidance must be a real number, got {self.guidance!r}."
+            )
+        object.__setattr__(self, "guidance", float(self.guidance))
+        if self.conditioning not in CONDITIONINGS:
+            allowed = ", ".join(repr(name) for name in CONDITIONINGS)
+            raise ValueError(
+                f"SamplingProtocol.conditioning {self.conditioning!r} is not one of {allowed}."
+            )

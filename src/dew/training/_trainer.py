@@ -1,7 +1,6 @@
 """`Trainer.fit`: the loop that drives the pure step functions."""
 
 import dataclasses
-import functools
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -15,7 +14,7 @@ from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
 from dew._checks import batch_error, check_integer
-from dew._domains import PREVIEW_DOMAIN, TRAIN_STEP_DOMAIN
+from dew._domains import PREVIEW_DOMAIN
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
@@ -24,56 +23,19 @@ from dew.evaluation import run_pass
 from dew.events import STEP_END, VALIDATION_END, EventSink, TrackerEventSink
 from dew.metrics import Metric, MetricSet
 from dew.naming import Split, check_name
-from dew.objectives.base import Objective
+from dew.objectives.base import Objective, ReportsSampling
 from dew.profiling import Profile
-from dew.steps import EMPTY_HISTORY, TrainState, train_step
+from dew.steps import EMPTY_HISTORY, TrainState, generation_params
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
 from dew.training._batches import _draw, _skip, _stack
+from dew.training._compiled_step import compiled_steps
 from dew.training._profile_window import ProfileWindowTracer
 
 __all__ = ["Trainer"]
 
 PREVIEW_NAME = "samples"
-
-
-def _step_function(objective_def: Any, static: Any, optimizer: optax.GradientTransformation):
-    def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: Any):
-        objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
-        state = jax.tree.unflatten(state_def, state_leaves)
-        key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_STEP_DOMAIN), state.step)
-        next_state, outputs = train_step(objective, optimizer, state, batch, key)
-        return jax.tree.leaves(next_state), outputs
-
-    return step
-
-
-def _compile_step(objective_def: Any, static: Any, optimizer: optax.GradientTransformation):
-    # The objective is partitioned and flattened once, and the state travels as a flat
-    # list of leaves with its buffers donated: a step pays no Python-level pytree
-    # flattening and adds no copies the hand-written loop lacks.
-    return jax.jit(
-        _step_function(objective_def, static, optimizer), donate_argnums=0, static_argnums=3
-    )
-
-
-def _compile_fused(objective_def: Any, static: Any, optimizer: optax.GradientTransformation):
-    """Several steps in one compiled call: a `lax.scan` of the step over stacked batches,
-    returning the last step's training metrics."""
-    step = _step_function(objective_def, static, optimizer)
-
-    def fused(state_leaves: list, batches: Any, objective_leaves: list, state_def: Any):
-        def body(leaves: list, batch: Any):
-            return step(leaves, batch, objective_leaves, state_def)
-
-        leaves, outputs = jax.lax.scan(body, state_leaves, batches)
-        return leaves, jax.tree.map(lambda value: value[-1], outputs)
-
-    return jax.jit(fused, donate_argnums=0, static_argnums=3)
-
-
-_cached_step = functools.lru_cache(maxsize=32)(_compile_step)
-_cached_fused = functools.lru_cache(maxsize=32)(_compile_fused)
+SAMPLING_RECORD = "sampling_protocol"
 
 
 def key_text(key: PRNGKeyArray) -> str:
@@ -113,12 +75,7 @@ class Trainer:
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         arrays, static = eqx.partition(objective, eqx.is_array)
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
-        try:  # Trainers of one model structure and one optimizer share a compiled step
-            self._step = _cached_step(objective_def, static, optimizer)
-            self._fused = _cached_fused(objective_def, static, optimizer)
-        except TypeError:  # an unhashable static field: compile for this Trainer alone
-            self._step = _compile_step(objective_def, static, optimizer)
-            self._fused = _compile_fused(objective_def, static, optimizer)
+        self._step, self._fused = compiled_steps(objective_def, static, optimizer)
 
     def fit(
         self,
@@ -149,9 +106,14 @@ class Trainer:
           `<stage>/validation/<metric>`).
         - Previews (`tracker.log_artifact("samples", ...)`) only with `preview=True`
           and a tracker; the base preview reuses the first scoring artifact.
+        - EMA: when the objective declares an `ema_decay`, the state carries
+          `ema_params`, updated in the compiled step after every optimizer step, and
+          validation scores and previews with them (`dew.steps.generation_params`).
         - The tracker is borrowed, never closed. It receives `FitStarted`,
           `CheckpointRequested`, `ProfileWindow` and `FitEnded` (`completed`,
-          `failed` with the error, or `interrupted`).
+          `failed` with the error, or `interrupted`), and from an objective that
+          generates what it is scored on (`ReportsSampling`: diffusion) its
+          `SamplingProtocol` once at the start and with every scored evaluation.
         - Checkpoints (needs the Trainer's `checkpoint_dir`): a save is submitted
           every `checkpoint_every` steps and at the end, asynchronously
           (`CheckpointRequested` means submitted, not durable); `fit` waits for every
@@ -221,15 +183,16 @@ class Trainer:
                         f"already holds checkpoints (steps {checkpoints.all_steps()}); resume "
                         "from the checkpoints without state=, or use a new checkpoint_dir."
                     )
-                template = TrainState.create(self.objective, self.optimizer, key=self.key)
+                template = self._initial_state()
                 state, extra = checkpoints.restore(template)
                 data_start = int(extra.get("data_start", 0))
                 saved = extra.get("early_stopping")
                 if early_stopper is not None and saved is not None:
                     stopping = EarlyStoppingState(**saved)
             elif state is None:
-                state = TrainState.create(self.objective, self.optimizer, key=self.key)
+                state = self._initial_state()
             else:  # the step donates its input: never let fit delete the caller's arrays
+                generation_params(self.objective, state)  # raises when EMA params are missing
                 state = jax.tree.map(
                     lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state
                 )
@@ -256,6 +219,11 @@ class Trainer:
         finally:
             if checkpoints is not None:
                 checkpoints.close()  # every submitted save is durable before fit returns
+
+    def _initial_state(self) -> TrainState:
+        """The state before the first step, with EMA params when the objective keeps them."""
+        ema = self.objective.ema_decay is not None
+        return TrainState.create(self.objective, self.optimizer, key=self.key, ema=ema)
 
     def _run(
         self,
@@ -354,6 +322,9 @@ class Trainer:
         with engine.reporting_fit(
             start=start, steps=steps, completed=lambda: _completed(current(), step)
         ):
+            if isinstance(self.objective, ReportsSampling):  # its protocol, once per fit
+                record = self.objective.sampling_record(0, event_key=None)
+                engine.record(SAMPLING_RECORD, record, start)
             try:
                 if step < steps and not done_before:  # a finished run draws no batch
                     batches = _skip(iter(data.train(Partition.current())), start - data_start)
@@ -434,9 +405,10 @@ class Trainer:
                 dynamic_ncols=True,
             )
         previewing = preview and tracker is not None
+        params = generation_params(self.objective, state)  # EMA params where declared
         result = run_pass(
             self.objective,
-            state.params,
+            params,
             batches,
             metric_set,
             event_key,
@@ -445,7 +417,7 @@ class Trainer:
         if previewing and result.first_batch is not None:
             preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
             artifact = self.objective.preview(
-                state.params, result.first_batch, preview_key, scored=result.first_artifact
+                params, result.first_batch, preview_key, scored=result.first_artifact
             )
             tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
         scores = result.scores
@@ -453,6 +425,11 @@ class Trainer:
             f"evaluation/coordinated_batches {result.batches}  evaluation/records "
             f"{result.records}  evaluation/uneven_shards False  event key {key_text(event_key)}"
         )
+        if scores and isinstance(self.objective, ReportsSampling):  # it generated: report how
+            record = self.objective.sampling_record(
+                result.records, event_key=key_text(event_key), batch=result.first_batch
+            )
+            engine.record(SAMPLING_RECORD, record, step)
         if not scores:
             if progress:
                 engine.print(f"step {step}  empty validation pass  {counts}")
