@@ -101,3 +101,38 @@ def test_dew_eval_imports_no_private_module():
         if isinstance(node, ast.ImportFrom) and node.module
     ]
     assert imported and not [name for name in imported if "._" in name or "dew._" in name]
+
+
+def test_evaluate_run_restores_an_ema_objective_and_scores_with_its_ema_params(tmp_path):
+    from dew.data import Partition
+    from dew.evaluation import evaluate
+
+    dit = {"image_size": 16, "patch_size": 4, "channels": 3, "width": 16, "depth": 1}
+    config = RunConfig(
+        model=ModelConfig("dit", {**dit, "heads": 2, "num_classes": 3}),
+        objective=ObjectiveConfig("diffusion", {"ema_decay": 0.5, "sampling": {"steps": 2}}),
+        data=datasets["shapes"](rows=40, val_fraction=0.2),
+        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
+        trainer=TrainerConfig(
+            name="ema",
+            checkpoint_dir=str(tmp_path),
+            steps=4,
+            batch_size=8,
+            log_every=2,
+            eval_every=None,
+            checkpoint_every=2,
+        ),
+    )
+    state = config.train(progress=False)
+    assert state.ema_params is not None
+    mse = (metrics.mse(),)
+    result = evaluate_run(tmp_path / "ema", metrics=mse)
+    objective = config.objective.build(config.model.build(key=jax.random.key(0)))
+    data = config.data.build(batch_size=8, seed=config.trainer.seed)
+
+    def score(params):
+        batches = data.val(Partition())
+        return evaluate(objective, params, batches, metrics=mse, key=result.key).scores["mse"]
+
+    assert result.scores["mse"] == score(state.ema_params)
+    assert result.scores["mse"] != score(state.params)

@@ -16,7 +16,7 @@ from dew.config._recipe import build_objective, is_uri, run_folder
 from dew.data import Partition
 from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
-from dew.steps import TrainState
+from dew.steps import TrainState, generation_params
 
 __all__ = ["default_metrics", "evaluate_run"]
 
@@ -45,7 +45,12 @@ def evaluate_run(
     seed = jax.random.key(config.trainer.seed)
     objective = build_objective(config, None, jax.random.fold_in(seed, MODEL_DOMAIN))
     run_key = jax.random.fold_in(seed, RUN_DOMAIN)
-    template = TrainState.create(objective, config.optim.build(config.trainer.steps), key=run_key)
+    template = TrainState.create(
+        objective,
+        config.optim.build(config.trainer.steps),
+        key=run_key,
+        ema=getattr(objective, "ema_decay", None) is not None,
+    )
     checkpoints: Any = folder / "checkpoints"
     if is_uri(config.trainer.checkpoint_dir) and config.trainer.name is not None:
         checkpoints, _ = run_folder(config, config.trainer.name)  # the run's remote store
@@ -64,7 +69,7 @@ def evaluate_run(
     step = int(state.step)
     return evaluate(
         objective,
-        state.params,
+        generation_params(objective, state),
         data.val(Partition.current()),
         metrics=objective.default_metrics() if metrics is None else metrics,
         key=jax.random.fold_in(run_key, step),  # the evaluation event's key at `step`
