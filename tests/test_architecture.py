@@ -7,7 +7,13 @@ import dew
 
 ROOT = pathlib.Path(dew.__file__).parent
 CORE = ("naming", "artifacts", "metrics", "objectives", "nn", "steps", "telemetry")
-GROUND = ("_checks", "_domains", "_nonfinite", "_json")  # below the core: import no dew module
+GROUND = (
+    "_checks",
+    "_domains",
+    "_nonfinite",
+    "_json",
+    "_interrupts",
+)  # below the core: import no dew module
 SHELL = (
     "training",
     "evaluation",

@@ -330,3 +330,25 @@ def test_a_batch_that_disagrees_with_the_declared_batch_size_names_its_step(obje
 def test_a_dataset_batch_larger_than_its_records_is_refused():
     with pytest.raises(ValueError, match=r"Dataset\.batch=9 is more than Dataset\.records=8"):
         Dataset(train=lambda partition: iter([]), records=8, batch=9)
+
+
+def test_a_ctrl_c_that_a_finalizer_swallowed_still_stops_the_fit(objective):
+    import os
+    import signal
+
+    def batches(partition):
+        for step in itertools.count(1):
+            if step == 3:
+                try:  # what Python does when SIGINT lands in a __del__ or weakref callback
+                    os.kill(os.getpid(), signal.SIGINT)
+                except KeyboardInterrupt:
+                    pass
+            yield {"text": TRAIN}
+
+    tracker = InMemoryTracker()
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit(Dataset(train=batches), steps=50, log_every=1, tracker=tracker, progress=False)
+    (ended,) = [record for _, record in tracker.artifacts["fit_ended"]]
+    assert (ended.status, ended.step) == ("interrupted", 3)  # it stops after that step
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

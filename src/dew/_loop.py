@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
+from dew._interrupts import InterruptLatch
 from dew.events import BEST_MODEL, EARLY_STOP, Decision, EventSink, TrainingEvent
 from dew.naming import Split, metric_tag
 from dew.steps import MetricHistory, TrainState
@@ -69,6 +70,7 @@ class LoopEngine:
             stopping = early_stopper.init()
         self.stopping = stopping
         self.progress = progress
+        self._latch = InterruptLatch()
         self.bar = tqdm(
             total=total,
             initial=initial,
@@ -152,7 +154,8 @@ class LoopEngine:
             self.bar.write(line)
 
     def advance(self, units: int = 1) -> None:
-        """Move the progress bar."""
+        """Move the progress bar; raise a Ctrl-C that arrived during the step and was lost."""
+        self._latch.check()
         self.bar.update(units)
 
     # -- records ---------------------------------------------------------------------------
@@ -189,7 +192,8 @@ class LoopEngine:
             self._record_ending(ended, error)
             raise
         try:
-            yield self
+            with self._latch:
+                yield self
         except KeyboardInterrupt as error:
             done = completed()
             self._record_ending(FitEnded("interrupted", done), error)
