@@ -199,6 +199,11 @@ def train_step(
     Pure: jit it with `donate_argnums` on the state to update buffers in place.
     With `ema_decay`, `state.ema_params` is updated as well.
     """
+    if ema_decay is not None and state.ema_params is None:
+        raise ValueError(
+            "train_step got ema_decay but the state has no ema_params; "
+            "create it with TrainState.create(..., ema=True)."
+        )
     (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(state.params, batch, key)
     # optax's transforms mix Python floats with int32 step counts (Adam's bias
     # correction), which a caller's strict dtype promotion would refuse.
@@ -207,11 +212,6 @@ def train_step(
         params = optax.apply_updates(state.params, updates)
     ema_params = state.ema_params
     if ema_decay is not None:
-        if ema_params is None:
-            raise ValueError(
-                "train_step got ema_decay but the state has no ema_params; "
-                "create it with TrainState.create(..., ema=True)."
-            )
         ema_params = ema_update(ema_params, params, ema_decay)
     next_state = TrainState(
         step=state.step + 1,
