@@ -333,16 +333,16 @@ def test_a_dataset_batch_larger_than_its_records_is_refused():
 
 
 def test_a_ctrl_c_that_a_finalizer_swallowed_still_stops_the_fit(objective):
+    import contextlib
     import os
     import signal
 
     def batches(partition):
         for step in itertools.count(1):
             if step == 3:
-                try:  # what Python does when SIGINT lands in a __del__ or weakref callback
+                # What Python does when SIGINT lands in a __del__ or weakref callback:
+                with contextlib.suppress(KeyboardInterrupt):
                     os.kill(os.getpid(), signal.SIGINT)
-                except KeyboardInterrupt:
-                    pass
             yield {"text": TRAIN}
 
     tracker = InMemoryTracker()
