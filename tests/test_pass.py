@@ -248,3 +248,23 @@ def test_a_bad_id_is_named_for_host_and_device_batches_alike(objective):
     with pytest.raises(ValueError, match=message) as caught:
         evaluate(objective, params, on_device, metrics=[metrics.perplexity()], key=key)
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_passes_of_one_objective_and_metric_set_share_one_plan(objective, monkeypatch):
+    from dew import _pass
+
+    built = []
+    original = _pass._Plan.__init__
+
+    def counting(self, *args):
+        built.append(1)
+        original(self, *args)
+
+    monkeypatch.setattr(_pass._Plan, "__init__", counting)
+    params = objective.init_params()
+    perplexity = MetricSet([metrics.perplexity()])
+    key = jax.random.key(0)
+    first = [run_pass(objective, params, _batches(s), perplexity, key) for s in (1, 2)]
+    assert len(built) == 1 and first[0].scores != first[1].scores
+    again = run_pass(objective, params, _batches(1), perplexity, jax.random.key(0))
+    assert again.scores == first[0].scores  # a reused plan starts from an empty accumulator

@@ -149,40 +149,102 @@ def _init(metric_leaves: list, metrics_def: Any, metrics_static: Any) -> Any:
     return eqx.combine(jax.tree.unflatten(metrics_def, metric_leaves), metrics_static).init()
 
 
-@functools.partial(jax.jit, static_argnums=2)
 def _finalize(accumulator: list, metric_leaves: list, spec: _Spec) -> dict[str, Any]:
     metrics = spec.metrics(metric_leaves)
     return metrics.finalize(jax.tree.unflatten(spec.accumulator_def, accumulator))
 
 
+@functools.lru_cache(maxsize=64)
+def _finalizer(spec: _Spec) -> Callable[..., Any]:
+    """The compiled finalize of one spec, bound (not a static argument hashed per call)."""
+    return jax.jit(functools.partial(_finalize, spec=spec))
+
+
+@jax.jit
+def _fresh(leaves: list) -> list:
+    """New buffers holding `leaves` (a pass's accumulator is donated call by call)."""
+    return [leaf.copy() for leaf in leaves]
+
+
+class _Plan:
+    """What every pass of one (objective, device metric set, params structure) reuses:
+    the compiled calls, the objective's and metrics' leaves, the empty accumulator."""
+
+    def __init__(self, objective: Objective, metrics: MetricSet, params_def: Any) -> None:
+        self.updates, self.objective_leaves = _update_for(objective)
+        metric_arrays, metrics_static = eqx.partition(metrics, eqx.is_array)
+        self.metric_leaves, metrics_def = jax.tree.flatten(metric_arrays)
+        initial = _init(self.metric_leaves, metrics_def, metrics_static)
+        self.initial, accumulator_def = jax.tree.flatten(initial)
+        self.spec = _Spec(accumulator_def, params_def, metrics_def, metrics_static, keep=False)
+        self.finalize = _finalizer(self.spec)
+        self.variants: dict[tuple[bool, bool], Callable[..., Any]] = {}
+        # Bound once: looking a method up on an Equinox module costs ~30 us, a quarter
+        # of a small batch's whole call.
+        self.check_batch = objective.check_batch
+
+    def variant(self, keep: bool, checked_on_host: bool) -> Callable[..., Any]:
+        variant = self.variants.get((keep, checked_on_host))
+        if variant is None:
+            spec = dataclasses.replace(self.spec, keep=keep, checked_on_host=checked_on_host)
+            variant = self.variants[keep, checked_on_host] = self.updates(spec)
+        return variant
+
+
+# Plans and host/device splits found by the identity of their (immutable) objective and
+# metric set, as `_updates` finds compiled calls: building them costs a small pass's time.
+_plans: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, dict[Any, _Plan]]] = {}
+_splits: dict[int, tuple[weakref.ref, tuple[MetricSet, MetricSet]]] = {}
+
+
+def _plan_for(objective: Objective, metrics: MetricSet, params_def: Any) -> _Plan:
+    identity = (id(objective), id(metrics))
+    entry = _plans.get(identity)
+    if entry is None or entry[0]() is not objective or entry[1]() is not metrics:
+        try:
+            forget = lambda _: _plans.pop(identity, None)  # noqa: E731
+            entry = (weakref.ref(objective, forget), weakref.ref(metrics, forget), {})
+        except TypeError:  # not weakly referenceable: plan this pass alone
+            return _Plan(objective, metrics, params_def)
+        _plans[identity] = entry
+    plan = entry[2].get(params_def)
+    if plan is None:
+        plan = entry[2][params_def] = _Plan(objective, metrics, params_def)
+    return plan
+
+
+def _split(metrics: MetricSet) -> tuple[MetricSet, MetricSet]:
+    """`metrics.split_by_host()`, remembered for the metric set's lifetime."""
+    entry = _splits.get(id(metrics))
+    if entry is not None and entry[0]() is metrics:
+        return entry[1]
+    split = metrics.split_by_host()
+    identity = id(metrics)
+    try:
+        reference = weakref.ref(metrics, lambda _: _splits.pop(identity, None))
+    except TypeError:
+        return split
+    _splits[identity] = (reference, split)
+    return split
+
+
 class _Reducer:
-    """The compiled calls of one pass of (objective, params, device metrics)."""
+    """One pass's accumulator over the compiled calls of its plan."""
 
     def __init__(
         self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
     ) -> None:
         self.metrics = metrics
         self.key = key
-        updates, self.objective_leaves = _update_for(objective)
         self.params, params_def = jax.tree.flatten(params)
-        metric_arrays, metrics_static = eqx.partition(metrics, eqx.is_array)
-        self.metric_leaves, metrics_def = jax.tree.flatten(metric_arrays)
-        initial = _init(self.metric_leaves, metrics_def, metrics_static)
-        self.accumulator, accumulator_def = jax.tree.flatten(initial)
-        self.spec = _Spec(accumulator_def, params_def, metrics_def, metrics_static, keep=False)
-        self.objective = objective
-        # Bound once: looking a method up on an Equinox module costs ~30 us, a quarter
-        # of a small batch's whole call.
-        self.check_batch = objective.check_batch
-        self.updates = updates
-        self.variants: dict[tuple[bool, bool], Callable[..., Any]] = {}
+        plan = _plan_for(objective, metrics, params_def)
+        self.plan = plan
+        self.objective_leaves, self.metric_leaves = plan.objective_leaves, plan.metric_leaves
+        self.spec, self.check_batch = plan.spec, plan.check_batch
+        self.accumulator = _fresh(plan.initial)
 
     def _variant(self, keep: bool, checked_on_host: bool) -> Callable[..., Any]:
-        variant = self.variants.get((keep, checked_on_host))
-        if variant is None:
-            spec = dataclasses.replace(self.spec, keep=keep, checked_on_host=checked_on_host)
-            variant = self.variants[keep, checked_on_host] = self.updates(spec)
-        return variant
+        return self.plan.variant(keep, checked_on_host)
 
     def add(self, batch: Mapping[str, Any], index: int, keep: bool) -> Artifact | None:
         """Score `batch` and merge its statistics; the artifact when `keep`."""
@@ -206,7 +268,7 @@ class _Reducer:
         if not self.metrics.metrics:
             return {}
         try:  # fetched here: a check that fires in the call may surface only at the fetch
-            return jax.device_get(_finalize(self.accumulator, self.metric_leaves, self.spec))
+            return jax.device_get(self.plan.finalize(self.accumulator, self.metric_leaves))
         except (RuntimeError, ValueError):  # a check fired: raise dew's own error eagerly
             state = jax.tree.unflatten(self.spec.accumulator_def, self.accumulator)
             return self.metrics.finalize(state)
@@ -231,9 +293,11 @@ def run_pass(
     When a compiled call fails (a check inside it fired), the objective's host-side
     checks run on that batch and their `ValueError` is raised instead (`explain_failure`).
     """
-    device, host = metrics.split_by_host()
-    reducer = _Reducer(objective, params, device, key) if metrics.names else None
-    host_state = host.init()
+    device, host = _split(metrics)
+    names = metrics.names
+    reducer = _Reducer(objective, params, device, key) if names else None
+    on_host = bool(host.metrics)
+    host_state = host.init() if on_host else None
     first_artifact = first_batch = None
     count = records = 0
     for index, batch in enumerate(batches):
@@ -241,16 +305,20 @@ def run_pass(
         if first_batch is None:
             first_batch = batch
         if reducer is not None:
-            keep = bool(host.metrics) or (index == 0 and keep_first_artifact)
-            with explain_failure(objective, batch):
+            keep = on_host or (index == 0 and keep_first_artifact)
+            try:
                 artifact = reducer.add(batch, index, keep)
+            except Exception:  # a check fired in the call: raise the objective's own error
+                with explain_failure(objective, batch):
+                    raise
             if index == 0 and keep:
                 first_artifact = artifact
-            if host.metrics:
+            if on_host:
                 host_state = host.update(host_state, artifact)
         count += 1
     if count == 0 or reducer is None:
         return PassResult({}, count, records, first_artifact, first_batch)
-    values = jax.device_get(reducer.finalize() | host.finalize(host_state))
-    scores = {name: float(values[name]) for name in metrics.names}
+    host_values = host.finalize(host_state) if on_host else {}
+    values = jax.device_get(reducer.finalize() | host_values)
+    scores = {name: float(values[name]) for name in names}
     return PassResult(scores, count, records, first_artifact, first_batch)
