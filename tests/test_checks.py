@@ -1,5 +1,6 @@
 """dew._checks: the integer check, host-or-traced array checks and the failure translator."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,7 @@ from dew._checks import (
     check_integer,
     error_if,
     explain_failure,
+    failed_check,
 )
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
@@ -123,3 +125,35 @@ def test_batch_error_reads_the_batches_only_on_failure_and_finds_the_first_bad_o
     assert batch_error(OBJECTIVE, [{"tokens": clean["text"]}]) is None  # a check that cannot run
     with explain_failure(OBJECTIVE, _bad_batch()):  # nothing raised: nothing checked
         pass
+
+
+def _failure_at_fetch(message):
+    """The error a compiled `eqx.error_if` check raises wherever its output is fetched."""
+    failing = jax.jit(lambda x: eqx.error_if(x, x > 0, message))
+    try:
+        jax.device_get(failing(jnp.ones(())) + 1)
+    except Exception as error:
+        return error
+    raise AssertionError("the check did not fire")
+
+
+def test_failed_check_reads_the_traced_message_from_the_runtime_error():
+    message = "Thing: batch['x'] holds values outside [0, 1] (or NaN); values must lie in [0, 1]."
+    error = _failure_at_fetch(message)
+    assert "Equinox" in str(error)  # the raw text is JAX's and Equinox's
+    assert str(failed_check(error)) == message
+    wrapped = RuntimeError("outer")
+    wrapped.__cause__ = error
+    assert str(failed_check(wrapped)) == message  # found along the cause chain
+    assert failed_check(RuntimeError("a real bug")) is None
+
+
+def test_explain_failure_falls_back_on_the_traced_message_when_the_batches_pass():
+    clean = {"text": np.zeros((2, 9), np.int32)}
+    error = _failure_at_fetch("LMObjective: something traced went wrong.")
+    with (
+        pytest.raises(ValueError, match=r"^LMObjective: something traced") as caught,
+        explain_failure(OBJECTIVE, clean),
+    ):
+        raise error
+    assert caught.value.__suppress_context__

@@ -268,3 +268,28 @@ def test_passes_of_one_objective_and_metric_set_share_one_plan(objective, monkey
     assert len(built) == 1 and first[0].scores != first[1].scores
     again = run_pass(objective, params, _batches(1), perplexity, jax.random.key(0))
     assert again.scores == first[0].scores  # a reused plan starts from an empty accumulator
+
+
+def test_a_check_that_surfaces_only_at_the_final_fetch_is_still_a_value_error(monkeypatch):
+    """On an asynchronous backend a failed traced check may raise only where the pass fetches
+    its result, after the failing batch's call returned: the pass re-checks its last batch,
+    and otherwise raises the check's own traced message, never JAX's runtime text."""
+    message = "LMObjective: batch['text'] holds token IDs outside [0, 4); traced."
+    failing = jax.jit(lambda x: eqx.error_if(x, x > 0, message))
+    original = _Reducer.finalize
+
+    def finalize_poisoned(self):
+        values = original(self)
+        return {name: failing(jnp.ones(())) + value for name, value in values.items()}
+
+    monkeypatch.setattr(_Reducer, "finalize", finalize_poisoned)
+    model = CausalTransformer(4, 16, 1, 2, 32, 16, key=jax.random.key(0))
+    objective = LMObjective(model, seq_len=8)
+    clean = {"text": jnp.zeros((2, 9), jnp.int32)}
+    params, key, scored = objective.init_params(), jax.random.key(0), [metrics.perplexity()]
+    with pytest.raises(ValueError, match=r"outside \[0, 4\); traced") as caught:
+        evaluate(objective, params, [clean], metrics=scored, key=key)
+    assert str(caught.value) == message
+    bad = {"text": jnp.full((2, 9), 7, jnp.int32)}  # the last batch explains itself
+    with pytest.raises(ValueError, match=r"holds token ID 7 at row 0, position 0"):
+        evaluate(objective, params, [clean, bad], metrics=scored, key=key)

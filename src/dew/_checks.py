@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 import logging
 import numbers
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "check_unit_interval",
     "error_if",
     "explain_failure",
+    "failed_check",
     "ids_checked_on_host",
 ]
 
@@ -250,8 +252,38 @@ def explain_failure(objective: Any, batches: Iterable[Any] | Mapping[str, Any]) 
     """
     try:
         yield
-    except Exception:
-        explained = batch_error(objective, batches)
+    except Exception as error:
+        explained = batch_error(objective, batches) or failed_check(error)
         if explained is None:
             raise
         raise explained from None
+
+
+_CHECK_MESSAGE = re.compile(
+    r"(?:_EquinoxRuntimeError|equinox\.EquinoxRuntimeError): (.+?)\n\n+-{10,}", re.DOTALL
+)
+
+
+def failed_check(error: BaseException) -> ValueError | None:
+    """The `ValueError` of a traced `error_if` check that `error` (a compiled call's
+    failure, raised at the call or wherever its outputs were fetched) carries, or
+    `None` when it carries none. Its message is the check's own traced message: the
+    fallback when the batch that failed is no longer at hand to re-check on the host.
+
+    ```python
+    >>> import equinox as eqx, jax, jax.numpy as jnp
+    >>> check = jax.jit(lambda x: eqx.error_if(x, x > 0, "x must be <= 0."))
+    >>> try:
+    ...     jax.device_get(check(jnp.ones(())))
+    ... except Exception as error:
+    ...     print(failed_check(error))
+    x must be <= 0.
+
+    ```
+    """
+    while error is not None:
+        found = _CHECK_MESSAGE.search(str(error))
+        if found:
+            return ValueError(found.group(1).strip())
+        error = error.__cause__ or error.__context__
+    return None

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jaxtyping import ArrayLike, Int, PRNGKeyArray, PyTree
 
-from dew._checks import explain_failure, ids_checked_on_host
+from dew._checks import batch_error, explain_failure, failed_check, ids_checked_on_host
 from dew._domains import SCORING_DOMAIN
 from dew.artifacts import Artifact
 from dew.metrics import MetricSet
@@ -267,11 +267,7 @@ class _Reducer:
     def finalize(self) -> dict[str, Any]:
         if not self.metrics.metrics:
             return {}
-        try:  # fetched here: a check that fires in the call may surface only at the fetch
-            return jax.device_get(self.plan.finalize(self.accumulator, self.metric_leaves))
-        except (RuntimeError, ValueError):  # a check fired: raise dew's own error eagerly
-            state = jax.tree.unflatten(self.spec.accumulator_def, self.accumulator)
-            return self.metrics.finalize(state)
+        return self.plan.finalize(self.accumulator, self.metric_leaves)
 
 
 def run_pass(
@@ -292,6 +288,8 @@ def run_pass(
     `keep_first_artifact` returns the first batch's scoring artifact (for a preview).
     When a compiled call fails (a check inside it fired), the objective's host-side
     checks run on that batch and their `ValueError` is raised instead (`explain_failure`).
+    A failure that surfaces only at the final fetch re-checks the last batch, else raises
+    the traced check's own message (`failed_check`).
     """
     device, host = _split(metrics)
     names = metrics.names
@@ -306,19 +304,25 @@ def run_pass(
             first_batch = batch
         if reducer is not None:
             keep = on_host or (index == 0 and keep_first_artifact)
-            try:
+            try:  # a host metric fetches the artifact: a failed call surfaces there
                 artifact = reducer.add(batch, index, keep)
+                if on_host:
+                    host_state = host.update(host_state, artifact)
             except Exception:  # a check fired in the call: raise the objective's own error
                 with explain_failure(objective, batch):
                     raise
             if index == 0 and keep:
                 first_artifact = artifact
-            if on_host:
-                host_state = host.update(host_state, artifact)
         count += 1
     if count == 0 or reducer is None:
         return PassResult({}, count, records, first_artifact, first_batch)
     host_values = host.finalize(host_state) if on_host else {}
-    values = jax.device_get(reducer.finalize() | host_values)
+    try:  # fetched here: a check that fired in a call may surface only at the fetch
+        values = jax.device_get(reducer.finalize() | host_values)
+    except Exception as error:  # the last batch re-checked, else the check's own message
+        explained = batch_error(objective, batch) or failed_check(error)
+        if explained is None:
+            raise
+        raise explained from None
     scores = {name: float(values[name]) for name in names}
     return PassResult(scores, count, records, first_artifact, first_batch)

@@ -13,7 +13,7 @@ import optax
 from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
-from dew._checks import batch_error, check_integer
+from dew._checks import batch_error, check_integer, failed_check
 from dew._domains import PREVIEW_DOMAIN
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._loop import LoopEngine, with_history
@@ -369,8 +369,8 @@ class Trainer:
                     if stop:
                         break
                 jax.block_until_ready(leaves)  # a failure of the last steps surfaces here
-            except Exception:
-                explained = batch_error(self.objective, unsynced)
+            except Exception as error:
+                explained = batch_error(self.objective, unsynced) or failed_check(error)
                 if explained is None:  # the batches are fine: a real error, unchanged
                     raise
                 raise explained from None
