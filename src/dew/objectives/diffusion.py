@@ -326,5 +326,10 @@ class DiffusionObjective(Objective):
         rows = min(PREVIEW_ROWS, data.shape[0])
         labels = None if labels is None else labels[:rows]
         preview_key = jax.random.fold_in(key, PREVIEW_DOMAIN)
-        generated = self.sample(params, labels, preview_key, rows=rows)
+        # Compiled once per objective structure: the Trainer previews outside any jit, where
+        # the sampler's loop would otherwise be traced and compiled again at every event.
+        generated = _compiled_sample(self, params, labels, preview_key, rows=rows)
         return self._artifact(generated, data[:rows])
+
+
+_compiled_sample = eqx.filter_jit(DiffusionObjective.sample)
