@@ -41,8 +41,9 @@ EVENTS = [2, 4]  # the evaluation events of a fit: one preview each
 WIDTH = 32  # the backbones' width: a JEPA representation's dimensions
 KEY = jax.random.key(0)
 OPTIMIZER = optax.adam(1e-3)  # one object, so the fits of a case share their compiled step
-EXTRAS = {name: importlib.util.find_spec(name) is not None for name in ("tensorboard", "mlflow")}
-EXTRAS["wandb"] = importlib.util.find_spec("wandb") is not None
+EXTRAS = {
+    name: importlib.util.find_spec(name) is not None for name in ("tensorboard", "mlflow", "wandb")
+}
 
 
 def _dit(frames=None):
@@ -61,12 +62,12 @@ def _dit(frames=None):
 
 def _images():
     objective = DiffusionObjective(_dit(), sampling=Sampling(steps=2), ema_decay=0.5)
-    return objective, shapes(rows=48, val_fraction=0.25, batch_size=8, seed=0), [metrics.psnr()]
+    return objective, shapes(rows=40, val_fraction=0.2, batch_size=8, seed=0), [metrics.psnr()]
 
 
 def _clips():
     objective = DiffusionObjective(_dit(frames=4), sampling=Sampling(steps=2), ema_decay=0.5)
-    data = moving_shapes(rows=48, val_fraction=0.25, batch_size=8, seed=0)
+    data = moving_shapes(rows=40, val_fraction=0.2, batch_size=8, seed=0)
     return objective, data, [metrics.video_psnr()]
 
 
@@ -83,7 +84,7 @@ def _jepa():
         masks=jepa.BlockMasks(targets=2, height=2, width=2),
         probe_classes=3,
     )
-    data = shapes(rows=48, val_fraction=0.25, batch_size=8, seed=0)
+    data = shapes(rows=40, val_fraction=0.2, batch_size=8, seed=0)
     return objective, data, list(objective.default_metrics())
 
 
@@ -127,7 +128,10 @@ def fit(request, tmp_path_factory):
     """One case's fits and what its previews must show.
 
     - `watched`: the fit reporting to every tracker with `preview=True`;
-    - `alone`: the same fit without a tracker; `quiet`: with a tracker, no previews;
+    - `alone`: the same fit without a tracker; `quiet`: with a tracker, no previews
+      (`quiet_tracker` kept what it was told);
+    - `shown`: per evaluation event, the preview artifact the trackers were given (an
+      `InMemoryTracker` among them kept it): what each tracker's files must decode to;
     - `expected`: per evaluation event, the preview recomputed from the params the
       event read (the fit's EMA params at that step) and its first validation batch.
     """
@@ -151,9 +155,9 @@ def fit(request, tmp_path_factory):
     with Trackers(*trackers.values()) as tracker:
         watched = run(tracker=tracker, preview=True)
     alone = run()
-    quiet = InMemoryTracker()
-    with Trackers(quiet, LocalTracker(folder / "quiet")) as tracker:
-        run(tracker=tracker)
+    quiet_tracker = InMemoryTracker()
+    with Trackers(quiet_tracker, LocalTracker(folder / "quiet")) as tracker:
+        quiet = run(tracker=tracker)
     batch = next(iter(data.val(Partition())))
     expected = {}
     for step in EVENTS:
@@ -169,7 +173,9 @@ def fit(request, tmp_path_factory):
         watched=watched,
         alone=alone,
         quiet=quiet,
+        quiet_tracker=quiet_tracker,
         batch=batch,
+        shown=dict(trackers["memory"].artifacts["samples"]),
         expected=expected,
     )
 
@@ -208,21 +214,23 @@ def test_one_preview_per_evaluation_event_holding_the_fits_samples(fit):
 
 
 def test_a_fit_without_preview_true_previews_nothing(fit):
-    assert "samples" not in fit.quiet.artifacts
+    assert "samples" not in fit.quiet_tracker.artifacts
     assert read_journal(fit.folder / "quiet").artifacts == []
     assert not (fit.folder / "quiet" / "previews").exists()
     # The fit did evaluate: its scores reached the tracker.
-    assert any(tag.startswith(f"{fit.objective.name}/validation/") for tag in fit.quiet.scalars)
+    tags = fit.quiet_tracker.scalars
+    assert any(tag.startswith(f"{fit.objective.name}/validation/") for tag in tags)
 
 
 def test_a_tracker_with_previews_changes_no_draw(fit):
-    for got, want in zip(
-        jax.tree.leaves((fit.watched.params, fit.watched.ema_params)),
-        jax.tree.leaves((fit.alone.params, fit.alone.ema_params)),
-        strict=True,
-    ):
-        np.testing.assert_array_equal(got, want)
-    assert fit.watched.metric_history == fit.alone.metric_history
+    for state in (fit.watched, fit.quiet):
+        for got, want in zip(
+            jax.tree.leaves((state.params, state.ema_params)),
+            jax.tree.leaves((fit.alone.params, fit.alone.ema_params)),
+            strict=True,
+        ):
+            np.testing.assert_array_equal(got, want)
+        assert state.metric_history == fit.alone.metric_history
     scores = [tag for tag in fit.alone.metric_history if "/validation/" in tag]
     assert scores and all(len(fit.alone.metric_history[tag]) == len(EVENTS) for tag in scores)
 
@@ -249,7 +257,7 @@ def _check_gif(content, frames):
 
 def _check_media(fit, step, contents):
     """`contents`: the encoded files of one event's preview, by row."""
-    generated = to_uint8(fit.expected[step].generated)
+    generated = to_uint8(fit.shown[step].generated)
     assert len(contents) == len(generated)
     for content, pixels in zip(contents, generated, strict=True):
         (_check_png if fit.name == "images" else _check_gif)(content, pixels)
@@ -258,15 +266,21 @@ def _check_media(fit, step, contents):
 def _check_spread(fit, step, counts, edges):
     """`counts` and bin `edges` of one event's histogram (TensorBoard keeps the upper
     edges only: `edges` may lack the first)."""
-    expected = histogram(fit.expected[step].features)
+    expected = histogram(fit.shown[step].features)
     assert sum(counts) == expected["dimensions"] == WIDTH
     assert list(counts) == expected["counts"]
     np.testing.assert_allclose(edges, expected["edges"][-len(edges) :], rtol=1e-5)
     assert len(edges) >= len(counts)
 
 
-def _suffix(fit):
-    return {"images": "png", "clips": "gif", "jepa": "json"}[fit.name]
+def _parts(fit):
+    """The last segments of one event's preview tags and files: one per sample (as many as
+    the recomputed preview generated), or the histogram's."""
+    if fit.name == "jepa":
+        return ["spread"], ["histogram.json"]
+    suffix = "png" if fit.name == "images" else "gif"
+    rows = range(len(fit.shown[STEPS].generated))
+    return [str(row) for row in rows], [f"{row}.{suffix}" for row in rows]
 
 
 # -- each tracker's own reader ------------------------------------------------------------
@@ -281,11 +295,10 @@ def test_local_previews_are_png_gif_and_json_files_pillow_decodes(fit):
         if fit.name == "jepa":
             assert files == [f"previews/samples/{step}/histogram.json"]
             summary = json.loads((folder / files[0]).read_text())
-            spread = histogram(fit.expected[step].features)["spread"]
-            np.testing.assert_allclose(summary["spread"], spread, rtol=1e-5)
+            assert summary == histogram(fit.shown[step].features)
             _check_spread(fit, step, summary["counts"], summary["edges"])
             continue
-        assert files == [f"previews/samples/{step}/{row}.{_suffix(fit)}" for row in range(4)]
+        assert files == [f"previews/samples/{step}/{name}" for name in _parts(fit)[1]]
         _check_media(fit, step, [(folder / file).read_bytes() for file in files])
 
 
@@ -303,7 +316,7 @@ def test_tensorboard_previews_are_image_summaries_and_a_histogram(fit):
             histo = event.histogram_value
             _check_spread(fit, event.step, histo.bucket, histo.bucket_limit)
         return
-    tags = [f"validation/samples/{row}" for row in range(4)]
+    tags = [f"validation/samples/{part}" for part in _parts(fit)[0]]
     assert sorted(events.Tags()["images"]) == tags
     by_step = {step: [] for step in EVENTS}
     for tag in tags:
@@ -323,9 +336,7 @@ def test_mlflow_previews_are_the_files_its_client_downloads(fit, tmp_path, monke
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the client reads a file store
     tracker = fit.trackers["mlflow"]
     stored = _files(tracker, "previews")
-    names = (
-        ["histogram.json"] if fit.name == "jepa" else [f"{row}.{_suffix(fit)}" for row in range(4)]
-    )
+    names = _parts(fit)[1]
     assert stored == sorted(f"previews/samples/{step}/{name}" for step in EVENTS for name in names)
     for step in EVENTS:
         paths = [f"previews/samples/{step}/{name}" for name in names]
@@ -342,11 +353,7 @@ def test_wandb_previews_are_media_files_and_a_histogram_in_the_offline_run(fit):
     from test_tracking_wandb import _media, _read
 
     read = _read(fit.trackers["wandb"])
-    keys = (
-        ["validation/samples/spread"]
-        if fit.name == "jepa"
-        else [f"validation/samples/{row}" for row in range(4)]
-    )
+    keys = [f"validation/samples/{part}" for part in _parts(fit)[0]]
     assert sorted(step for step, row in read.rows.items() if keys[0] in row) == EVENTS
     for step in EVENTS:
         items = [read.rows[step][key] for key in keys]
