@@ -11,10 +11,12 @@ are reused; each is imported only when its extra is installed.
 
 import importlib.util
 import io
+import itertools
 import json
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -23,18 +25,15 @@ import dew
 from dew import metrics
 from dew._domains import PREVIEW_DOMAIN
 from dew.artifacts import Clips, Images, Representations
-from dew.data import Partition
+from dew.data import Dataset, Partition
 from dew.nn.backbones.dit import DiT
 from dew.objectives.diffusion import PREVIEW_ROWS, DiffusionObjective, Sampling
 from dew.registry import moving_shapes, shapes
 from dew.steps import generation_params
-from dew.tracking import InMemoryTracker, LocalTracker, Trackers, read_journal
+from dew.tracking import InMemoryTracker, LocalTracker, Trackers, preview_files, read_journal
 from dew.tracking._render import _palette_indices, histogram, to_uint8
 
 Image = pytest.importorskip("PIL.Image")
-
-# Every test reads a fit: the first of each case pays for it (a few seconds).
-pytestmark = pytest.mark.slow
 
 STEPS, EVAL_EVERY = 4, 2
 EVENTS = [2, 4]  # the evaluation events of a fit: one preview each
@@ -125,7 +124,8 @@ def quiet_wandb(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def fit(request, tmp_path_factory):
-    """One case's fits and what its previews must show.
+    """One case's fits and what its previews must show (seconds: the first test of each
+    case pays for them, so the tests reading them are marked slow).
 
     - `watched`: the fit reporting to every tracker with `preview=True`;
     - `alone`: the same fit without a tracker; `quiet`: with a tracker, no previews
@@ -188,6 +188,7 @@ def _needs(extra):
 # -- what the previews hold ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_one_preview_per_evaluation_event_holding_the_fits_samples(fit):
     shown = fit.trackers["memory"].artifacts["samples"]
     assert [step for step, _ in shown] == EVENTS
@@ -213,6 +214,7 @@ def test_one_preview_per_evaluation_event_holding_the_fits_samples(fit):
         assert not np.array_equal(first, last)
 
 
+@pytest.mark.slow
 def test_a_fit_without_preview_true_previews_nothing(fit):
     assert "samples" not in fit.quiet_tracker.artifacts
     assert read_journal(fit.folder / "quiet").artifacts == []
@@ -222,6 +224,7 @@ def test_a_fit_without_preview_true_previews_nothing(fit):
     assert any(tag.startswith(f"{fit.objective.name}/validation/") for tag in tags)
 
 
+@pytest.mark.slow
 def test_a_tracker_with_previews_changes_no_draw(fit):
     for state in (fit.watched, fit.quiet):
         for got, want in zip(
@@ -286,6 +289,7 @@ def _parts(fit):
 # -- each tracker's own reader ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_local_previews_are_png_gif_and_json_files_pillow_decodes(fit):
     folder = fit.folder / "local"
     found = [(step, files) for name, step, files in read_journal(folder).artifacts]
@@ -302,6 +306,7 @@ def test_local_previews_are_png_gif_and_json_files_pillow_decodes(fit):
         _check_media(fit, step, [(folder / file).read_bytes() for file in files])
 
 
+@pytest.mark.slow
 def test_tensorboard_previews_are_image_summaries_and_a_histogram(fit):
     _needs("tensorboard")
     from test_tracking_tensorboard import _accumulator
@@ -329,6 +334,7 @@ def test_tensorboard_previews_are_image_summaries_and_a_histogram(fit):
         _check_media(fit, step, contents)
 
 
+@pytest.mark.slow
 def test_mlflow_previews_are_the_files_its_client_downloads(fit, tmp_path, monkeypatch):
     _needs("mlflow")
     from test_tracking_mlflow import _download, _files
@@ -348,6 +354,7 @@ def test_mlflow_previews_are_the_files_its_client_downloads(fit, tmp_path, monke
             _check_media(fit, step, contents)
 
 
+@pytest.mark.slow
 def test_wandb_previews_are_media_files_and_a_histogram_in_the_offline_run(fit):
     _needs("wandb")
     from test_tracking_wandb import _media, _read
@@ -365,3 +372,81 @@ def test_wandb_previews_are_media_files_and_a_histogram_in_the_offline_run(fit):
         kind = "image-file" if fit.name == "images" else "video-file"
         assert all(item["_type"] == kind for item in items)
         _check_media(fit, step, [_media(read, item) for item in items])
+
+
+# -- channels a preview shows -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 4])
+def test_images_of_every_channel_count_a_png_holds_preview_as_pngs(channels):
+    generated = np.random.default_rng(channels).random((2, 5, 7, channels)).astype(np.float32)
+    mode = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}[channels]
+    for index, (suffix, content) in enumerate(preview_files(Images(jnp.asarray(generated)))):
+        image = Image.open(io.BytesIO(content))
+        assert (suffix, image.format, image.mode, image.size) == (
+            f"{index}.png",
+            "PNG",
+            mode,
+            (7, 5),
+        )
+        pixels = to_uint8(generated[index])
+        np.testing.assert_array_equal(
+            np.asarray(image), pixels[..., 0] if channels == 1 else pixels
+        )
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 4])
+def test_clips_with_an_alpha_channel_preview_as_gifs_of_their_colours(channels):
+    """A GIF has no partial transparency: the alpha channel is dropped."""
+    videos = np.random.default_rng(channels).random((2, 3, 5, 7, channels)).astype(np.float32)
+    colour = 1 if channels < 3 else 3
+    for (suffix, content), video in zip(
+        preview_files(Clips(jnp.asarray(videos))), videos, strict=True
+    ):
+        assert suffix.endswith(".gif")
+        _check_gif(content, to_uint8(video[..., :colour]))
+
+
+@pytest.mark.slow
+def test_a_fit_of_an_rgba_clip_model_previews_its_clips(tmp_path):
+    """A `DiT` over 4-channel (RGBA) clips trains, and its previews reach every tracker
+    as GIFs of their RGB; before the GIF encoder dropped the alpha channel, the first
+    evaluation event of such a fit raised in every tracker and ended the fit."""
+    model = DiT(16, 4, 4, width=WIDTH, depth=1, heads=2, frames=2, key=jax.random.key(1))
+    objective = DiffusionObjective(model, sampling=Sampling(steps=1))
+    clips = np.random.default_rng(0).random((4, 2, 16, 16, 4)).astype(np.float32)
+    batch = {"clips": clips}
+    data = Dataset(
+        train=lambda partition: itertools.repeat(batch), val=lambda partition: iter([batch])
+    )
+    memory = InMemoryTracker()
+    trackers = [memory, LocalTracker(tmp_path / "local")]
+    if EXTRAS["tensorboard"]:
+        from dew.tracking.tensorboard import TensorBoardTracker
+
+        trackers.append(TensorBoardTracker(tmp_path / "events"))
+    with Trackers(*trackers) as tracker:
+        dew.Trainer(objective, OPTIMIZER, KEY).fit(
+            data,
+            steps=1,
+            log_every=1,
+            eval_every=1,
+            metrics=[metrics.video_psnr()],
+            tracker=tracker,
+            preview=True,
+            progress=False,
+        )
+    ((step, shown),) = memory.artifacts["samples"]
+    assert step == 1
+    expected = to_uint8(shown.generated[..., :3])
+    ((_, _, files),) = read_journal(tmp_path / "local").artifacts
+    assert files == [f"previews/samples/1/{row}.gif" for row in range(len(expected))]
+    for file, frames in zip(files, expected, strict=True):
+        _check_gif((tmp_path / "local" / file).read_bytes(), frames)
+    if EXTRAS["tensorboard"]:
+        from test_tracking_tensorboard import _accumulator
+
+        events = _accumulator(tmp_path / "events")
+        for row, frames in enumerate(expected):
+            (image,) = events.Images(f"validation/samples/{row}")
+            _check_gif(image.encoded_image_string, frames)
