@@ -27,7 +27,9 @@ from dew._domains import PREVIEW_DOMAIN
 from dew.artifacts import Clips, Images, Representations
 from dew.data import Dataset, Partition
 from dew.nn.backbones.dit import DiT
+from dew.nn.backbones.vit import ViT
 from dew.objectives.diffusion import PREVIEW_ROWS, DiffusionObjective, Sampling
+from dew.objectives.jepa import BlockMasks, JEPAObjective
 from dew.registry import moving_shapes, shapes
 from dew.steps import generation_params
 from dew.tracking import InMemoryTracker, LocalTracker, Trackers, preview_files, read_journal
@@ -71,18 +73,10 @@ def _clips():
 
 
 def _jepa():
-    jepa = pytest.importorskip("dew.objectives.jepa", reason="JEPAObjective has not landed")
-    from dew.nn.backbones.vit import ViT
-
     encoder = ViT(16, 4, 3, width=WIDTH, depth=1, heads=2, key=jax.random.key(1))
     predictor = ViT(16, 4, 3, width=WIDTH, depth=1, heads=2, key=jax.random.key(2))
-    objective = jepa.JEPAObjective(
-        encoder,
-        predictor,
-        ema_decay=0.99,
-        masks=jepa.BlockMasks(targets=2, height=2, width=2),
-        probe_classes=3,
-    )
+    masks = BlockMasks(targets=2, height=2, width=2)
+    objective = JEPAObjective(encoder, predictor, ema_decay=0.99, masks=masks, probe_classes=3)
     data = shapes(rows=40, val_fraction=0.2, batch_size=8, seed=0)
     return objective, data, list(objective.default_metrics())
 
