@@ -30,15 +30,23 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
+# PNG colour types by channels: grey, grey and alpha, RGB, RGBA.
+_PNG_COLOUR_TYPES = {1: 0, 2: 4, 3: 2, 4: 6}
+
+
 def png_bytes(image: np.ndarray) -> bytes:
-    """Encode an `(height, width)` or `(height, width, 1|3|4)` uint8 image as PNG."""
+    """Encode an `(height, width)` or `(height, width, 1|2|3|4)` uint8 image as PNG:
+    grey, grey and alpha, RGB or RGBA."""
     image = np.asarray(image, np.uint8)
     if image.ndim == 2:
         image = image[..., None]
     height, width, channels = image.shape
-    colour_type = {1: 0, 3: 2, 4: 6}.get(channels)
+    colour_type = _PNG_COLOUR_TYPES.get(channels)
     if colour_type is None:
-        raise ValueError(f"a PNG needs 1, 3 or 4 channels, got {channels}.")
+        raise ValueError(
+            f"a PNG needs 1 (grey), 2 (grey and alpha), 3 (RGB) or 4 (RGBA) channels, got "
+            f"{channels}."
+        )
     raw = b"".join(b"\x00" + image[row].tobytes() for row in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
     return (
@@ -118,12 +126,20 @@ def _lzw(indices: np.ndarray, min_code_size: int = 8) -> bytes:
 
 
 def gif_bytes(frames: np.ndarray, frame_ms: int = 100) -> bytes:
-    """Encode `(frames, height, width, 1|3)` uint8 frames as a looping animated GIF."""
+    """Encode `(frames, height, width, 1|2|3|4)` uint8 frames as a looping animated GIF.
+
+    A GIF has no partial transparency, so an alpha channel (the second of two, the
+    fourth of four) is dropped: grey and alpha frames show their grey, RGBA frames
+    their RGB.
+    """
     frames = np.asarray(frames, np.uint8)
-    if frames.ndim != 4 or frames.shape[-1] not in (1, 3):
+    if frames.ndim != 4 or frames.shape[-1] not in (1, 2, 3, 4):
         raise ValueError(
-            f"a GIF needs frames shaped (frames, height, width, 1|3), got {frames.shape}."
+            f"a GIF needs frames shaped (frames, height, width, channels) with 1 (grey), 2 "
+            f"(grey and alpha), 3 (RGB) or 4 (RGBA) channels, got {frames.shape}."
         )
+    if frames.shape[-1] in (2, 4):
+        frames = frames[..., :-1]
     _, height, width, _ = frames.shape
     indices, palette = _palette_indices(frames)
     out = bytearray(b"GIF89a")
