@@ -61,13 +61,19 @@ def tiny_lm() -> RunConfig:
 
 
 def tiny_diffusion() -> RunConfig:
-    """A class-conditional `DiT` (width 64, depth 2, 4x4 patches) trained by rectified flow
-    on `shapes` (16x16 squares, discs and bars, labelled by kind) for 600 steps of 32
-    images with Adam at 1e-3, keeping EMA weights (decay 0.99), as the run
-    `tiny-diffusion` under `runs/`. Every 200 steps it previews four samples generated
-    with the EMA weights (20 Euler steps) as PNGs in the run folder's `previews/samples/`,
-    and checkpoints. It reports the training loss: its objective declares no validation
-    metric (paired PSNR/SSIM mean nothing for unpaired generation). MEASURED.
+    """A class-conditional `DiT` (width 64, depth 2, 4x4 patches, 174k parameters) trained by
+    rectified flow on `shapes` (16x16 squares, discs and bars, labelled by kind) for 1500
+    steps of 32 images with a cosine-decayed Adam (2e-3), keeping EMA weights (decay 0.99),
+    as the run `tiny-diffusion` under `runs/`. Every 500 steps it checkpoints and previews
+    four samples generated with the EMA weights (20 Euler steps, conditioned on the first
+    validation rows' labels) as PNGs under the run folder's `previews/samples/<step>/`.
+
+    It reports the training loss only: its objective declares no validation metric (paired
+    PSNR/SSIM mean nothing for unpaired generation), so `dew eval` restores the EMA weights
+    and says so. Measured with `dew train --config tiny_diffusion` on 2 shared CPU cores:
+    47 s wall (33 s of CPU), the loss falling from about 1.9 (a fresh DiT predicts zero
+    velocity) to 0.53 at step 100 and 0.20 at step 1500; the samples are coloured blobs on
+    black, not yet crisp shapes.
 
     ```python
     >>> config = tiny_diffusion()
@@ -80,10 +86,12 @@ def tiny_diffusion() -> RunConfig:
 
 
 def tiny_video_diffusion() -> RunConfig:
-    """`tiny_diffusion` on clips: a class-conditional `DiT` with 4 frames (64 tokens, the
-    same code path) trained on `moving_shapes` (one shape moving at a constant
-    velocity) for 600 steps of 16 clips, as the run `tiny-video-diffusion` under
-    `runs/`; its previews are animated GIFs. MEASURED.
+    """`tiny_diffusion` on clips: a class-conditional `DiT` over 4 frames (64 tokens, the same
+    code path, with a learned time position embedding) trained on `moving_shapes` (one shape
+    moving at a constant velocity) for 1000 steps of 16 clips, as the run
+    `tiny-video-diffusion` under `runs/`; its previews are 4-frame animated GIFs. Measured
+    with `dew train --config tiny_video_diffusion` on 2 shared CPU cores: 53 s wall (45 s of
+    CPU), the loss falling from about 1.9 to 0.51 at step 100 and 0.19 at step 1000.
 
     ```python
     >>> config = tiny_video_diffusion()
