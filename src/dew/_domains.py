@@ -4,6 +4,7 @@ They are part of what makes a run reproducible: changing one changes the numbers
 
 __all__ = [
     "MODEL_DOMAIN",
+    "OBJECTIVE_DOMAIN",
     "PREVIEW_DOMAIN",
     "RUN_DOMAIN",
     "SCORING_DOMAIN",
@@ -14,6 +15,8 @@ __all__ = [
 # A recipe's seed key: the model's initialisation and the run key.
 MODEL_DOMAIN = 0
 RUN_DOMAIN = 1
+# Under the model key: what an objective builder initialises itself (JEPA's predictor).
+OBJECTIVE_DOMAIN = 0x0B1
 # Under the run key: a Trainer step's key (then folded with the step number), and a
 # run_supervised step's key (the same, a separate stream).
 TRAIN_STEP_DOMAIN = 0x7A1

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
+import jax
 import optax
 
 from dew.nn.backbones.bidirectional_transformer import BidirectionalTransformer
@@ -16,6 +17,7 @@ from dew.objectives.base import Objective
 from dew.objectives.diffusion import DiffusionObjective, Sampling
 from dew.objectives.dpo import DPOObjective
 from dew.objectives.grpo import GRPOObjective
+from dew.objectives.jepa import BlockMasks, JEPAObjective
 from dew.objectives.lm import LMObjective
 from dew.objectives.masked_diffusion import MaskedDiffusionObjective
 
@@ -312,8 +314,48 @@ def _grpo(
     )
 
 
+def _jepa(
+    model: ViT,
+    *,
+    key: Any,
+    predictor: ViT | Mapping[str, Any] | None = None,
+    ema_decay: float | None = 0.996,
+    masks: BlockMasks | Mapping[str, Any] | None = None,
+    probe_classes: int | None = None,
+) -> Any:
+    """`JEPAObjective(model, predictor, ...)` with `model` the encoder; `predictor` may be
+    the mapping of the predictor ViT's `width`, `depth` and `heads` (default: the
+    encoder's width and heads, depth 1), built on the encoder's grid from `key`, and
+    `masks` the mapping of a `BlockMasks`' fields (as a JSON configuration writes them)."""
+    if not isinstance(model, ViT):
+        raise ValueError(f"objective 'jepa' needs a ViT encoder (model 'vit'), got {model!r}.")
+    predictor_key, objective_key = jax.random.split(key)
+    if predictor is None or isinstance(predictor, Mapping):
+        shape = {"width": model.width, "depth": 1, "heads": model.heads}
+        unknown = sorted(set(predictor or {}) - set(shape))
+        if unknown:
+            raise ValueError(
+                f"objective 'jepa' takes the predictor's width, depth and heads, got {unknown}."
+            )
+        shape.update(predictor or {})
+        predictor = ViT(
+            model.image_size, model.patch_size, model.channels, **shape, key=predictor_key
+        )
+    if isinstance(masks, Mapping):
+        masks = BlockMasks(**masks)
+    return JEPAObjective(
+        model,
+        predictor,
+        ema_decay=ema_decay,
+        masks=BlockMasks() if masks is None else masks,
+        probe_classes=probe_classes,
+        key=objective_key,
+    )
+
+
 objectives.register("lm", LMObjective)
 objectives.register("masked_diffusion", MaskedDiffusionObjective)
 objectives.register("dpo", _dpo)
 objectives.register("grpo", _grpo)
 objectives.register("diffusion", _diffusion)
+objectives.register("jepa", _jepa)

@@ -17,6 +17,7 @@
 ```
 """
 
+import functools
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -28,7 +29,7 @@ import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from dew.artifacts import Artifact
-from dew.objectives.base import Objective
+from dew.objectives.base import Objective, ReadsEMAParams
 
 __all__ = [
     "MetricHistory",
@@ -185,6 +186,10 @@ def generation_params(objective: Objective, state: TrainState) -> PyTree:
     return state.ema_params
 
 
+def _ema_loss(objective: Any, ema_params: PyTree, params: PyTree, batch: Any, key: Any) -> Any:
+    return objective.ema_loss(params, ema_params, batch, key)
+
+
 def train_step(
     objective: Objective,
     optimizer: optax.GradientTransformation,
@@ -197,14 +202,27 @@ def train_step(
     """One optimizer step on `batch`: returns the next state and `{"loss": ..., **aux}`.
 
     Pure: jit it with `donate_argnums` on the state to update buffers in place.
-    With `ema_decay`, `state.ema_params` is updated as well.
+    With `ema_decay`, `state.ema_params` is updated as well, and an objective whose loss
+    reads its EMA params (`dew.objectives.base.ReadsEMAParams`, JEPA's target encoder)
+    is differentiated through `ema_loss(params, state.ema_params, batch, key)`; such an
+    objective with an `ema_decay` of its own refuses a step without one.
     """
     if ema_decay is not None and state.ema_params is None:
         raise ValueError(
             "train_step got ema_decay but the state has no ema_params; "
             "create it with TrainState.create(..., ema=True)."
         )
-    (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(state.params, batch, key)
+    loss_of: Any = objective.loss
+    reads_ema = isinstance(objective, ReadsEMAParams)
+    if reads_ema and ema_decay is not None:
+        loss_of = functools.partial(_ema_loss, objective, state.ema_params)
+    elif reads_ema and getattr(objective, "ema_decay", None) is not None:
+        raise ValueError(
+            f"{type(objective).__name__} trains against its EMA params (ema_decay="
+            f"{objective.ema_decay}); pass train_step(..., ema_decay=objective.ema_decay) "
+            "with a state from TrainState.create(..., ema=True)."
+        )
+    (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params, batch, key)
     # optax's transforms mix Python floats with int32 step counts (Adam's bias
     # correction), which a caller's strict dtype promotion would refuse.
     with jax.numpy_dtype_promotion("standard"):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import equinox as eqx
 import jax
 
-from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
+from dew._domains import MODEL_DOMAIN, OBJECTIVE_DOMAIN, RUN_DOMAIN
 from dew._json import read_json
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset
@@ -107,7 +107,10 @@ def build_objective(
     config: "RunConfig", objective: Objective | str | Callable[..., Objective] | None, key: Any
 ) -> Objective:
     model = config.model.build(key=key)
-    defaults = {"seq_len": config.data.kwargs["seq_len"]} if "seq_len" in config.data.kwargs else {}
+    # A builder that names `key` (JEPA's, for its predictor) gets one from the model key.
+    defaults: dict[str, Any] = {"key": jax.random.fold_in(key, OBJECTIVE_DOMAIN)}
+    if "seq_len" in config.data.kwargs:
+        defaults["seq_len"] = config.data.kwargs["seq_len"]
     if objective is None:
         return config.objective.build(model, **defaults)
     if isinstance(objective, str):

@@ -187,7 +187,10 @@ class ObjectiveConfig(_Section):
     def __post_init__(self) -> None:
         where = _where(self)
         _set(self, "name", _registry_name(f"{where}.name", self.name))
-        reserved = {"model": "the model comes from the model section"}
+        reserved = {
+            "model": "the model comes from the model section",
+            "key": "an objective's key comes from trainer.seed",
+        }
         _set(self, "kwargs", _kwargs(f"{where}.kwargs", self.kwargs, reserved))
 
     def build(self, model: Any, **defaults: Any) -> Any:

@@ -18,6 +18,7 @@ from dew.telemetry.records import Record
 __all__ = [
     "AbstractObjective",
     "Objective",
+    "ReadsEMAParams",
     "ReportsSampling",
     "check_token_batch",
     "token_log_probs",
@@ -55,7 +56,8 @@ class AbstractObjective(eqx.Module):
     `state.ema_params` to `evaluate` and `preview` instead of the live params
     (`dew.steps.generation_params`). Without one, both read the live params: the
     language objectives, DPO and GRPO (whose reference model is frozen in the objective,
-    not an average of the policy) preview and score the live policy.
+    not an average of the policy) preview and score the live policy. An objective whose
+    loss reads the EMA as well (JEPA's target encoder) implements `ReadsEMAParams`.
 
     and gets `preview(params, batch, key, scored=None)`, the artifact a tracker shows.
     """
@@ -132,6 +134,20 @@ class ReportsSampling(Protocol):
     ) -> Record:
         """The record of a generation from `real_rows` real rows under `event_key`;
         `batch` is the pass's first batch (`None` for the fit's record)."""
+        ...
+
+
+@runtime_checkable
+class ReadsEMAParams(Protocol):
+    """An objective whose training loss reads the EMA of its own params (JEPA's target
+    encoder): with an `ema_decay`, `dew.steps.train_step` differentiates
+    `ema_loss(params, state.ema_params, batch, key)` with respect to `params` instead of
+    `loss(params, batch, key)` (`JEPAObjective`)."""
+
+    def ema_loss(
+        self, params: PyTree, ema_params: PyTree, batch: Batch, key: PRNGKeyArray
+    ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+        """The loss of `params` against targets computed from `ema_params`."""
         ...
 
 

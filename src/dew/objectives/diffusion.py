@@ -10,11 +10,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from dew._checks import check_ids, check_integer, check_unit_interval
+from dew._checks import check_integer
 from dew._domains import PREVIEW_DOMAIN
 from dew.artifacts import Clips, Images
 from dew.metrics import Metric
 from dew.nn.backbones.dit import DiT
+from dew.objectives._images import checked_labels, checked_pixels
 from dew.objectives.base import Batch, Objective, combine, trainable
 from dew.telemetry.records import SamplingProtocol
 
@@ -195,70 +196,20 @@ class DiffusionObjective(Objective):
         return trainable(self.model)
 
     def _data(self, batch: Batch) -> Array:
-        field = self.field
-        if field not in batch:
-            raise KeyError(
-                f"DiffusionObjective needs its {field} under batch[{field!r}], got {sorted(batch)}."
-            )
-        values = batch[field]
-        dtype = getattr(values, "dtype", None)
-        if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-            raise ValueError(
-                f"DiffusionObjective needs float values in [0, 1] in batch[{field!r}], got dtype "
-                f"{dtype}; convert 8-bit images with .astype(np.float32) / 255."
-            )
-        expected = self.model.input_shape
-        if values.ndim != len(expected) + 1 or tuple(values.shape[1:]) != expected:
-            layout = (
-                "rows, height, width, channels"
-                if field == "images"
-                else ("rows, frames, height, width, channels")
-            )
-            raise ValueError(
-                f"DiffusionObjective needs batch[{field!r}] shaped ({layout}) = "
-                f"(rows, {', '.join(map(str, expected))}) for its model, got shape "
-                f"{tuple(values.shape)}."
-            )
-        axes = (
-            ("row", "y", "x", "channel")
-            if field == "images"
-            else ("row", "frame", "y", "x", "channel")
-        )
-        checked = check_unit_interval(
-            values, subject=f"DiffusionObjective: batch[{field!r}]", axes=axes
-        )
-        return jnp.asarray(checked, jnp.float32)
+        return checked_pixels("DiffusionObjective", batch, self.field, self.model.input_shape)
 
     def _labels(self, batch: Batch, rows: int) -> Array | None:
         """The batch's labels, checked; `None` when it has none."""
         if "labels" not in batch:
             return None
-        labels = batch["labels"]
         if not self.conditional:
             raise ValueError(
                 "DiffusionObjective got batch['labels'], but its DiT has no classes "
                 "(num_classes=None); drop the labels or build the DiT with num_classes."
             )
-        dtype = getattr(labels, "dtype", None)
-        if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
-            raise ValueError(
-                f"DiffusionObjective needs integer class labels in batch['labels'], got dtype "
-                f"{dtype}."
-            )
-        if tuple(labels.shape) != (rows,):
-            raise ValueError(
-                f"DiffusionObjective needs one label per row in batch['labels'], shaped "
-                f"({rows},), got shape {tuple(labels.shape)}."
-            )
-        checked = check_ids(
-            labels,
-            self.model.num_classes,
-            subject="DiffusionObjective: batch['labels']",
-            noun="label",
-            size_name="num_classes",
-            axes=("row",),
+        return checked_labels(
+            "DiffusionObjective", batch["labels"], rows, self.model.num_classes, "num_classes"
         )
-        return jnp.asarray(checked, jnp.int32)
 
     def _checked(self, batch: Batch) -> tuple[Array, Array | None]:
         data = self._data(batch)

@@ -139,6 +139,11 @@ class ViT(eqx.Module):
         """The features of each token."""
         return self.position_embedding.shape[1]
 
+    @property
+    def heads(self) -> int:
+        """The attention heads of each block."""
+        return self.blocks[0].attention.heads
+
     def __call__(
         self,
         image: Float[Array, "height width channels"],
