@@ -16,7 +16,7 @@ from PIL import Image, ImageSequence
 
 from dew.cli import main
 from dew.config import BUILTIN_CONFIGS, RunConfig, TrainerConfig, builtin, override
-from dew.config._builtin import tiny_diffusion, tiny_lm, tiny_video_diffusion
+from dew.config._builtin import tiny_diffusion, tiny_jepa, tiny_lm, tiny_video_diffusion
 from dew.tracking import InMemoryTracker, read_journal
 
 STEPS = 2
@@ -33,15 +33,8 @@ SHORT = [
     f"trainer.checkpoint_every={STEPS}",
     "--quiet",
 ]
-CI_SIZED = {
-    "tiny_diffusion": ["model.kwargs.width=32", "model.kwargs.depth=1", "model.kwargs.heads=2"],
-    "tiny_video_diffusion": [
-        "model.kwargs.width=32",
-        "model.kwargs.depth=1",
-        "model.kwargs.heads=2",
-    ],
-}
-VISION = tuple(CI_SIZED)
+CI_MODEL = ["model.kwargs.width=32", "model.kwargs.depth=1", "model.kwargs.heads=2"]
+VISION = ("tiny_diffusion", "tiny_video_diffusion", "tiny_jepa")
 
 
 def _run(arguments):
@@ -62,7 +55,7 @@ def trained(request, tmp_path_factory):
     name = request.param
     root = tmp_path_factory.mktemp(name)
     arguments = ["train", "--config", name, "--checkpoint-dir", str(root), *SHORT]
-    result = _run([*arguments, *_sets(CI_SIZED[name])])
+    result = _run([*arguments, *_sets(CI_MODEL)])
     return name, root / builtin(name).trainer.name, result
 
 
@@ -81,27 +74,43 @@ def test_dew_train_config_writes_the_run_folder_and_its_previews(trained):
     losses = journal.scalars[f"{stage}/train/loss"]
     assert [step for step, _ in losses] == list(range(1, STEPS + 1))
     previews = folder / "previews" / "samples" / str(STEPS)
-    suffix = "gif" if expected.model.kwargs.get("frames") else "png"
     files = sorted(previews.iterdir())
-    assert [path.name for path in files] == [f"{row}.{suffix}" for row in range(4)]
-    for path in files:  # decoded by Pillow: 16x16 RGB images, or 4-frame animations
-        with Image.open(path) as image:
-            assert image.format == suffix.upper() and image.size == (16, 16)
-            frames = [frame.convert("RGB") for frame in ImageSequence.Iterator(image)]
-            assert len(frames) == expected.model.kwargs.get("frames", 1)
-    # The journal points at the files; a scalar-only line never says it previewed.
+    if name == "tiny_jepa":  # the scored features' spread, one count per feature
+        assert [path.name for path in files] == ["histogram.json"]
+        histogram = json.loads(files[0].read_text())
+        assert histogram["dimensions"] == 32 and sum(histogram["counts"]) == 32
+        assert histogram["non_finite"] == 0
+    else:
+        suffix = "gif" if expected.model.kwargs.get("frames") else "png"
+        assert [path.name for path in files] == [f"{row}.{suffix}" for row in range(4)]
+        for path in files:  # decoded by Pillow: 16x16 RGB images, or 4-frame animations
+            with Image.open(path) as image:
+                assert image.format == suffix.upper() and image.size == (16, 16)
+                frames = [frame.convert("RGB") for frame in ImageSequence.Iterator(image)]
+                assert len(frames) == expected.model.kwargs.get("frames", 1)
+    # The journal points at the files.
     entries = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
     (shown,) = [entry for entry in entries if entry["name"] == "samples"]
-    assert shown["step"] == STEPS and len(shown["files"]) == 4
+    assert shown["step"] == STEPS and len(shown["files"]) == len(files)
 
 
 @pytest.mark.slow
-def test_dew_eval_says_the_diffusion_objective_declares_no_metrics(trained):
+def test_dew_eval_rescores_the_last_checkpoint(trained):
     name, folder, (status, _, err) = trained
     assert status == 0, err
     status, out, err = _run(["eval", str(folder)])
     assert status == 0, err
     lines = out.splitlines()
+    if name == "tiny_jepa":  # the probes of the EMA encoder: what the last event scored
+        journal = read_journal(folder)
+        scores = []
+        for metric in ("batch_linear_probe_accuracy", "batch_knn_probe_accuracy"):
+            ((step, value),) = journal.scalars[f"jepa/validation/{metric}"]
+            assert step == STEPS
+            scores.append(f"{metric} {value:.4f}")
+        assert lines[0] == f"step {STEPS}  " + "  ".join(scores)
+        assert "evaluation/coordinated_batches 2  evaluation/records 128" in lines[1]
+        return
     assert lines[0] == (
         f"step {STEPS}  no scores: the diffusion objective declares no metrics (restored the "
         f"step-{STEPS} checkpoint's EMA params)"
@@ -124,10 +133,11 @@ def test_each_built_in_config_round_trips_through_toml_and_plain_data(name, tmp_
 
 def test_the_built_in_names():
     assert BUILTIN_CONFIGS[0] == "tiny_lm"
-    assert {"tiny_lm", "tiny_diffusion", "tiny_video_diffusion"} <= set(BUILTIN_CONFIGS)
+    assert set(BUILTIN_CONFIGS) == {"tiny_lm", *VISION}
     assert builtin("tiny_lm") == tiny_lm()
     assert builtin("tiny_diffusion") == tiny_diffusion()
     assert builtin("tiny_video_diffusion") == tiny_video_diffusion()
+    assert builtin("tiny_jepa") == tiny_jepa()
     assert tiny_lm().trainer.preview is False  # the LM keeps its behaviour: no previews
     for name in VISION:
         assert builtin(name).trainer.preview is True
@@ -148,6 +158,7 @@ def test_an_unknown_config_name_is_one_line_naming_it_and_the_built_in_ones(tmp_
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_config_file_named_like_a_path_still_trains_from_the_file(tmp_path):
     config = override(tiny_lm(), {"trainer.checkpoint_dir": str(tmp_path / "runs")})
     path = tmp_path / "run.toml"

@@ -20,7 +20,8 @@ and likewise through a TOML file (`dump_toml` / `load`).
   top-level keys are Python identifiers and nested keys hold no `.`, so every value has
   one dotted path.
 - `builtin(name)` is one of dew's built-in run configurations by name
-  (`BUILTIN_CONFIGS`: `tiny_lm`, `tiny_diffusion`, `tiny_video_diffusion`), as
+  (`BUILTIN_CONFIGS`: `tiny_lm`, `tiny_diffusion`, `tiny_video_diffusion`,
+  `tiny_jepa`), as
   `dew train --config NAME` trains it.
 - `override(config, point)` sets dotted paths (`"optim.learning_rate"`,
   `"model.kwargs.emb_features"`) through `to_dict` and `from_dict`; a path the config

@@ -10,6 +10,7 @@ __all__ = [
     "BUILTIN_CONFIGS",
     "builtin",
     "tiny_diffusion",
+    "tiny_jepa",
     "tiny_lm",
     "tiny_video_diffusion",
 ]
@@ -146,10 +147,67 @@ def _diffusion_run(
     )
 
 
+def tiny_jepa() -> RunConfig:
+    """I-JEPA on `shapes`: a `ViT` encoder (width 64, depth 2, 4x4 patches) learns to
+    predict, from the context patches, its EMA target encoder's (decay 0.99) per-token
+    normalised features of two random 2x2-patch target blocks, through a width-32, depth-1
+    predictor; 600 steps of 64 images with a cosine-decayed Adam (1e-3), as the run
+    `tiny-jepa` under `runs/`. Every 200 steps it checkpoints and scores the target (EMA)
+    encoder's mean-pooled features with the batch linear and kNN probes of the shape kind
+    (`val/batch_linear_probe_accuracy`, `val/batch_knn_probe_accuracy`: fitted on half of
+    each validation batch, tested on the other half; chance is 1/3), and previews those
+    features as the `histogram.json` of their per-dimension spread under the run folder's
+    `previews/samples/<step>/`; `dew eval` rescores the last checkpoint's EMA encoder.
+
+    Measured with `dew train --config tiny_jepa` on 2 CPU cores: 26 s wall, the loss
+    falling from 1.08 at step 1 to 0.013 at step 600 (target feature std 0.14 -> 0.047),
+    probes 0.50 (linear) and 0.42 (kNN) at step 600: above chance, but no better than
+    after a single step (0.48 and 0.48), since even barely trained features separate the
+    shape kinds this well.
+
+    ```python
+    >>> config = tiny_jepa()
+    >>> config.model.name, config.objective.name, config.objective.kwargs["probe_classes"]
+    ('vit', 'jepa', 3)
+
+    ```
+    """
+    return RunConfig(
+        model=ModelConfig(
+            "vit",
+            {"image_size": 16, "patch_size": 4, "channels": 3, "width": 64, "depth": 2, "heads": 4},
+        ),
+        # 1024 images, 128 held out: two validation batches of 64, each probe fitting on 32.
+        data=DataConfig("shapes", {"rows": 1024, "val_fraction": 0.125}),
+        optim=OptimConfig(optimizer="adam", learning_rate=1e-3, schedule="cosine"),
+        trainer=TrainerConfig(
+            name="tiny-jepa",
+            checkpoint_dir="runs",
+            steps=600,
+            batch_size=64,
+            log_every=50,
+            eval_every=200,
+            checkpoint_every=200,
+            seed=0,
+            preview=True,
+        ),
+        objective=ObjectiveConfig(
+            "jepa",
+            {
+                "predictor": {"width": 32, "depth": 1, "heads": 2},
+                "ema_decay": 0.99,
+                "masks": {"targets": 2, "height": 2, "width": 2},
+                "probe_classes": 3,  # SHAPE_KINDS: square, disc, bar
+            },
+        ),
+    )
+
+
 _BUILDERS = {
     "tiny_lm": tiny_lm,
     "tiny_diffusion": tiny_diffusion,
     "tiny_video_diffusion": tiny_video_diffusion,
+    "tiny_jepa": tiny_jepa,
 }
 
 BUILTIN_CONFIGS: tuple[str, ...] = tuple(_BUILDERS)
@@ -167,7 +225,7 @@ def builtin(name: str) -> RunConfig:
     Traceback (most recent call last):
     ...
     ValueError: no built-in run configuration is named 'tiny'; the built-in ones are
-    'tiny_lm', 'tiny_diffusion', 'tiny_video_diffusion'.
+    'tiny_lm', 'tiny_diffusion', 'tiny_video_diffusion', 'tiny_jepa'.
 
     ```
     """
