@@ -72,7 +72,7 @@ def tiny_diffusion() -> RunConfig:
     It reports the training loss only: its objective declares no validation metric (paired
     PSNR/SSIM mean nothing for unpaired generation), so `dew eval` restores the EMA weights
     and says so. Measured with `dew train --config tiny_diffusion` on 2 shared CPU cores:
-    47 s wall (33 s of CPU), the loss falling from about 1.9 (a fresh DiT predicts zero
+    46-47 s wall (32 s of CPU), the loss falling from about 1.9 (a fresh DiT predicts zero
     velocity) to 0.53 at step 100 and 0.20 at step 1500; the samples are coloured blobs on
     black, not yet crisp shapes.
 
@@ -91,7 +91,7 @@ def tiny_video_diffusion() -> RunConfig:
     code path, with a learned time position embedding) trained on `moving_shapes` (one shape
     moving at a constant velocity) for 1000 steps of 16 clips, as the run
     `tiny-video-diffusion` under `runs/`; its previews are 4-frame animated GIFs. Measured
-    with `dew train --config tiny_video_diffusion` on 2 shared CPU cores: 53 s wall (45 s of
+    with `dew train --config tiny_video_diffusion` on 2 shared CPU cores: 53-60 s wall (44 s of
     CPU), the loss falling from about 1.9 to 0.51 at step 100 and 0.19 at step 1000.
 
     ```python
