@@ -1,9 +1,10 @@
 """The `dew` command: `dew train`, `dew sweep`, `dew eval` and `dew runs`.
 
-- `dew train [CONFIG.toml]`: train a run configuration (with no file, the built-in tiny
-  LM) as an ordinary recipe run under `<trainer.checkpoint_dir>/<trainer.name>`.
-- `dew sweep CONFIG.toml SPACE.toml`: one trial per point of the space, with a ledger;
-  several `dew sweep --search optuna --storage URL` workers share one study.
+- `dew train [--config] [CONFIG]`: train a run configuration, a TOML file or a built-in
+  name (`dew.config.BUILTIN_CONFIGS`: `tiny_lm`, the default, `tiny_diffusion`, ...), as
+  an ordinary recipe run under `<trainer.checkpoint_dir>/<trainer.name>`.
+- `dew sweep [--config] CONFIG SPACE.toml`: one trial per point of the space, with a
+  ledger; several `dew sweep --search optuna --storage URL` workers share one study.
 - `dew eval RUN_DIR`: score a run's latest checkpoint on its validation data.
 - `dew runs [FOLDER]`: a table of the runs under a folder with their final metrics.
 """
@@ -28,13 +29,17 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dew", description="Train, evaluate and track models.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train a run configuration (default: tiny LM)")
-    train.add_argument("config", nargs="?", help="a RunConfig TOML file (default: built-in)")
+    train = commands.add_parser("train", help="train a run configuration (default: tiny_lm)")
+    train.add_argument("config", nargs="?", help=f"{_CONFIG_HELP} (default: tiny_lm)")
     _run_options(train)
 
-    sweep = commands.add_parser("sweep", help="search a hyperparameter space")
-    sweep.add_argument("config", help="a RunConfig TOML file")
-    sweep.add_argument("space", help="a TOML file: dotted paths to choices or ranges")
+    sweep = commands.add_parser(
+        "sweep",
+        help="search a hyperparameter space",
+        usage="dew sweep [options] [--config] CONFIG SPACE",
+    )
+    sweep.add_argument("config", nargs="?", help=_CONFIG_HELP)
+    sweep.add_argument("space", nargs="?", help="a TOML file: dotted paths to choices or ranges")
     _run_options(sweep)
     sweep.add_argument("--trials", type=int, required=True, help="the trial budget (>= 1)")
     sweep.add_argument("--search", choices=("grid", "random", "optuna"), default="random")
@@ -53,7 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_CONFIG_HELP = "a RunConfig TOML file or a built-in configuration's name"
+
+
 def _run_options(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(command_parser=parser)  # its usage heads the errors about its arguments
+    parser.add_argument(
+        "--config", dest="config_option", metavar="CONFIG", help=f"{_CONFIG_HELP} (as CONFIG)"
+    )
     parser.add_argument("--name", help="the run name (overrides trainer.name)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides trainer.steps)")
     parser.add_argument("--checkpoint-dir", help="overrides trainer.checkpoint_dir")
@@ -93,12 +105,46 @@ def _toml_value(text: str, where: str) -> Any:
         return text  # a bare word is a string: --set optim.optimizer=sgd
 
 
+def _config_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Settle `args.config` (and a sweep's `args.space`) from the positional arguments and
+    `--config`, which names the config instead of the first positional one."""
+    option = getattr(args, "config_option", None)
+    if args.command == "sweep":
+        given = [value for value in (option, args.config, args.space) if value is not None]
+        if len(given) != 2:
+            parser.error(
+                "dew sweep takes a CONFIG (a TOML file or a built-in name, as the first "
+                f"argument or --config) and a SPACE file, got {given}"
+            )
+        args.config, args.space = given
+    elif option is not None:
+        if args.config is not None:
+            parser.error(f"give the config once, not both {args.config!r} and --config {option!r}")
+        args.config = option
+
+
+def _run_config(value: str) -> Any:
+    """The run configuration `value` names: a built-in configuration's name, else a TOML
+    file; a missing file says that `value` is no built-in name either, and lists them."""
+    from dew.config import BUILTIN_CONFIGS, RunConfig, builtin
+
+    if value in BUILTIN_CONFIGS:
+        return builtin(value)
+    try:
+        return RunConfig.load(value)
+    except FileNotFoundError as error:
+        error.add_note(
+            f"(the config {value!r} is neither a file nor a built-in configuration's name; "
+            f"the built-in ones are {', '.join(BUILTIN_CONFIGS)})"
+        )
+        raise
+
+
 def _configure(args: argparse.Namespace) -> Any:
-    from dew.config import RunConfig, override
-    from dew.config._builtin import tiny_lm
+    from dew.config import override
 
     with _reading():
-        config = tiny_lm() if args.config is None else RunConfig.load(args.config)
+        config = _run_config("tiny_lm" if args.config is None else args.config)
         point: dict[str, Any] = {}
         for item in args.set:
             path, separator, text = item.partition("=")
@@ -255,12 +301,26 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from dew.config import evaluate_run
+    from dew.config import RunConfig, evaluate_run
+    from dew.config._evaluation import objective_shapes
     from dew.training import key_text
 
     result = evaluate_run(args.run_dir)
-    shown = "  ".join(f"{name} {value:.4f}" for name, value in result.scores.items())
-    print(f"step {result.step}  {shown}")
+    if result.scores:
+        shown = "  ".join(f"{name} {value:.4f}" for name, value in result.scores.items())
+        print(f"step {result.step}  {shown}")
+    else:  # say why there is no score rather than print an empty line
+        objective = objective_shapes(RunConfig.from_run_record(args.run_dir))
+        weights = "EMA params" if getattr(objective, "ema_decay", None) is not None else "params"
+        why = (
+            f"the {objective.name} objective declares no metrics"
+            if not objective.default_metrics()
+            else "the validation pass was empty"
+        )
+        print(
+            f"step {result.step}  no scores: {why} (restored the step-{result.step} "
+            f"checkpoint's {weights})"
+        )
     print(
         f"  evaluation/coordinated_batches {result.coordinated_batches}  evaluation/records "
         f"{result.records}  evaluation/uneven_shards {result.uneven_shards}  event key "
@@ -362,6 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command in _RESUMABLE:
+        _config_arguments(args.command_parser, args)
     for option in ("steps", "trials"):
         value = getattr(args, option, None)
         if value is not None and value < 1:

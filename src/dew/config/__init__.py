@@ -19,6 +19,10 @@ and likewise through a TOML file (`dump_toml` / `load`).
   tuples and nested mappings read-only mappings (the builders receive them so). Their
   top-level keys are Python identifiers and nested keys hold no `.`, so every value has
   one dotted path.
+- `builtin(name)` is one of dew's built-in run configurations by name
+  (`BUILTIN_CONFIGS`: `tiny_lm`, `tiny_diffusion`, `tiny_video_diffusion`,
+  `tiny_jepa`), as
+  `dew train --config NAME` trains it.
 - `override(config, point)` sets dotted paths (`"optim.learning_rate"`,
   `"model.kwargs.emb_features"`) through `to_dict` and `from_dict`; a path the config
   does not declare raises `UndeclaredPathError` naming the nearest declared paths.
@@ -45,6 +49,8 @@ ValueError: trainer.steps must be an integer >= 1, got 0.
 ```
 """
 
+from dew.config._builtin import BUILTIN_CONFIGS as BUILTIN_CONFIGS
+from dew.config._builtin import builtin as builtin
 from dew.config._config import RunConfig as RunConfig
 from dew.config._config import UndeclaredPathError as UndeclaredPathError
 from dew.config._data import DataConfig as DataConfig
@@ -59,6 +65,7 @@ from dew.config._sections import OptimConfig as OptimConfig
 from dew.config._sections import TrainerConfig as TrainerConfig
 
 __all__ = [
+    "BUILTIN_CONFIGS",
     "SCHEDULES",
     "DataConfig",
     "ModelConfig",
@@ -67,6 +74,7 @@ __all__ = [
     "RunConfig",
     "TrainerConfig",
     "UndeclaredPathError",
+    "builtin",
     "declared_paths",
     "default_metrics",
     "evaluate_run",

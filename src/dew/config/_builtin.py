@@ -1,10 +1,19 @@
-"""Built-in run configurations: `tiny_lm`, what `dew train` trains with no file."""
+"""Built-in run configurations: `tiny_lm` (what `dew train` trains with no file),
+`tiny_diffusion`, `tiny_video_diffusion` and `tiny_jepa`, each by name
+(`builtin(name)`, `dew train --config NAME`)."""
 
 from dew.config._config import RunConfig
 from dew.config._data import DataConfig
 from dew.config._sections import ModelConfig, ObjectiveConfig, OptimConfig, TrainerConfig
 
-__all__ = ["tiny_lm"]
+__all__ = [
+    "BUILTIN_CONFIGS",
+    "builtin",
+    "tiny_diffusion",
+    "tiny_jepa",
+    "tiny_lm",
+    "tiny_video_diffusion",
+]
 
 
 def tiny_lm() -> RunConfig:
@@ -50,3 +59,179 @@ def tiny_lm() -> RunConfig:
         ),
         objective=ObjectiveConfig("lm"),
     )
+
+
+def tiny_diffusion() -> RunConfig:
+    """A class-conditional `DiT` (width 64, depth 2, 4x4 patches, 174k parameters) trained by
+    rectified flow on `shapes` (16x16 squares, discs and bars, labelled by kind) for 1500
+    steps of 32 images with a cosine-decayed Adam (2e-3), keeping EMA weights (decay 0.99),
+    as the run `tiny-diffusion` under `runs/`. Every 500 steps it checkpoints and previews
+    four samples generated with the EMA weights (20 Euler steps, conditioned on the first
+    validation rows' labels) as PNGs under the run folder's `previews/samples/<step>/`.
+
+    It reports the training loss only: its objective declares no validation metric (paired
+    PSNR/SSIM mean nothing for unpaired generation), so `dew eval` restores the EMA weights
+    and says so. Measured with `dew train --config tiny_diffusion` on 2 shared CPU cores:
+    46-47 s wall (32 s of CPU), the loss falling from about 1.9 (a fresh DiT predicts zero
+    velocity) to 0.53 at step 100 and 0.20 at step 1500; the samples are coloured blobs on
+    black, not yet crisp shapes.
+
+    ```python
+    >>> config = tiny_diffusion()
+    >>> config.model.name, config.data.name, config.objective.name, config.trainer.preview
+    ('dit', 'shapes', 'diffusion', True)
+
+    ```
+    """
+    return _diffusion_run("tiny-diffusion", "shapes", frames=None, batch_size=32, steps=1500)
+
+
+def tiny_video_diffusion() -> RunConfig:
+    """`tiny_diffusion` on clips: a class-conditional `DiT` over 4 frames (64 tokens, the same
+    code path, with a learned time position embedding) trained on `moving_shapes` (one shape
+    moving at a constant velocity) for 1000 steps of 16 clips, as the run
+    `tiny-video-diffusion` under `runs/`; its previews are 4-frame animated GIFs. Measured
+    with `dew train --config tiny_video_diffusion` on 2 shared CPU cores: 53-60 s wall (44 s of
+    CPU), the loss falling from about 1.9 to 0.51 at step 100 and 0.19 at step 1000.
+
+    ```python
+    >>> config = tiny_video_diffusion()
+    >>> config.model.kwargs["frames"], config.data.name, config.trainer.batch_size
+    (4, 'moving_shapes', 16)
+
+    ```
+    """
+    return _diffusion_run(
+        "tiny-video-diffusion", "moving_shapes", frames=4, batch_size=16, steps=1000
+    )
+
+
+def _diffusion_run(
+    name: str, dataset: str, *, frames: int | None, batch_size: int, steps: int
+) -> RunConfig:
+    model = {
+        "image_size": 16,
+        "patch_size": 4,
+        "channels": 3,
+        "width": 64,
+        "depth": 2,
+        "heads": 4,
+        "num_classes": 3,  # SHAPE_KINDS: square, disc, bar
+    }
+    if frames is not None:
+        model["frames"] = frames
+    return RunConfig(
+        model=ModelConfig("dit", model),
+        # 1024 rows, 64 held out: the preview reads the first validation batch.
+        data=DataConfig(dataset, {"rows": 1024, "val_fraction": 0.0625}),
+        optim=OptimConfig(optimizer="adam", learning_rate=2e-3, schedule="cosine"),
+        trainer=TrainerConfig(
+            name=name,
+            checkpoint_dir="runs",
+            steps=steps,
+            batch_size=batch_size,
+            log_every=100,
+            eval_every=500,
+            checkpoint_every=500,
+            seed=0,
+            preview=True,
+        ),
+        objective=ObjectiveConfig(
+            "diffusion",
+            {
+                "sampling": {"solver": "euler", "steps": 20, "guidance": 1.0},
+                "label_dropout": 0.1,
+                "ema_decay": 0.99,
+            },
+        ),
+    )
+
+
+def tiny_jepa() -> RunConfig:
+    """I-JEPA on `shapes`: a `ViT` encoder (width 64, depth 2, 4x4 patches) learns to
+    predict, from the context patches, its EMA target encoder's (decay 0.99) per-token
+    normalised features of two random 2x2-patch target blocks, through a width-32, depth-1
+    predictor; 600 steps of 64 images with a cosine-decayed Adam (1e-3), as the run
+    `tiny-jepa` under `runs/`. Every 200 steps it checkpoints and scores the target (EMA)
+    encoder's mean-pooled features with the batch linear and kNN probes of the shape kind
+    (`val/batch_linear_probe_accuracy`, `val/batch_knn_probe_accuracy`: fitted on half of
+    each validation batch, tested on the other half; chance is 1/3), and previews those
+    features as the `histogram.json` of their per-dimension spread under the run folder's
+    `previews/samples/<step>/`; `dew eval` rescores the last checkpoint's EMA encoder.
+
+    Measured with `dew train --config tiny_jepa` on 2 CPU cores: 26 s wall, the loss
+    falling from 1.08 at step 1 to 0.013 at step 600 (target feature std 0.14 -> 0.047),
+    probes 0.50 (linear) and 0.42 (kNN) at step 600: above chance, but no better than
+    after a single step (0.48 and 0.48), since even barely trained features separate the
+    shape kinds this well.
+
+    ```python
+    >>> config = tiny_jepa()
+    >>> config.model.name, config.objective.name, config.objective.kwargs["probe_classes"]
+    ('vit', 'jepa', 3)
+
+    ```
+    """
+    return RunConfig(
+        model=ModelConfig(
+            "vit",
+            {"image_size": 16, "patch_size": 4, "channels": 3, "width": 64, "depth": 2, "heads": 4},
+        ),
+        # 1024 images, 128 held out: two validation batches of 64, each probe fitting on 32.
+        data=DataConfig("shapes", {"rows": 1024, "val_fraction": 0.125}),
+        optim=OptimConfig(optimizer="adam", learning_rate=1e-3, schedule="cosine"),
+        trainer=TrainerConfig(
+            name="tiny-jepa",
+            checkpoint_dir="runs",
+            steps=600,
+            batch_size=64,
+            log_every=50,
+            eval_every=200,
+            checkpoint_every=200,
+            seed=0,
+            preview=True,
+        ),
+        objective=ObjectiveConfig(
+            "jepa",
+            {
+                "predictor": {"width": 32, "depth": 1, "heads": 2},
+                "ema_decay": 0.99,
+                "masks": {"targets": 2, "height": 2, "width": 2},
+                "probe_classes": 3,  # SHAPE_KINDS: square, disc, bar
+            },
+        ),
+    )
+
+
+_BUILDERS = {
+    "tiny_lm": tiny_lm,
+    "tiny_diffusion": tiny_diffusion,
+    "tiny_video_diffusion": tiny_video_diffusion,
+    "tiny_jepa": tiny_jepa,
+}
+
+BUILTIN_CONFIGS: tuple[str, ...] = tuple(_BUILDERS)
+"""The names of dew's built-in run configurations, as `builtin` and `dew train --config`
+take them."""
+
+
+def builtin(name: str) -> RunConfig:
+    """The built-in run configuration named `name` (one of `BUILTIN_CONFIGS`).
+
+    ```python
+    >>> builtin("tiny_diffusion") == tiny_diffusion()
+    True
+    >>> builtin("tiny")
+    Traceback (most recent call last):
+    ...
+    ValueError: no built-in run configuration is named 'tiny'; the built-in ones are
+    'tiny_lm', 'tiny_diffusion', 'tiny_video_diffusion', 'tiny_jepa'.
+
+    ```
+    """
+    if not isinstance(name, str) or name not in _BUILDERS:
+        known = ", ".join(repr(known) for known in BUILTIN_CONFIGS)
+        raise ValueError(
+            f"no built-in run configuration is named {name!r}; the built-in ones are {known}."
+        )
+    return _BUILDERS[name]()

@@ -95,7 +95,7 @@ class RunConfig:
         name: str | None = None,
         metrics: Sequence[Any] = (),
         tracker: Any = None,
-        preview: bool = False,
+        preview: bool | None = None,
         progress: bool = True,
     ) -> Any:
         """Train this configuration as the run `name` (default `trainer.name`) and return
@@ -115,8 +115,10 @@ class RunConfig:
           trains what it records); a callable `model -> Objective` is called.
         - `data`: `None` builds `self.data` with `trainer.batch_size` and `trainer.seed`.
         - `metrics` are scored every `trainer.eval_every` steps; `tracker` (borrowed)
-          receives everything the local tracker does, and previews when
-          `preview=True`: the recipe never turns previews on for local reporting alone.
+          receives everything the local tracker does.
+        - `preview` (`None`: `trainer.preview`): `True` previews what the model
+          generates at every evaluation event into the local tracker's `previews/`
+          folder and into `tracker`; the recipe never turns previews on by itself.
         - The model is initialised from `trainer.seed`; the run key derives from it.
         """
         return _recipe.train_run(

@@ -21,12 +21,17 @@ from dew.steps import TrainState, generation_params
 __all__ = ["default_metrics", "evaluate_run"]
 
 
+def objective_shapes(config: RunConfig) -> Any:
+    """The configured objective built on the model's shapes only (no parameter is
+    initialised): enough to ask what it declares."""
+    return eqx.filter_eval_shape(build_objective, config, None, jax.random.key(0))
+
+
 def default_metrics(config: RunConfig) -> tuple[Metric, ...]:
     """The metrics the configured objective declares (`Objective.default_metrics`): what
     `dew train`, `dew sweep` and `dew eval` score a run with. The objective is built on
     the model's shapes only, so no parameter is initialised."""
-    objective = eqx.filter_eval_shape(build_objective, config, None, jax.random.key(0))
-    return tuple(objective.default_metrics())
+    return tuple(objective_shapes(config).default_metrics())
 
 
 def evaluate_run(

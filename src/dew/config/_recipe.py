@@ -22,6 +22,7 @@ import jax
 
 from dew._domains import MODEL_DOMAIN, OBJECTIVE_DOMAIN, RUN_DOMAIN
 from dew._json import read_json
+from dew.config._sections import TrainerConfig
 from dew.data import Dataset
 from dew.metrics import Metric
 from dew.objectives.base import Objective
@@ -82,6 +83,12 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> None:
     if not path.exists():
         return
     saved = _read_run_record(path)
+    # A trainer field added since the record was written reads as its default there.
+    defaults = {
+        field.name: field.default for field in dataclasses.fields(TrainerConfig) if field.init
+    }
+    if isinstance(saved.get("trainer"), dict):
+        saved = {**saved, "trainer": {**defaults, **saved["trainer"]}}
     fresh = record.to_dict()
     differing = [
         field
@@ -134,11 +141,13 @@ def train_run(
     name: str | None = None,
     metrics: Sequence[Metric] = (),
     tracker: Tracker | None = None,
-    preview: bool = False,
+    preview: bool | None = None,
     progress: bool = True,
 ) -> TrainState:
     """Train `config` as the run `name` (default `config.trainer.name`); see
     `RunConfig.train`."""
+    if preview is not None and not isinstance(preview, bool):
+        raise TypeError(f"RunConfig.train's preview must be None, True or False, got {preview!r}.")
     name = config.trainer.name if name is None else name
     if name is None:
         raise ValueError(
@@ -178,7 +187,7 @@ def train_run(
             metrics=metrics,
             checkpoint_every=settings.checkpoint_every,
             tracker=reporting,
-            preview=preview and tracker is not None,
+            preview=settings.preview if preview is None else preview,
             progress=progress,
         )
 

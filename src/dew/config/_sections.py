@@ -216,6 +216,9 @@ class TrainerConfig(_Section):
     - `steps`, `batch_size`, `log_every`: integers `>= 1`; `eval_every` and
       `checkpoint_every`: `None` (never) or integers `>= 1`.
     - `seed`: an integer in `[0, 2**32)`, since JAX keys keep 32 bits of an integer seed.
+    - `preview`: a bool; `True` has every evaluation event preview what the model
+      generates into the run's trackers, the local one included (PNG images, animated
+      GIF clips, representation histograms under the run folder's `previews/`).
     """
 
     name: str | None = None
@@ -226,6 +229,7 @@ class TrainerConfig(_Section):
     eval_every: int | None = None
     checkpoint_every: int | None = None
     seed: int = 0
+    preview: bool = False
 
     def __post_init__(self) -> None:
         where = _where(self)
@@ -243,3 +247,5 @@ class TrainerConfig(_Section):
                 "bits of an integer seed, so larger seeds would repeat smaller ones."
             )
         _set(self, "seed", seed)
+        if not isinstance(self.preview, bool):
+            raise TypeError(f"{where}.preview must be true or false, got {self.preview!r}.")

@@ -101,11 +101,12 @@ class Trainer:
         - The training metrics of the step are reported every `log_every` steps
           (`step_end` events, tags `<stage>/train/<metric>`); between log steps they
           stay on the device.
-        - Evaluation runs every `eval_every` steps only when `data.val`, `eval_every`
-          and `metrics` are all given (`validation_end` events,
-          `<stage>/validation/<metric>`).
+        - Evaluation runs every `eval_every` steps only when `data.val` and
+          `eval_every` are given and there is something to do: `metrics` to score
+          (`validation_end` events, `<stage>/validation/<metric>`) or a preview.
         - Previews (`tracker.log_artifact("samples", ...)`) only with `preview=True`
-          and a tracker; the base preview reuses the first scoring artifact.
+          and a tracker; the base preview reuses the first scoring artifact. An
+          objective that declares no metrics (diffusion) still previews.
         - EMA: when the objective declares an `ema_decay`, the state carries
           `ema_params`, updated in the compiled step after every optimizer step, and
           validation scores and previews with them (`dew.steps.generation_params`).
@@ -165,7 +166,10 @@ class Trainer:
                 "Trainer with checkpoint_dir=..."
             )
         metric_set = MetricSet(metrics)
-        evaluating = data.val is not None and eval_every is not None and bool(metrics)
+        previewing = preview and tracker is not None
+        evaluating = (
+            data.val is not None and eval_every is not None and (bool(metrics) or previewing)
+        )
         sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
 
         checkpoints = None
@@ -432,7 +436,9 @@ class Trainer:
             engine.record(SAMPLING_RECORD, record, step)
         if not scores:
             if progress:
-                engine.print(f"step {step}  empty validation pass  {counts}")
+                empty = not result.batches
+                what = "empty validation pass" if empty else "previewed (no metrics to score)"
+                engine.print(f"step {step}  {what}  {counts}")
             return False
         engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=f"\n  {counts}")
         return engine.update_early_stopping(Split.VALIDATION, step, scores)
