@@ -370,3 +370,22 @@ def test_any_strided_view_reads_back_as_torch_load_reads_it(tmp_path_factory, ar
         )
         loaded = load_torch_state_dict(path)
         assert _bits(loaded["view"]) == _torch_bits(torch.load(path)["view"])
+
+
+def test_a_storage_claiming_more_elements_than_the_file_holds_is_refused(tmp_path):
+    # 2**31 - 1 float32 elements claimed, 24 bytes present: refused before any allocation.
+    pid = (
+        b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\n"
+        b"X\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ\xff\xff\xff\x7ftQ"
+    )
+    body = (
+        b"\x80\x02}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n("
+        + pid
+        + b"K\x00K\x06\x85K\x01\x85\x89}tRs."
+    )
+    path = tmp_path / "greedy.pth"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("greedy/data.pkl", body)
+        z.writestr("greedy/data/0", np.zeros(6, np.float32).tobytes())
+    with pytest.raises(ValueError, match=r"greedy\.pth.*shorter than its 2147483647 elements"):
+        load_torch_state_dict(path)
