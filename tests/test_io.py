@@ -63,6 +63,7 @@ def tensors():
     }
 
 
+@pytest.mark.parity  # torch writes the files it is compared with
 @pytest.mark.parametrize("form", FORMATS)
 def test_both_pth_formats_read_bit_identically_to_torch_load(tensors, form, tmp_path):
     torch = pytest.importorskip("torch")
@@ -79,6 +80,7 @@ def test_both_pth_formats_read_bit_identically_to_torch_load(tensors, form, tmp_
     assert loaded["scalar"].shape == ()
 
 
+@pytest.mark.parity  # torch writes the files it is compared with
 @pytest.mark.parametrize("form", FORMATS)
 def test_a_modules_state_dict_and_a_checkpoint_read(form, tmp_path):
     torch = pytest.importorskip("torch")
@@ -156,6 +158,7 @@ def test_a_pickle_calling_an_allowed_global_oddly_is_a_clear_error(tmp_path):
         load_torch_state_dict(path)
 
 
+@pytest.mark.parity  # torch writes the files it is compared with
 @pytest.mark.parametrize("form", FORMATS)
 def test_a_truncated_file_is_a_clear_error(tensors, form, tmp_path):
     torch = pytest.importorskip("torch")
@@ -169,6 +172,7 @@ def test_a_truncated_file_is_a_clear_error(tensors, form, tmp_path):
             load_torch_state_dict(path)
 
 
+@pytest.mark.parity  # torch writes the files it is compared with
 def test_a_view_reaching_past_its_storage_is_refused(tmp_path):
     torch = pytest.importorskip("torch")
     path = tmp_path / "short.pth"
@@ -190,6 +194,7 @@ def test_missing_and_unknown_files_are_clear_errors(tmp_path):
         load_torch_state_dict(text)
 
 
+@pytest.mark.parity  # torch writes the files it is compared with
 def test_a_file_that_is_not_a_flat_state_dict_is_refused(tmp_path):
     torch = pytest.importorskip("torch")
     path = tmp_path / "mixed.pth"
@@ -239,6 +244,7 @@ def test_safetensors_written_by_hand_read_identically(tmp_path):
     }
 
 
+@pytest.mark.parity  # the safetensors package writes the file it is compared with
 def test_safetensors_written_by_the_package_read_identically(tmp_path):
     numpy_io = pytest.importorskip("safetensors.numpy")
     arrays = {k: a for k, (_, a) in SAFETENSORS_ARRAYS.items() if k != "bf16"}
@@ -346,6 +352,7 @@ def test_any_safetensors_file_reads_back_bit_identically(tmp_path_factory, array
     assert {k: _bits(v) for k, v in loaded.items()} == {k: _bits(a) for k, (_, a) in arrays.items()}
 
 
+@pytest.mark.parity  # torch writes the files it is compared with
 @given(
     array=hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=5)),
     data=st.data(),

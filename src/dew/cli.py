@@ -301,8 +301,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from dew.config import RunConfig, evaluate_run
-    from dew.config._evaluation import objective_shapes
+    from dew.config import RunConfig, evaluate_run, objective_shapes
     from dew.training import key_text
 
     result = evaluate_run(args.run_dir)

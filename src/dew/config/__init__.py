@@ -56,6 +56,7 @@ from dew.config._config import UndeclaredPathError as UndeclaredPathError
 from dew.config._data import DataConfig as DataConfig
 from dew.config._evaluation import default_metrics as default_metrics
 from dew.config._evaluation import evaluate_run as evaluate_run
+from dew.config._evaluation import objective_shapes as objective_shapes
 from dew.config._fields import SCHEDULES as SCHEDULES
 from dew.config._overrides import declared_paths as declared_paths
 from dew.config._overrides import override as override
@@ -78,5 +79,6 @@ __all__ = [
     "declared_paths",
     "default_metrics",
     "evaluate_run",
+    "objective_shapes",
     "override",
 ]

@@ -18,12 +18,21 @@ from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
 from dew.steps import TrainState, generation_params
 
-__all__ = ["default_metrics", "evaluate_run"]
+__all__ = ["default_metrics", "evaluate_run", "objective_shapes"]
 
 
 def objective_shapes(config: RunConfig) -> Any:
     """The configured objective built on the model's shapes only (no parameter is
-    initialised): enough to ask what it declares."""
+    initialised): enough to ask what it declares (its name, `ema_decay`, default metrics).
+
+    ```python
+    >>> from dew.config import builtin
+    >>> objective = objective_shapes(builtin("tiny_jepa"))
+    >>> objective.name, objective.ema_decay, len(objective.default_metrics())
+    ('jepa', 0.99, 2)
+
+    ```
+    """
     return eqx.filter_eval_shape(build_objective, config, None, jax.random.key(0))
 
 
