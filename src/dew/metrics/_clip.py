@@ -12,11 +12,13 @@ import os
 from typing import ClassVar, NamedTuple
 
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array
 
 from dew.artifacts import Artifact, Images
 from dew.metrics._base import Metric
-from dew.nn.clip import CLIP, tokenize
+from dew.nn.clip import CLIP, CLIPConfig, tokenize
 
 __all__ = ["CLIPScore", "CLIPScoreState", "clip_score"]
 
@@ -32,7 +34,7 @@ class CLIPScoreState(NamedTuple):
     count: int
 
 
-def _cosines(image: np.ndarray, text: np.ndarray) -> np.ndarray:
+def _cosines(image: Array, text: Array) -> np.ndarray:
     image, text = np.asarray(image, np.float64), np.asarray(text, np.float64)
     norms = np.linalg.norm(image, axis=-1) * np.linalg.norm(text, axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -70,7 +72,7 @@ class CLIPScore(Metric[Images]):
             return self.init()
         tokens = tokenize(artifact.prompts, context_length=self.model.config.context_length)
         image = _encode_image(self.model, artifact.generated)
-        text = _encode_text(self.model, tokens)
+        text = _encode_text(self.model, jnp.asarray(tokens))
         return CLIPScoreState(float(np.sum(100.0 * _cosines(image, text))), rows)
 
     def merge(self, accumulated: CLIPScoreState, contribution: CLIPScoreState) -> CLIPScoreState:
@@ -87,7 +89,7 @@ class CLIPScore(Metric[Images]):
 def clip_score(
     weights: str | os.PathLike[str] | CLIP,
     *,
-    model: str = "ViT-B-32",
+    model: str | CLIPConfig = "ViT-B-32",
     quick_gelu: bool = False,
     name: str = "clip_score",
 ) -> CLIPScore:
@@ -99,7 +101,8 @@ def clip_score(
     - `weights`: an open_clip checkpoint (`open_clip_model.safetensors`,
       `open_clip_pytorch_model.bin`), read without torch by `dew.nn.clip.CLIP.load`, or a
       loaded `dew.nn.clip.CLIP`. Nothing is downloaded.
-    - `model`: the open_clip architecture of the checkpoint (`dew.nn.clip.MODELS`).
+    - `model`: the open_clip architecture of the checkpoint: a name of `dew.nn.clip.MODELS`
+      or a `dew.nn.clip.CLIPConfig`.
     - `quick_gelu`: `True` for weights trained with QuickGELU (OpenAI's, open_clip's
       `-quickgelu` names); the file does not say, and the wrong choice silently changes
       the score.

@@ -151,7 +151,14 @@ class _LayerNorm(eqx.Module):
     def __call__(self, x: Float[Array, "... width"]) -> Float[Array, "... width"]:
         mean = jnp.mean(x, axis=-1, keepdims=True)
         variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        return (x - mean) * lax.rsqrt(variance + _LN_EPS) * self.weight + self.bias
+        return (x - mean) * lax.rsqrt(variance + _LN_EPS) * _last(self.weight, x) + _last(
+            self.bias, x
+        )
+
+
+def _last(vector: Array, like: Array) -> Array:
+    """`vector` shaped to broadcast along the last axis of `like` (rank promotion is explicit)."""
+    return vector.reshape((1,) * (like.ndim - 1) + vector.shape)
 
 
 def _layer_norm(p: Mapping[str, Array], name: str) -> _LayerNorm:
@@ -188,21 +195,21 @@ class _Block(eqx.Module):
     def __call__(self, x: Float[Array, "rows tokens width"], causal: bool) -> Array:
         rows, tokens, width = x.shape
         per_head = width // self.heads
-        qkv = self.ln_1(x) @ self.qkv_weight.T + self.qkv_bias
+        qkv = self.ln_1(x) @ self.qkv_weight.T + _last(self.qkv_bias, x)
         q, k, v = (
             part.reshape(rows, tokens, self.heads, per_head).transpose(0, 2, 1, 3)
             for part in jnp.split(qkv, 3, axis=-1)
         )
         scores = (q / np.float32(np.sqrt(per_head))) @ k.transpose(0, 1, 3, 2)
         if causal:
-            allowed = jnp.tril(jnp.ones((tokens, tokens), bool))
+            allowed = jnp.tril(jnp.ones((1, 1, tokens, tokens), bool))
             scores = jnp.where(allowed, scores, -jnp.inf)
         attended = jax.nn.softmax(scores, axis=-1) @ v
         attended = attended.transpose(0, 2, 1, 3).reshape(rows, tokens, width)
-        x = x + attended @ self.out_weight.T + self.out_bias
-        h = self.ln_2(x) @ self.fc_weight.T + self.fc_bias
+        x = x + attended @ self.out_weight.T + _last(self.out_bias, x)
+        h = self.ln_2(x) @ self.fc_weight.T + _last(self.fc_bias, x)
         h = h * jax.nn.sigmoid(1.702 * h) if self.quick_gelu else jax.nn.gelu(h, approximate=False)
-        return x + h @ self.proj_weight.T + self.proj_bias
+        return x + h @ self.proj_weight.T + _last(self.proj_bias, x)
 
 
 class CLIP(eqx.Module):
@@ -321,7 +328,7 @@ class CLIP(eqx.Module):
         rows, width = x.shape[0], x.shape[-1]
         x = x.reshape(rows, -1, width)
         first = jnp.broadcast_to(self.class_embedding, (rows, 1, width))
-        x = self.ln_pre(jnp.concatenate([first, x], axis=1) + self.vision_positions)
+        x = self.ln_pre(jnp.concatenate([first, x], axis=1) + self.vision_positions[None])
         for block in self.vision_blocks:
             x = block(x, causal=False)
         return self.ln_post(x[:, 0]) @ self.vision_projection
@@ -342,7 +349,7 @@ class CLIP(eqx.Module):
             size_name="vocab_size",
             axes=("row", "position"),
         )
-        x = self.token_embedding[token_ids] + self.text_positions[: token_ids.shape[1]]
+        x = self.token_embedding[token_ids] + self.text_positions[None, : token_ids.shape[1]]
         for block in self.text_blocks:
             x = block(x, causal=True)
         x = self.ln_final(x)

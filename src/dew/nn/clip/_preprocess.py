@@ -52,9 +52,9 @@ def preprocess(
         images = jax.image.resize(
             images, (rows, new_height, new_width, 3), "bicubic", antialias=True
         )
-    top = int(round((new_height - size) / 2.0))
-    left = int(round((new_width - size) / 2.0))
+    top = round((new_height - size) / 2.0)
+    left = round((new_width - size) / 2.0)
     images = images[:, top : top + size, left : left + size]
-    mean = jnp.asarray(CLIP_MEAN, jnp.float32)
-    std = jnp.asarray(CLIP_STD, jnp.float32)
+    mean = jnp.asarray(CLIP_MEAN, jnp.float32)[None, None, None]
+    std = jnp.asarray(CLIP_STD, jnp.float32)[None, None, None]
     return (images - mean) / std

@@ -14,6 +14,7 @@ The cleaning and the pattern need `ftfy` and `regex` (`pip install dew-ml[clip]`
 import functools
 import gzip
 import html
+import itertools
 import os
 import pathlib
 from collections.abc import Sequence
@@ -131,7 +132,7 @@ class CLIPTokenizer:
             return ids
         parts = [*word[:-1], word[-1] + "</w>"]
         while len(parts) > 1:
-            pairs = set(zip(parts, parts[1:], strict=False))
+            pairs = set(itertools.pairwise(parts))
             best = min(pairs, key=lambda pair: self._ranks.get(pair, len(self._ranks)))
             if best not in self._ranks:
                 break
