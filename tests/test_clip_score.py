@@ -61,6 +61,19 @@ def test_the_score_is_the_mean_of_100_cosines_over_all_pairs(model):
     )
 
 
+def test_a_pass_reduces_it_as_the_merge_of_its_batches(model):
+    rng = np.random.default_rng(4)
+    batches = [
+        Images(jnp.asarray(rng.random((2, 16, 16, 3), np.float32)), prompts=PROMPTS[:2]),
+        Images(jnp.asarray(rng.random((3, 16, 16, 3), np.float32)), prompts=PROMPTS[2:]),
+    ]
+    metric = metrics.clip_score(model)
+    scores = metrics.reduce([metric], batches)
+    expected = metric.finalize(metric.merge(metric(batches[0]), metric(batches[1])))
+    assert list(scores) == ["clip_score"]
+    np.testing.assert_allclose(scores["clip_score"], expected, rtol=1e-6)
+
+
 def test_finalize_clamps_the_mean_not_each_pair(model):
     metric = CLIPScore(model)
     # Pairs scoring +30 and -50: torchmetrics' max(mean, 0) gives 0; clamping each pair
@@ -78,6 +91,17 @@ def test_images_without_prompts_or_with_too_few_are_refused(model):
         metric(Images(generated))
     with pytest.raises(ValueError, match=r"one prompt per generated row, got 2 prompt\(s\) for 3"):
         Images(generated, prompts=("a", "b"))
+
+
+def test_images_outside_the_unit_interval_are_refused_and_nan_scores_nan(model):
+    metric = metrics.clip_score(model)
+    eight_bit = jnp.zeros((2, 16, 16, 3)).at[1, 3, 4, 2].set(255.0)
+    with pytest.raises(
+        ValueError, match=r"\[0, 1\], got 255.0 at row 1, pixel \(3, 4\), channel 2"
+    ):
+        metric(Images(eight_bit, prompts=PROMPTS[:2]))
+    diverged = jnp.full((1, 16, 16, 3), jnp.nan)
+    assert np.isnan(metric.finalize(metric(Images(diverged, prompts=PROMPTS[:1]))))
 
 
 def test_the_factory_loads_a_checkpoint_and_names_the_metric(model, tmp_path):

@@ -8,6 +8,7 @@ line in file order (ID 512 + line - 1; line 0 is the header), then <start_of_tex
 <end_of_text> 49407."""
 
 import gzip
+import hashlib
 import sys
 
 import numpy as np
@@ -104,3 +105,9 @@ def test_without_its_packages_the_error_names_the_extra(package, monkeypatch):
     monkeypatch.setitem(sys.modules, package, None)
     with pytest.raises(ImportError, match=rf"needs the package '{package}'.*dew-ml\[clip\]"):
         CLIPTokenizer()
+
+
+def test_the_shipped_vocabulary_is_open_clips_file():
+    digest = hashlib.sha256(VOCABULARY_PATH.read_bytes()).hexdigest()
+    assert digest == "924691ac288e54409236115652ad4aa250f48203de50a9e4722a6ecd48d6804a"
+    assert VOCABULARY_PATH.with_name("bpe_simple_vocab_16e6.LICENSE.txt").is_file()

@@ -70,10 +70,22 @@ class CLIPScore(Metric[Images]):
             )
         if rows == 0:
             return self.init()
+        self._check_range(np.asarray(artifact.generated))
         tokens = tokenize(artifact.prompts, context_length=self.model.config.context_length)
         image = _encode_image(self.model, artifact.generated)
         text = _encode_text(self.model, jnp.asarray(tokens))
         return CLIPScoreState(float(np.sum(100.0 * _cosines(image, text))), rows)
+
+    def _check_range(self, images: np.ndarray) -> None:
+        # NaN passes: a diverged sampler's images score NaN, which is data.
+        bad = np.argwhere((images < 0) | (images > 1))
+        if bad.size:
+            index = tuple(int(i) for i in bad[0])
+            raise ValueError(
+                f"metric {self.name!r} reads Images.generated in [0, 1], got "
+                f"{float(images[index])!r} at row {index[0]}, pixel {index[1:3]}, channel "
+                f"{index[3]}; scale 8-bit images with / 255."
+            )
 
     def merge(self, accumulated: CLIPScoreState, contribution: CLIPScoreState) -> CLIPScoreState:
         return CLIPScoreState(
