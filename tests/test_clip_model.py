@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dew.io import load_torch_state_dict
 from dew.nn.clip import CLIP, MODELS, CLIPConfig, preprocess
 from dew.nn.clip._model import _parameter_shapes
 
@@ -116,13 +117,66 @@ def test_a_state_dict_of_another_model_is_refused(tmp_path):
         CLIP.load(tmp_path / "w.safetensors", model="ViT-X")
 
 
-def test_torchscript_archives_are_refused_naming_the_formats_that_work(tmp_path):
-    path = tmp_path / "ViT-B-32.pt"
+def _text(value: str) -> bytes:  # pickle's BINUNICODE
+    return b"X" + struct.pack("<I", len(value.encode())) + value.encode()
+
+
+def _global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _scripted_archive(path: pathlib.Path, data_pkl: bytes) -> pathlib.Path:
+    """A TorchScript archive as torch.jit.save lays it out: data.pkl, constants.pkl, data/."""
     with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("ViT-B-32/data.pkl", b"\x80\x02}q\x00.")
-        archive.writestr("ViT-B-32/constants.pkl", b"\x80\x02).")
-    with pytest.raises(ValueError, match=r"TorchScript archive .*safetensors.*pytorch_model\.bin"):
-        CLIP.load(path)
+        archive.writestr("net/data.pkl", data_pkl)
+        archive.writestr("net/constants.pkl", b"\x80\x02).")
+        archive.writestr("net/data/0", struct.pack("<2f", 1.5, -2.0))
+        archive.writestr("net/code/__torch__/m.py", "raise SystemExit('never run')\n")
+    return path
+
+
+# A scripted module `Outer` holding a flag, a number and a submodule `inner` whose `weight`
+# is a float32 tensor of 2 elements in storage 0, pickled opcode by opcode as torch.jit.save
+# writes it (module classes under __torch__, built by NEWOBJ and BUILD with an attribute dict).
+_TENSOR = (
+    _global("torch._utils", "_rebuild_tensor_v2")
+    + b"(("
+    + _text("storage")
+    + _global("torch", "FloatStorage")
+    + _text("0")
+    + _text("cpu")
+    + b"K\x02tQ"  # numel 2, TUPLE, BINPERSID
+    + b"K\x00(K\x02t(K\x01t\x89"  # offset 0, size (2,), stride (1,), requires_grad False
+    + _global("collections", "OrderedDict")
+    + b")Rt"  # backward hooks, TUPLE
+    + b"R"  # REDUCE
+)
+_INNER = _global("__torch__.m", "Inner") + b")\x81}(" + _text("training") + b"\x89"
+_INNER += _text("weight") + _TENSOR + b"ub"
+_OUTER = _global("__torch__.m", "Outer") + b")\x81}(" + _text("training") + b"\x89"
+_OUTER += _text("inner") + _INNER + _text("scale") + b"K\x03ub"
+SCRIPTED = b"\x80\x02" + _OUTER + b"."
+
+
+def test_a_torchscript_archive_gives_its_parameters_and_runs_no_code(tmp_path):
+    # The format of OpenAI's CLIP .pt files; parity with torch.jit.save on an open_clip model
+    # is in tests/parity/test_clip_parity.py.
+    loaded = load_torch_state_dict(_scripted_archive(tmp_path / "net.pt", SCRIPTED))
+    assert list(loaded) == ["inner.weight"]
+    np.testing.assert_array_equal(loaded["inner.weight"], np.array([1.5, -2.0], np.float32))
+
+
+def test_a_torchscript_archive_naming_other_globals_is_refused(tmp_path):
+    evil = b"\x80\x02" + _global("os", "system") + _text("echo owned") + b"\x85R."
+    with pytest.raises(ValueError, match=r"names the global os\.system, which is not allowed"):
+        load_torch_state_dict(_scripted_archive(tmp_path / "evil.pt", evil))
+    # A module class is inert: calling it with arguments is a malformed file, not a call.
+    called = b"\x80\x02" + _global("__torch__.m", "Inner") + b"(" + _text("x") + b"tR."
+    with pytest.raises(ValueError, match="malformed pickle"):
+        load_torch_state_dict(_scripted_archive(tmp_path / "called.pt", called))
+    not_a_module = b"\x80\x02}."
+    with pytest.raises(ValueError, match="does not hold a module"):
+        load_torch_state_dict(_scripted_archive(tmp_path / "dict.pt", not_a_module))
     with pytest.raises(FileNotFoundError):
         CLIP.load(tmp_path / "missing.bin")
 

@@ -1,7 +1,8 @@
 """dew.nn.clip against open_clip 3.3.0 itself: the tokenizer's IDs on tricky strings, the
 preprocessing on float tensors, and ViT-B-32 with random weights (both GELU variants), saved
 by torch as `.safetensors` and as an `open_clip_pytorch_model.bin` zip, read by dew without
-torch: image and text features to 1e-5 absolute in float32 (measured 3-5e-6, |feature| ~3)."""
+torch: image and text features to 1e-5 absolute in float32 (measured 3-5e-6, |feature| ~3);
+and a small open_clip model saved by torch.jit.save in half precision, as OpenAI's .pt files."""
 
 import dataclasses
 import logging
@@ -142,3 +143,49 @@ def test_clip_score_is_the_clamped_mean_of_open_clips_cosines(reference):
     np.testing.assert_allclose(state.total, float((100 * cosines).sum()), atol=1e-3)
     expected = max(float((100 * cosines).mean()), 0.0)  # torchmetrics' compute
     np.testing.assert_allclose(metric.finalize(state), expected, atol=1e-3)
+
+
+def test_a_torchscript_archive_loads_as_openais_pt_files_would(tmp_path):
+    # OpenAI's CLIP .pt files are torch.jit archives of a half-precision QuickGELU model with
+    # open_clip's parameter names. Here: a small open_clip CLIP, scripted and saved so (the
+    # real files are not fetched by the tests).
+    from open_clip.model import CLIPTextCfg, CLIPVisionCfg
+
+    torch.manual_seed(3)
+    vision = CLIPVisionCfg(layers=2, width=32, patch_size=8, image_size=32, head_width=16)
+    reference = open_clip.model.CLIP(
+        16, vision, CLIPTextCfg(layers=2, width=32, heads=4), quick_gelu=True
+    )
+    scripted = torch.jit.script(reference.eval().half())
+    path = tmp_path / "ViT-tiny.pt"
+    scripted.save(path)
+    config = dataclasses.replace(
+        MODELS["ViT-B-32"],
+        embed_dim=16,
+        image_size=32,
+        patch_size=8,
+        vision_width=32,
+        vision_layers=2,
+        vision_heads=2,
+        text_width=32,
+        text_layers=2,
+        text_heads=4,
+    )
+    model = CLIP.load(path, model=config, quick_gelu=True)
+    loaded = load_torch_state_dict(path)
+    expected_state = torch.jit.load(path).state_dict()
+    assert sorted(loaded) == sorted(expected_state)
+    for key, value in expected_state.items():
+        assert loaded[key].dtype == np.float16
+        np.testing.assert_array_equal(loaded[key], value.numpy())
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    mean = torch.tensor(open_clip.OPENAI_DATASET_MEAN)[:, None, None]
+    std = torch.tensor(open_clip.OPENAI_DATASET_STD)[:, None, None]
+    widened = reference.float()  # the half weights, widened as dew widens them
+    with torch.no_grad():
+        image_features = widened.encode_image((images - mean) / std).numpy()
+        text_features = widened.encode_text(open_clip.tokenize(TRICKY[:3])).numpy()
+    actual_image = model.encode_image(jnp.asarray(images.numpy().transpose(0, 2, 3, 1)))
+    actual_text = model.encode_text(jnp.asarray(CLIPTokenizer()(TRICKY[:3])))
+    np.testing.assert_allclose(np.asarray(actual_image), image_features, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(actual_text), text_features, atol=1e-5, rtol=0)

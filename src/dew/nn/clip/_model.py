@@ -3,8 +3,6 @@ loading open_clip's state dicts without torch."""
 
 import dataclasses
 import os
-import pathlib
-import zipfile
 from collections.abc import Mapping
 
 import equinox as eqx
@@ -273,9 +271,11 @@ class CLIP(eqx.Module):
         model: str | CLIPConfig = "ViT-B-32",
         quick_gelu: bool = False,
     ) -> "CLIP":
-        """Read an open_clip checkpoint without torch: `open_clip_model.safetensors`,
-        `open_clip_pytorch_model.bin` (a `torch.save` zip), a legacy `.pth`, or a training
-        checkpoint holding them under `"state_dict"` (a `module.` prefix is removed).
+        """Read a CLIP checkpoint without torch (`dew.io.load_torch_state_dict`):
+        `open_clip_model.safetensors`, `open_clip_pytorch_model.bin` (a `torch.save` zip), a
+        legacy `.pth`, a training checkpoint holding them under `"state_dict"` (a `module.`
+        prefix is removed), or OpenAI's TorchScript `.pt` (half precision, QuickGELU: pass
+        `quick_gelu=True`), whose parameters are read and whose code never runs.
 
         **Arguments:**
 
@@ -285,9 +285,9 @@ class CLIP(eqx.Module):
         - `quick_gelu`: QuickGELU activations (OpenAI's weights, open_clip's `-quickgelu`
           names); overrides the config's.
 
-        **Raises:** `FileNotFoundError` without a file; `ValueError` naming the file for a
-        format dew does not read (OpenAI's TorchScript `.pt`), a damaged file, or arrays
-        that are not the model's.
+        **Raises:** `FileNotFoundError` without a file; `ValueError` naming the file when it
+        is in none of these formats or damaged, or naming the arrays that are not the
+        model's.
         """
         if isinstance(model, str):
             if model not in MODELS:
@@ -299,17 +299,6 @@ class CLIP(eqx.Module):
             raise TypeError(f"model must be a name or a CLIPConfig, got {model!r}.")
         if not isinstance(quick_gelu, bool):
             raise TypeError(f"quick_gelu must be a bool, got {quick_gelu!r}.")
-        path = pathlib.Path(path)
-        if _is_torchscript(path):
-            raise ValueError(
-                f"Cannot read {str(path)!r}: it is a TorchScript archive (OpenAI's CLIP `.pt` "
-                "format), whose pickle names the classes of the model's code, which dew's "
-                "allow-listed reader does not run. dew reads open_clip's "
-                "`open_clip_model.safetensors` and `open_clip_pytorch_model.bin` (open_clip "
-                "publishes OpenAI's weights in both, e.g. timm/vit_base_patch32_clip_224.openai "
-                "on the Hugging Face hub; use quick_gelu=True with them) or a state dict saved "
-                "with torch.save."
-            )
         state = load_torch_state_dict(path)
         return cls(state, dataclasses.replace(config, quick_gelu=quick_gelu), model=name)
 
@@ -355,10 +344,3 @@ class CLIP(eqx.Module):
         x = self.ln_final(x)
         pooled = x[jnp.arange(x.shape[0]), jnp.argmax(token_ids, axis=-1)]
         return pooled @ self.text_projection
-
-
-def _is_torchscript(path: pathlib.Path) -> bool:
-    if not path.is_file() or not zipfile.is_zipfile(path):
-        return False
-    with zipfile.ZipFile(path) as archive:
-        return any(name.endswith("constants.pkl") for name in archive.namelist())
