@@ -5,6 +5,7 @@ torch: image and text features to 1e-5 absolute in float32 (measured 3-5e-6, |fe
 and a small open_clip model saved by torch.jit.save in half precision, as OpenAI's .pt files."""
 
 import dataclasses
+import functools
 import logging
 import sys
 import types
@@ -12,13 +13,15 @@ import types
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dew import metrics
 from dew.artifacts import Images
 from dew.io import load_torch_state_dict
 from dew.metrics._clip import _encode_image as encode_image  # shares the metric's compilation
 from dew.metrics._clip import _encode_text as encode_text
-from dew.nn.clip import CLIP, MODELS, CLIPTokenizer, preprocess
+from dew.nn.clip import CLIP, MODELS, CLIPTokenizer, preprocess, tokenize
 
 torch = pytest.importorskip("torch")
 if "torchvision" not in sys.modules:  # PyPI's torchvision beside the CPU build of torch
@@ -145,6 +148,7 @@ def test_clip_score_is_the_clamped_mean_of_open_clips_cosines(reference):
     np.testing.assert_allclose(metric.finalize(state), expected, atol=1e-3)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
 def test_a_torchscript_archive_loads_as_openais_pt_files_would(tmp_path):
     # OpenAI's CLIP .pt files are torch.jit archives of a half-precision QuickGELU model with
     # open_clip's parameter names. Here: a small open_clip CLIP, scripted and saved so (the
@@ -189,3 +193,19 @@ def test_a_torchscript_archive_loads_as_openais_pt_files_would(tmp_path):
     actual_text = model.encode_text(jnp.asarray(CLIPTokenizer()(TRICKY[:3])))
     np.testing.assert_allclose(np.asarray(actual_image), image_features, atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(actual_text), text_features, atol=1e-5, rtol=0)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    text=st.text(
+        st.characters(exclude_categories=("Cs",)) | st.sampled_from("&;#<> '\t\nÃ©"), max_size=60
+    )
+)
+def test_tokens_are_open_clips_on_any_text(text):
+    expected = _open_clip_tokenizer()([text]).numpy()
+    np.testing.assert_array_equal(tokenize([text]), expected)
+
+
+@functools.cache
+def _open_clip_tokenizer():
+    return open_clip.get_tokenizer("ViT-B-32")
