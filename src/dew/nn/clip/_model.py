@@ -20,9 +20,11 @@ __all__ = ["CLIP", "CLIPConfig", "MODELS"]
 
 _LN_EPS = 1e-5
 # Not weights of the towers: the contrastive temperature (unused by a score), a causal mask
-# some checkpoints keep, and the hyperparameters OpenAI's TorchScript files store as tensors.
-_IGNORED = ("logit_scale", "logit_bias", "attn_mask", "input_resolution", "context_length")
-_IGNORED += ("vocab_size",)
+# scripted models keep, and the hyperparameters OpenAI's TorchScript files hold (open_clip's
+# build_model_from_openai_state_dict drops the same three).
+_IGNORED = frozenset(
+    {"logit_scale", "logit_bias", "attn_mask", "input_resolution", "context_length", "vocab_size"}
+)
 
 
 @dataclasses.dataclass(frozen=True)
