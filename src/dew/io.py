@@ -27,6 +27,7 @@ import numpy as np
 
 __all__ = [
     "ALLOWED_GLOBALS",
+    "TORCHSCRIPT_GLOBALS",
     "check_sha256",
     "load_torch_state_dict",
     "sha256_of",
@@ -178,13 +179,44 @@ Everything else is refused before it runs. The storage types and tensor classes 
 inert markers and the rebuild functions to dew's own, which only record a strided view."""
 
 
+class _ScriptedModule:
+    """What a TorchScript module class (`__torch__.<path> <Name>`) unpickles to: an inert
+    object that keeps the attribute dict it is built with and runs none of the module's code."""
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, dict):
+            raise _ReadError(f"a scripted module's state is a {type(state).__name__}")
+        self.__dict__["attributes"] = state
+
+
+def _build_list(values: Any) -> list:
+    if not isinstance(values, list | tuple):
+        raise _ReadError(f"a TorchScript list is built from a {type(values).__name__}")
+    return list(values)
+
+
+TORCHSCRIPT_GLOBALS: dict[tuple[str, str], Any] = {
+    ("torch.jit._pickle", "build_intlist"): _build_list,
+    ("torch.jit._pickle", "build_doublelist"): _build_list,
+    ("torch.jit._pickle", "build_boollist"): _build_list,
+}
+"""Globals a TorchScript archive's `data.pkl` may name besides `ALLOWED_GLOBALS`: the list
+builders, and any class under `__torch__`, which becomes an inert attribute holder."""
+
+
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, storages: dict[str, _Storage] | None):
+    def __init__(self, file, storages: dict[str, _Storage] | None, *, scripted: bool = False):
         super().__init__(file)
         self._storages = storages
+        self._scripted = scripted
         self.views: dict[str, tuple[_Storage, int]] = {}  # view key -> (root, offset)
 
     def find_class(self, module: str, name: str) -> Any:
+        if self._scripted:
+            if module.startswith("__torch__.") or module == "__torch__":
+                return type(name, (_ScriptedModule,), {"__module__": "dew.io.scripted"})
+            if (module, name) in TORCHSCRIPT_GLOBALS:
+                return TORCHSCRIPT_GLOBALS[module, name]
         found = ALLOWED_GLOBALS.get((module, name))
         if found is None:
             raise _ReadError(
@@ -230,8 +262,7 @@ def _read_zip(path: pathlib.Path) -> Any:
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
         pickles = [name for name in names if name.endswith("/data.pkl") or name == "data.pkl"]
-        if any(name.endswith("constants.pkl") for name in names):
-            raise _ReadError("it is a TorchScript archive, not a saved state dict")
+        scripted = any(name.endswith("constants.pkl") for name in names)
         if len(pickles) != 1:
             raise _ReadError(f"a torch zip archive holds one data.pkl, this one {len(pickles)}")
         prefix = pickles[0][: -len("data.pkl")]
@@ -239,8 +270,12 @@ def _read_zip(path: pathlib.Path) -> Any:
         if f"{prefix}byteorder" in names:
             byteorder = archive.read(f"{prefix}byteorder").decode("ascii").strip()
         storages: dict[str, _Storage] = {}
-        unpickler = _Unpickler(io.BytesIO(archive.read(pickles[0])), storages)
+        unpickler = _Unpickler(io.BytesIO(archive.read(pickles[0])), storages, scripted=scripted)
         result = unpickler.load()
+        if scripted:
+            if not isinstance(result, _ScriptedModule):
+                raise _ReadError("its TorchScript data.pkl does not hold a module")
+            result = dict(_scripted_tensors(result))
         for key, storage in storages.items():
             record = f"{prefix}data/{key}"
             if record not in names:
@@ -250,6 +285,18 @@ def _read_zip(path: pathlib.Path) -> Any:
             with archive.open(record) as file:
                 storage.data = _read_array(file, storage.dtype, storage.numel, byteorder)
     return result
+
+
+def _scripted_tensors(module: _ScriptedModule, prefix: str = "", depth: int = 0):
+    """The parameters and buffers of a scripted module and its submodules, under the dotted
+    names `state_dict()` gives them; other attributes (flags, numbers) are left out."""
+    if depth > 100:
+        raise _ReadError("its scripted modules nest more than 100 deep")
+    for name, value in module.__dict__.get("attributes", {}).items():
+        if isinstance(value, _Tensor):
+            yield f"{prefix}{name}", value
+        elif isinstance(value, _ScriptedModule):
+            yield from _scripted_tensors(value, f"{prefix}{name}.", depth + 1)
 
 
 def _read_legacy(file, size: int) -> Any:
@@ -346,10 +393,14 @@ def load_torch_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]
     come back as `ml_dtypes` arrays; every array is a C-contiguous copy with the tensor's
     shape, bit-identical to what `torch.load` returns. A training checkpoint holding the
     weights under `"state_dict"` is unwrapped, and a `module.` prefix on every key
-    (`torch.nn.DataParallel`) is removed.
+    (`torch.nn.DataParallel`) is removed. A TorchScript archive (`torch.jit.save`, the format
+    of OpenAI's CLIP `.pt` files) gives its modules' parameters and buffers under their
+    `state_dict()` names; none of its code runs.
 
     The pickle is read by an allow-listed unpickler: a file that names any global outside
-    `ALLOWED_GLOBALS` is refused with a `ValueError` naming it, before any of it runs.
+    `ALLOWED_GLOBALS` is refused with a `ValueError` naming it, before any of it runs. In a
+    TorchScript archive, `TORCHSCRIPT_GLOBALS` are allowed too, and its module classes
+    (`__torch__.*`) unpickle to inert objects that only hold their attributes.
 
     **Arguments:**
 
@@ -390,7 +441,8 @@ def load_torch_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]
             with path.open("rb") as file:
                 return _state_dict(_read_legacy(file, size))
         raise _ReadError(
-            "it is not a torch zip archive, a legacy torch pickle or a safetensors file"
+            "it is not a torch zip archive (a state dict or TorchScript), a legacy torch "
+            "pickle or a safetensors file"
         )
     except _ReadError as error:
         raise ValueError(f"Cannot read weights file {str(path)!r}: {error}.") from None

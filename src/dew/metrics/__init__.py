@@ -21,6 +21,7 @@ The factories below build the built-ins under their bare names.
 from dew.metrics._base import MeanState as MeanState
 from dew.metrics._base import Metric as Metric
 from dew.metrics._base import raise_if as raise_if
+from dew.metrics._clip import clip_score as clip_score
 from dew.metrics._images import MAE as MAE
 from dew.metrics._images import MSE as MSE
 from dew.metrics._images import PSNR as PSNR
@@ -62,6 +63,7 @@ __all__ = [
     "TokenAccuracy",
     "VideoPSNR",
     "VideoSSIM",
+    "clip_score",
     "gaussian_crps",
     "knn_probe",
     "linear_probe",
