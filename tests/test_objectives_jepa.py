@@ -166,6 +166,7 @@ def numpy_loss(objective, params, ema_params, batch, key):
     return float(np.mean(errors))
 
 
+@pytest.mark.slow
 def test_the_loss_is_the_mse_on_target_tokens_against_the_normalised_ema_target():
     objective = jepa()
     params = objective.init_params()
@@ -186,6 +187,7 @@ def test_the_loss_is_the_mse_on_target_tokens_against_the_normalised_ema_target(
     )
 
 
+@pytest.mark.slow
 def test_train_step_differentiates_the_ema_loss_and_the_target_gets_no_gradient():
     objective = jepa(ema_decay=0.5)
     assert isinstance(objective, ReadsEMAParams)
