@@ -6,6 +6,7 @@ The metric runs here on cheap stand-in feature networks; pytorch-fid's Inception
 `dew.nn.inception`'s (tests/test_inception.py), and the distance's parity with pytorch-fid
 is tests/parity/test_fid_parity.py."""
 
+import itertools
 import re
 
 import jax
@@ -86,7 +87,7 @@ def test_moments_of_any_split_equal_those_of_the_whole(case):
     features = features + offset  # an offset stresses cancellation in the centred M2
     bounds = [0, *sorted(cuts), len(features)]
     merged = Moments.empty()
-    for start, stop in zip(bounds, bounds[1:], strict=False):
+    for start, stop in itertools.pairwise(bounds):
         merged = merged.merge(Moments.of(features[start:stop]))
     scale = 1.0 + np.abs(features).max()
     assert merged.count == len(features)
@@ -100,7 +101,7 @@ def test_moments_of_any_split_equal_those_of_the_whole(case):
 @given(feature_rows)
 def test_moments_merge_is_associative_with_an_identity(case):
     features, cuts, _ = case
-    first, second = sorted((cuts + [0, 0])[:2])
+    first, second = sorted([*cuts, 0, 0][:2])
     a, b, c = (Moments.of(part) for part in np.split(features, [first, second]))
     left, right = a.merge(b).merge(c), a.merge(b.merge(c))
     assert left.count == right.count

@@ -49,7 +49,7 @@ class Moments(NamedTuple):
 
     - `count`: the number of rows, a float64 (exact up to 2**53 rows);
     - `mean`: `(dims,)`, their mean;
-    - `m2`: `(dims, dims)`, the centred second moment `Σ (x − mean)(x − mean)ᵀ`.
+    - `m2`: `(dims, dims)`, the centred second moment `Σ (x - mean)(x - mean)ᵀ`.
 
     `Moments.empty()` is the identity of `merge` (it holds no feature axis yet).
     """
@@ -102,7 +102,7 @@ class Moments(NamedTuple):
         return Moments(count, mean, m2)
 
     def covariance(self) -> Float[np.ndarray, "dims dims"]:
-        """The unbiased covariance `m2 / (count − 1)` (needs at least two rows)."""
+        """The unbiased covariance `m2 / (count - 1)` (needs at least two rows)."""
         if self.count < 2:
             raise ValueError(f"a covariance needs at least two rows, got {self.count:g}.")
         return self.m2 / (self.count - 1.0)
@@ -116,7 +116,7 @@ class Moments(NamedTuple):
 class FrechetDistance(NamedTuple):
     """The result of `frechet_distance`.
 
-    - `distance`: `‖μ₁ − μ₂‖² + tr C₁ + tr C₂ − 2 tr √(C₁ C₂)`, a float; NaN when an input
+    - `distance`: `‖μ₁ - μ₂‖² + tr C₁ + tr C₂ - 2 tr √(C₁ C₂)`, a float; NaN when an input
       is not finite.
     - `negative_mass`: the eigenvalues clipped at zero, as a share of the eigenvalue mass:
       `Σ|λ|` over the negative eigenvalues of the congruent product (and, on the `eigh`
@@ -162,7 +162,7 @@ def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDis
     >>> import numpy as np
     >>> from dew.metrics import frechet_distance
     >>> result = frechet_distance(np.zeros(2), np.diag([1.0, 4.0]), np.ones(2), np.eye(2))
-    >>> round(result.distance, 12), result.route  # |μ₁ − μ₂|² + (1 − 1)² + (2 − 1)²
+    >>> round(result.distance, 12), result.route  # |μ₁ - μ₂|² + (1 - 1)² + (2 - 1)²
     (3.0, 'cholesky')
 
     ```
