@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -236,8 +236,7 @@ def test_fid_obeys_the_metric_laws():
 )
 def test_populations_of_different_sizes_pool_like_np_cov(generated_rows, reference_rows, seed):
     total_generated, total_reference = sum(generated_rows), sum(reference_rows)
-    if total_generated < 2 or total_reference < 2:
-        return
+    assume(total_generated >= 2 and total_reference >= 2)
     generated = _images(seed, total_generated)
     reference = _images(seed + 1, total_reference, shift=0.1)
     metric = FID(network=pixels)
@@ -380,8 +379,16 @@ def test_loading_rejects_what_is_not_dew_statistics(tmp_path):
         load_fid_statistics(weights)
     pytorch_fid_stats = tmp_path / "pytorch_fid.npz"
     np.savez(pytorch_fid_stats, mu=np.zeros(3), sigma=np.eye(3))
-    with pytest.raises(ValueError, match=r"has keys \['mu', 'sigma'\], expected 'count'"):
+    with pytest.raises(ValueError, match=r"has keys \['mu', 'sigma'\] and format"):
         load_fid_statistics(pytorch_fid_stats)
+    single = tmp_path / "single.npy"
+    np.save(single, np.zeros(3))
+    with pytest.raises(ValueError, match=r"holds a single array, not an \.npz"):
+        load_fid_statistics(single)
+    other = tmp_path / "other.npz"
+    np.savez(other, mu=np.zeros(3), sigma=np.eye(3), count=np.float64(5), format="other.v9")
+    with pytest.raises(ValueError, match=r"format 'other\.v9', expected"):
+        load_fid_statistics(other)
     malformed = tmp_path / "malformed.npz"
     np.savez(malformed, mu=np.zeros(3), sigma=np.eye(2), count=np.float64(5))
     with pytest.raises(ValueError, match=r"malformed FID statistics: mu \(3,\), sigma \(2, 2\)"):

@@ -255,17 +255,21 @@ def load_fid_statistics(path: str | os.PathLike[str]) -> Moments:
     """
     path = pathlib.Path(path)
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
+        loaded = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
     except (ValueError, OSError, EOFError) as error:
-        if isinstance(error, FileNotFoundError):
-            raise
         raise ValueError(f"{path} is not an .npz of FID statistics ({error}).") from None
-    if not isinstance(arrays, dict) or {"mu", "sigma", "count"} - set(arrays):
-        keys = sorted(arrays) if isinstance(arrays, dict) else "none (a single array)"
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} holds a single array, not an .npz of FID statistics.")
+    with loaded:
+        arrays = {key: loaded[key] for key in loaded.files}
+    written = str(arrays.pop("format", _STATISTICS_FORMAT))
+    if {"mu", "sigma", "count"} - set(arrays) or written != _STATISTICS_FORMAT:
         raise ValueError(
-            f"{path} does not hold dew's FID statistics: it has keys {keys}, expected "
-            "'count', 'mu' and 'sigma' (written by dew.metrics.save_fid_statistics)."
+            f"{path} does not hold dew's FID statistics: it has keys {sorted(arrays)} and "
+            f"format {written!r}, expected 'count', 'mu' and 'sigma' in format "
+            f"{_STATISTICS_FORMAT!r} (written by dew.metrics.save_fid_statistics)."
         )
     mean = np.asarray(arrays["mu"], np.float64)
     covariance = np.asarray(arrays["sigma"], np.float64)
