@@ -13,6 +13,7 @@ GROUND = (
     "_nonfinite",
     "_json",
     "_interrupts",
+    "io",
 )  # below the core: import no dew module
 SHELL = (
     "training",
