@@ -401,3 +401,69 @@ def test_reference_statistics_of_other_dims_are_refused_at_finalize(tmp_path):
     state = metric(Images(jnp.asarray(_images(0, 5))))
     with pytest.raises(ValueError, match="generated features have 3 dims but the reference"):
         metric.finalize(state)
+
+
+# --- fid(): pytorch-fid's InceptionV3 ------------------------------------------------------
+
+
+def test_fid_without_weights_says_where_to_put_them(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEW_FID_WEIGHTS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as caught:
+        metrics.fid()
+    message = str(caught.value)
+    cached = tmp_path / ".cache" / "dew" / "pt_inception-2015-12-05-6726825d.pth"
+    assert str(cached) in message and "github.com/mseitzer/pytorch-fid/releases" in message
+    with pytest.raises(FileNotFoundError, match=r"absent\.pth"):
+        metrics.fid(weights=tmp_path / "absent.pth")
+
+
+def _random_inception_weights(path) -> None:
+    """pytorch-fid's 470 arrays, random and scaled to keep activations O(1), as a
+    .safetensors file (an 8-byte header length, a JSON header, the raw arrays)."""
+    import json
+    import struct
+
+    from dew.nn import inception
+
+    rng = np.random.default_rng(0)
+    header, blobs, offset = {}, [], 0
+    for key, shape in inception._parameter_shapes().items():
+        if key.endswith("conv.weight"):
+            array = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
+        elif key.endswith("running_var"):
+            array = rng.uniform(0.5, 1.5, shape)
+        else:
+            array = rng.normal(0.0, 0.1, shape)
+        blob = array.astype("<f4").tobytes()
+        header[key] = {
+            "dtype": "F32",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
+        blobs.append(blob)
+        offset += len(blob)
+    encoded = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
+
+
+@pytest.mark.slow
+def test_fid_on_inception_features_with_reference_statistics(tmp_path):
+    weights = tmp_path / "random_inception.safetensors"
+    _random_inception_weights(weights)
+    metric = metrics.fid(weights=weights)
+    assert isinstance(metric, FID) and metric.name == "fid"
+    # one shape for every call: each new shape compiles the whole network again
+    generated, reference = _images(0, 4, side=16), _images(1, 4, side=16, shift=0.2)
+    batch = Images(jnp.asarray(generated), reference=jnp.asarray(reference))
+    state = metric(batch)
+    assert state.generated.dims == state.reference.dims == 2048
+    value = metric.finalize(state)
+    network = metric.network.__self__  # FIDInceptionV3.features, bound to the loaded model
+    x1, x2 = (_features(network.features, images) for images in (generated, reference))
+    assert np.all(np.isfinite(x1)) and x1.std() > 0.01  # features, not zeros
+    assert value == pytest.approx(_nuclear_formula(x1, x2), rel=1e-6)
+    path = save_fid_statistics(tmp_path / "real.npz", state.reference)
+    against_file = metrics.fid(weights=weights, reference=path, name="fid_against_file")
+    scored = against_file.finalize(against_file(Images(jnp.asarray(generated))))
+    assert scored == pytest.approx(value, rel=1e-6)

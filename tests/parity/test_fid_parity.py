@@ -13,7 +13,6 @@ message would be printed, and the test checks that it was not.
 """
 
 import inspect
-import sys
 import types
 import warnings
 
@@ -22,15 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
+from _pytorch_fid import import_pytorch_fid
 
 from dew.artifacts import Images
 from dew.metrics import FID, frechet_distance
 
-pytest.importorskip("torch")
-# PyPI's torchvision, which pytorch-fid imports, needs this module beside the CPU torch build.
-sys.modules.setdefault(
-    "torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations")
-)
+import_pytorch_fid()  # skips without torch, torchvision or pytorch-fid
 fid_score = pytest.importorskip("pytorch_fid.fid_score")
 
 pytestmark = pytest.mark.parity

@@ -25,6 +25,7 @@ from dew.metrics._fid import FID as FID
 from dew.metrics._fid import FIDState as FIDState
 from dew.metrics._fid import FrechetDistance as FrechetDistance
 from dew.metrics._fid import Moments as Moments
+from dew.metrics._fid import fid as fid
 from dew.metrics._fid import frechet_distance as frechet_distance
 from dew.metrics._fid import load_fid_statistics as load_fid_statistics
 from dew.metrics._fid import save_fid_statistics as save_fid_statistics
@@ -73,6 +74,7 @@ __all__ = [
     "TokenAccuracy",
     "VideoPSNR",
     "VideoSSIM",
+    "fid",
     "frechet_distance",
     "gaussian_crps",
     "knn_probe",

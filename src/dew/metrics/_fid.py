@@ -26,12 +26,14 @@ from jaxtyping import Array, Float
 
 from dew.artifacts import Artifact, Images
 from dew.metrics._base import Metric
+from dew.nn.inception import FIDInceptionV3
 
 __all__ = [
     "FID",
     "FIDState",
     "FrechetDistance",
     "Moments",
+    "fid",
     "frechet_distance",
     "load_fid_statistics",
     "save_fid_statistics",
@@ -374,3 +376,32 @@ class FID(Metric[Images]):
     def finalize(self, accumulated: FIDState) -> float:
         """The Fréchet distance of the two populations' features (NaN for an empty pass)."""
         return self.distance(accumulated).distance
+
+
+def fid(
+    weights: str | os.PathLike[str] | None = None,
+    *,
+    dtype: str = "float32",
+    reference: str | os.PathLike[str] | Moments | None = None,
+    name: str = "fid",
+) -> FID:
+    """Fréchet Inception Distance over `Images`, as pytorch-fid 0.3.0 computes it (name `fid`).
+
+    **Arguments:**
+
+    - `weights`: pytorch-fid's `pt_inception-2015-12-05-6726825d.pth`; by default the file
+      named by `$DEW_FID_WEIGHTS`, else `~/.cache/dew/pt_inception-2015-12-05-6726825d.pth`,
+      checked by its SHA-256 prefix (`dew.nn.inception.default_weights_path`). Nothing is
+      downloaded.
+    - `dtype`: the network's `"float32"` (default) or `"float64"` (needs 64-bit JAX).
+    - `reference`: precomputed statistics of the real population, a path
+      `save_fid_statistics` wrote or `Moments`; None pools the batches' reference rows.
+    - `name`: the reported name.
+
+    **Raises:** `FileNotFoundError` when the weights (or the statistics) are not there, the
+    message saying where to put pytorch-fid's published weights.
+    """
+    network = FIDInceptionV3.load(weights, dtype=dtype)
+    if reference is not None and not isinstance(reference, Moments):
+        reference = load_fid_statistics(reference)
+    return FID(network=network.features, reference=reference, name=name)
