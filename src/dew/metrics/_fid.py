@@ -7,8 +7,9 @@ pairwise update, so the state takes O(D²) memory however many batches it sees, 
 symmetric route (DESIGN.md, "Performance targets"): a Cholesky factor `L` of one
 covariance and the eigenvalues of the congruent product `Lᵀ C₂ L`, whose square roots sum
 to `tr √(C₁ C₂)`; where both covariances are singular (always when a population has no
-more rows than features) a symmetric `eigh` square root of one of them, its eigenvalues
-clipped at zero, takes the place of `L`. `scipy.linalg.sqrtm` is never called.
+more rows than features) one of them's symmetric `eigh` square root, its eigenvalues
+clipped at zero, takes the place of `L` (as `V √Λ`, the clipped directions dropped).
+`scipy.linalg.sqrtm` is never called.
 """
 
 from __future__ import annotations
@@ -157,8 +158,10 @@ def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDis
     `tr √(C₁ C₂)` is the sum of the square roots of the eigenvalues of `Lᵀ C₂ L`, where
     `C₁ = L Lᵀ` (Cholesky; `C₂`'s factor is tried when `C₁` is singular). When both are
     singular, `L` is `C₁`'s symmetric square root from `eigh`, its eigenvalues clipped at
-    zero. Negative eigenvalues of the product are clipped at zero, which is the real part
-    `sqrtm` would give; their share is reported in the result, never hidden.
+    zero (kept as `V √Λ` over the eigenvalues left, a `(dims, rank)` factor with the same
+    product eigenvalues and a smaller product). Negative eigenvalues of the product are
+    clipped at zero, which is the real part `sqrtm` would give; their share is reported in
+    the result, never hidden.
 
     ```python
     >>> import numpy as np
@@ -193,11 +196,14 @@ def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDis
             break
         except np.linalg.LinAlgError:
             continue
-    if factor is None:  # both singular: a symmetric square root of cov1
+    if factor is None:  # both singular: cov1 = F Fᵀ from eigh, eigenvalues clipped at zero
         route = "eigh"
         eigenvalues, vectors = np.linalg.eigh(cov1)
         clipped = _negative_share(eigenvalues)
-        factor = (vectors * np.sqrt(np.clip(eigenvalues, 0.0, None))) @ vectors.T
+        # F = V √Λ without the clipped directions, whose columns would be zero: FᵀC₂F has the
+        # nonzero eigenvalues of √C₁ C₂ √C₁ in a smaller matrix.
+        kept = eigenvalues > 0
+        factor = vectors[:, kept] * np.sqrt(eigenvalues[kept])
     product = factor.T @ other @ factor
     eigenvalues = np.linalg.eigvalsh((product + product.T) / 2)
     negative_mass = max(clipped, _negative_share(eigenvalues))
