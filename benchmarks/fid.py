@@ -28,7 +28,9 @@ seconds, the ratio pytorch-fid time / dew time (target >= 10x), the values and t
 difference (target <= 1e-5), and dew's route and clipped negative eigenvalue share.
 
 Run: `python benchmarks/fid.py` (about 2 minutes on 2 idle cores, nearly all of it
-pytorch-fid's `sqrtm`), `--quick` (512 dimensions, one round), `--rounds N`, `--dims D`.
+pytorch-fid's `sqrtm`), `--quick` (512 dimensions, one round), `--rounds N`, `--dims D`,
+`--blas-threads N` (both sides limited through threadpoolctl; on a loaded machine OpenBLAS's
+two threads can run several times slower than one).
 pytorch-fid comes from the `parity` extra; without it the pytorch-fid rows say so.
 """
 
@@ -104,15 +106,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: 512 dims, 1 round")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--dims", type=int, default=None)
+    parser.add_argument(
+        "--blas-threads", type=int, default=None, help="limit BLAS threads (both sides)"
+    )
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 2)
     dims = args.dims or (512 if args.quick else 2048)
 
+    import scipy.linalg  # noqa: F401  (its own OpenBLAS, loaded before the limit below)
     import threadpoolctl
 
     from dew.metrics import FID, FIDState, Moments, frechet_distance
 
     reference = _pytorch_fid()
+    if args.blas_threads is not None:  # after every import, so that every BLAS is limited
+        threadpoolctl.threadpool_limits(args.blas_threads)
     blas = threadpoolctl.threadpool_info()
     threads = ",".join(f"{info['internal_api']}:{info['num_threads']}" for info in blas) or "?"
     print(
