@@ -7,9 +7,12 @@ import pickle
 import struct
 import zipfile
 
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from dew.io import ALLOWED_GLOBALS, check_sha256, load_torch_state_dict, sha256_of
 
@@ -294,3 +297,95 @@ def test_the_zip_reader_needs_no_torch(tmp_path):
         z.writestr("hand/data/0", array.tobytes())
     loaded = load_torch_state_dict(path)
     assert _bits(loaded["w"]) == _bits(array.reshape(2, 3))
+
+
+def test_a_legacy_storage_view_reads_as_a_slice_of_its_root(tmp_path):
+    # torch < 1.0 wrote shared storages as views: (view key, offset, size) in the storage
+    # record. Written by hand: {"w": a (3,) tensor on view "v" = root "0"[2:5]}.
+    root = np.arange(6, dtype=np.float32) * 1.5
+    pid = (
+        b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000"
+        b"X\x03\x00\x00\x00cpuK\x06(X\x01\x00\x00\x00vK\x02K\x03ttQ"
+    )
+    body = (
+        b"\x80\x02}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n("
+        + pid
+        + b"K\x00K\x03\x85K\x01\x85\x89}tRs."
+    )
+    headers = (0x1950A86A20F9469CFC6C, 1001, {"little_endian": True})
+    path = tmp_path / "views.pth"
+    path.write_bytes(
+        b"".join(pickle.dumps(value, protocol=2) for value in headers)
+        + body
+        + pickle.dumps(["0"], protocol=2)
+        + struct.pack("<q", 6)
+        + root.tobytes()
+    )
+    assert _bits(load_torch_state_dict(path)["w"]) == _bits(root[2:5])
+
+
+_DTYPE_CODES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64}
+
+
+@given(
+    arrays=st.dictionaries(
+        st.text("abc._", min_size=1, max_size=6),
+        st.sampled_from(sorted(_DTYPE_CODES)).flatmap(
+            lambda code: hnp.arrays(
+                _DTYPE_CODES[code], hnp.array_shapes(min_dims=0, max_dims=3, max_side=4)
+            ).map(lambda array: (code, array))
+        ),
+        max_size=4,
+    )
+)
+@settings(max_examples=40)
+def test_any_safetensors_file_reads_back_bit_identically(tmp_path_factory, arrays):
+    path = tmp_path_factory.mktemp("any") / "any.safetensors"
+    path.write_bytes(_safetensors_bytes(arrays))
+    loaded = load_torch_state_dict(path)
+    assert {k: _bits(v) for k, v in loaded.items()} == {k: _bits(a) for k, (_, a) in arrays.items()}
+
+
+@given(
+    array=hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=5)),
+    data=st.data(),
+)
+@settings(max_examples=25)
+def test_any_strided_view_reads_back_as_torch_load_reads_it(tmp_path_factory, array, data):
+    torch = pytest.importorskip("torch")
+    index = tuple(
+        slice(data.draw(st.integers(0, n - 1)), None, data.draw(st.integers(1, 3)))
+        for n in array.shape
+    )
+    view = torch.from_numpy(array)[index]
+    if data.draw(st.booleans()) and view.ndim > 1:
+        view = view.transpose(0, -1)
+    directory = tmp_path_factory.mktemp("views")
+    for form, zip_format in FORMATS.items():
+        path = directory / f"{form}.pth"
+        torch.save(
+            {"view": view, "whole": torch.from_numpy(array)},
+            path,
+            _use_new_zipfile_serialization=zip_format,
+        )
+        loaded = load_torch_state_dict(path)
+        assert _bits(loaded["view"]) == _torch_bits(torch.load(path)["view"])
+
+
+def test_a_storage_claiming_more_elements_than_the_file_holds_is_refused(tmp_path):
+    # 2**31 - 1 float32 elements claimed, 24 bytes present: refused before any allocation.
+    pid = (
+        b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\n"
+        b"X\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ\xff\xff\xff\x7ftQ"
+    )
+    body = (
+        b"\x80\x02}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n("
+        + pid
+        + b"K\x00K\x06\x85K\x01\x85\x89}tRs."
+    )
+    path = tmp_path / "greedy.pth"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("greedy/data.pkl", body)
+        z.writestr("greedy/data/0", np.zeros(6, np.float32).tobytes())
+    with pytest.raises(ValueError, match=r"greedy\.pth.*shorter than its 2147483647 elements"):
+        load_torch_state_dict(path)

@@ -245,12 +245,14 @@ def _read_zip(path: pathlib.Path) -> Any:
             record = f"{prefix}data/{key}"
             if record not in names:
                 raise _ReadError(f"storage {key!r} has no record {record!r}")
+            if archive.getinfo(record).file_size < storage.numel * storage.dtype.itemsize:
+                raise _ReadError(f"storage {key!r} is shorter than its {storage.numel} elements")
             with archive.open(record) as file:
                 storage.data = _read_array(file, storage.dtype, storage.numel, byteorder)
     return result
 
 
-def _read_legacy(file) -> Any:
+def _read_legacy(file, size: int) -> Any:
     # Every pickle of the stream goes through the allow-listed unpickler, the headers too.
     if _Unpickler(file, None).load() != _LEGACY_MAGIC:
         raise _ReadError("it starts with a pickle but not with torch's legacy magic number")
@@ -276,6 +278,8 @@ def _read_legacy(file) -> Any:
         (numel,) = struct.unpack("<q", header)
         if numel < 0 or numel != storage.numel:
             raise _ReadError(f"storage {key!r} has {numel} elements, expected {storage.numel}")
+        if numel * storage.dtype.itemsize > size - file.tell():
+            raise _ReadError(f"it ends inside storage {key!r}: truncated")
         storage.data = _read_array(file, storage.dtype, numel, "little")
     for key, (root, offset) in unpickler.views.items():
         view = storages[key]
@@ -384,7 +388,7 @@ def load_torch_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]
                 return _read_safetensors(file, size)
         if start[:1] == b"\x80":  # a pickle's PROTO opcode
             with path.open("rb") as file:
-                return _state_dict(_read_legacy(file))
+                return _state_dict(_read_legacy(file, size))
         raise _ReadError(
             "it is not a torch zip archive, a legacy torch pickle or a safetensors file"
         )
