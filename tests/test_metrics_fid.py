@@ -162,6 +162,13 @@ def test_diagonal_covariances_have_the_closed_form(zeros):
     assert result.distance == pytest.approx(expected, rel=1e-12)
 
 
+def test_zero_covariances_leave_the_means_and_the_other_trace():
+    zero = np.zeros((2, 2))
+    assert frechet_distance(np.zeros(2), zero, np.ones(2), zero).distance == 2.0
+    result = frechet_distance(np.zeros(2), zero, np.ones(2), np.diag([1.0, 3.0]))
+    assert result.distance == pytest.approx(2.0 + 4.0) and result.negative_mass == 0.0
+
+
 def test_one_singular_covariance_takes_the_other_ones_cholesky_factor():
     rng = np.random.default_rng(5)
     x1, x2 = rng.normal(size=(4, 8)), rng.normal(size=(40, 8)) + 0.3
