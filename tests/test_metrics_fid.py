@@ -280,6 +280,23 @@ def test_fid_in_a_metric_set_with_device_metrics():
     assert np.isnan(metrics.reduce([FID(network=pixels)], [])["fid"])
 
 
+@pytest.mark.slow
+def test_fid_scores_a_diffusion_objective_through_evaluate():
+    from dew import evaluate
+    from dew.nn.backbones.dit import DiT
+    from dew.objectives.diffusion import DiffusionObjective, Sampling
+
+    model = DiT(16, 4, 3, width=32, depth=1, heads=2, key=jax.random.key(0))
+    objective = DiffusionObjective(model, sampling=Sampling(steps=2))
+    batches = [{"images": _images(seed, 4, side=16)} for seed in range(3)]
+    fid = FID(network=channel_means)
+    result = evaluate(
+        objective, objective.init_params(), batches, metrics=[fid], key=jax.random.key(1)
+    )
+    assert list(result.scores) == ["fid"] and np.isfinite(result.scores["fid"])
+    assert result.scores["fid"] > 0.0
+
+
 def test_state_stays_the_same_size_after_1_and_100_batches():
     metric = FID(network=pixels)
     generated, reference = _images(0, 200), _images(1, 200)
