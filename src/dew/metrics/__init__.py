@@ -22,6 +22,14 @@ from dew.metrics._base import MeanState as MeanState
 from dew.metrics._base import Metric as Metric
 from dew.metrics._base import raise_if as raise_if
 from dew.metrics._clip import clip_score as clip_score
+from dew.metrics._fid import FID as FID
+from dew.metrics._fid import FIDState as FIDState
+from dew.metrics._fid import FrechetDistance as FrechetDistance
+from dew.metrics._fid import Moments as Moments
+from dew.metrics._fid import fid as fid
+from dew.metrics._fid import frechet_distance as frechet_distance
+from dew.metrics._fid import load_fid_statistics as load_fid_statistics
+from dew.metrics._fid import save_fid_statistics as save_fid_statistics
 from dew.metrics._images import MAE as MAE
 from dew.metrics._images import MSE as MSE
 from dew.metrics._images import PSNR as PSNR
@@ -44,17 +52,21 @@ from dew.metrics._tokens import Perplexity as Perplexity
 from dew.metrics._tokens import TokenAccuracy as TokenAccuracy
 
 __all__ = [
+    "FID",
     "MAE",
     "MSE",
     "PSNR",
     "RMSE",
     "SSIM",
+    "FIDState",
+    "FrechetDistance",
     "KNNProbe",
     "LinearProbe",
     "MeanLoss",
     "MeanState",
     "Metric",
     "MetricSet",
+    "Moments",
     "Perplexity",
     "PointCRPS",
     "RowLoss",
@@ -64,9 +76,12 @@ __all__ = [
     "VideoPSNR",
     "VideoSSIM",
     "clip_score",
+    "fid",
+    "frechet_distance",
     "gaussian_crps",
     "knn_probe",
     "linear_probe",
+    "load_fid_statistics",
     "loss",
     "mae",
     "mean_loss",
@@ -77,6 +92,7 @@ __all__ = [
     "raise_if",
     "reduce",
     "rmse",
+    "save_fid_statistics",
     "ssim",
     "stack_batches",
     "token_accuracy",

@@ -1,0 +1,414 @@
+"""FID: the Fréchet distance between Gaussians fitted to features of two image populations.
+
+A host metric. Each population (the generated images and the real ones) is pooled as
+float64 `Moments`, a count, a mean and a centred second moment merged with Chan et al.'s
+pairwise update, so the state takes O(D²) memory however many batches it sees, and
+`finalize` computes one distance from the unbiased covariances. The distance takes the
+symmetric route (DESIGN.md, "Performance targets"): a Cholesky factor `L` of one
+covariance and the eigenvalues of the congruent product `Lᵀ C₂ L`, whose square roots sum
+to `tr √(C₁ C₂)`; where both covariances are singular (always when a population has no
+more rows than features) one of them's symmetric `eigh` square root, its eigenvalues
+clipped at zero, takes the place of `L` (as `V √Λ`, the clipped directions dropped).
+`scipy.linalg.sqrtm` is never called.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+import warnings
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+import equinox as eqx
+import numpy as np
+from jaxtyping import Array, Float
+
+from dew.artifacts import Artifact, Images
+from dew.metrics._base import Metric
+from dew.nn.inception import FIDInceptionV3
+
+__all__ = [
+    "FID",
+    "FIDState",
+    "FrechetDistance",
+    "Moments",
+    "fid",
+    "frechet_distance",
+    "load_fid_statistics",
+    "save_fid_statistics",
+]
+
+# The clipped negative eigenvalues' share of the eigenvalue mass above which
+# `frechet_distance` warns: rounding leaves ~1e-13 on singular covariances; more says a
+# matrix passed in is not a covariance (not positive semi-definite).
+NEGATIVE_MASS_WARNING = 1e-6
+_STATISTICS_FORMAT = "dew.fid_statistics.v1"
+
+
+class Moments(NamedTuple):
+    """Streaming float64 moments of one population of feature rows.
+
+    - `count`: the number of rows, a float64 (exact up to 2**53 rows);
+    - `mean`: `(dims,)`, their mean;
+    - `m2`: `(dims, dims)`, the centred second moment `Σ (x - mean)(x - mean)ᵀ`.
+
+    `Moments.empty()` is the identity of `merge` (it holds no feature axis yet).
+    """
+
+    count: float
+    mean: Float[np.ndarray, " dims"]
+    m2: Float[np.ndarray, "dims dims"]
+
+    @staticmethod
+    def empty() -> Moments:
+        """The moments of no rows: the unit of `merge`."""
+        return Moments(0.0, np.zeros((0,)), np.zeros((0, 0)))
+
+    @staticmethod
+    def of(features: Any) -> Moments:
+        """The moments of `features`, `(rows, dims)`, computed in float64."""
+        x = np.asarray(features, np.float64)
+        if x.ndim != 2:
+            raise ValueError(f"FID features must have shape (rows, dims), got shape {x.shape}.")
+        if x.shape[0] == 0:
+            return Moments.empty()
+        mean = x.mean(axis=0)
+        centred = x - mean
+        return Moments(float(x.shape[0]), mean, centred.T @ centred)
+
+    @property
+    def dims(self) -> int:
+        """The number of features (0 for the empty moments)."""
+        return self.mean.shape[0]
+
+    def merge(self, other: Moments) -> Moments:
+        """Chan et al.'s pairwise update: the moments of both populations' rows together.
+
+        Associative, with `Moments.empty()` as its unit; it builds new arrays and never
+        writes into either operand.
+        """
+        if other.count == 0:
+            return self
+        if self.count == 0:
+            return other
+        if self.dims != other.dims:
+            raise ValueError(
+                f"FID moments of {self.dims} and {other.dims} features cannot be merged: "
+                "every batch must come from the same feature network."
+            )
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.count / count)
+        m2 = self.m2 + other.m2 + np.outer(delta, delta * (self.count * other.count / count))
+        return Moments(count, mean, m2)
+
+    def covariance(self) -> Float[np.ndarray, "dims dims"]:
+        """The unbiased covariance `m2 / (count - 1)` (needs at least two rows)."""
+        if self.count < 2:
+            raise ValueError(f"a covariance needs at least two rows, got {self.count:g}.")
+        return self.m2 / (self.count - 1.0)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the moments' arrays hold."""
+        return self.mean.nbytes + self.m2.nbytes
+
+
+class FrechetDistance(NamedTuple):
+    """The result of `frechet_distance`.
+
+    - `distance`: `‖μ₁ - μ₂‖² + tr C₁ + tr C₂ - 2 tr √(C₁ C₂)`, a float; NaN when an input
+      is not finite.
+    - `negative_mass`: the eigenvalues clipped at zero, as a share of the eigenvalue mass:
+      `Σ|λ|` over the negative eigenvalues of the congruent product (and, on the `eigh`
+      route, of the covariance whose square root was taken) over `Σ|λ|` over all of them,
+      the larger share of the two. Rounding leaves about 1e-13 or less; `frechet_distance`
+      warns above `NEGATIVE_MASS_WARNING` (1e-6), where a matrix is not a covariance.
+    - `route`: `"cholesky"` (a covariance was positive definite), `"eigh"` (both were
+      singular) or `"non-finite"`.
+    """
+
+    distance: float
+    negative_mass: float
+    route: str
+
+
+def _negative_share(eigenvalues: np.ndarray) -> float:
+    total = np.abs(eigenvalues).sum()
+    negative = -eigenvalues[eigenvalues < 0].sum()
+    return float(negative / total) if total > 0 else 0.0
+
+
+def _check_gaussian(which: str, mean: Any, cov: Any) -> tuple[np.ndarray, np.ndarray]:
+    mean, cov = np.asarray(mean, np.float64), np.asarray(cov, np.float64)
+    if mean.ndim != 1 or cov.shape != (mean.shape[0], mean.shape[0]):
+        raise ValueError(
+            f"frechet_distance: mean{which} must have shape (dims,) and cov{which} "
+            f"(dims, dims), got mean{which} {mean.shape} and cov{which} {cov.shape}."
+        )
+    return mean, cov
+
+
+def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDistance:
+    """The Fréchet distance between `N(mean1, cov1)` and `N(mean2, cov2)`, in float64.
+
+    pytorch-fid's `calculate_frechet_distance` without `scipy.linalg.sqrtm`:
+    `tr √(C₁ C₂)` is the sum of the square roots of the eigenvalues of `Lᵀ C₂ L`, where
+    `C₁ = L Lᵀ` (Cholesky; `C₂`'s factor is tried when `C₁` is singular). When both are
+    singular, `L` is `C₁`'s symmetric square root from `eigh`, its eigenvalues clipped at
+    zero (kept as `V √Λ` over the eigenvalues left, a `(dims, rank)` factor with the same
+    product eigenvalues and a smaller product). Negative eigenvalues of the product are
+    clipped at zero, which is the real part `sqrtm` would give; their share is reported in
+    the result, never hidden.
+
+    ```python
+    >>> import numpy as np
+    >>> from dew.metrics import frechet_distance
+    >>> result = frechet_distance(np.zeros(2), np.diag([1.0, 4.0]), np.ones(2), np.eye(2))
+    >>> round(result.distance, 12), result.route  # |μ₁ - μ₂|² + (1 - 1)² + (2 - 1)²
+    (3.0, 'cholesky')
+
+    ```
+
+    **Arguments:** the two means `(dims,)` and covariances `(dims, dims)` (symmetric
+    positive semi-definite), any array type; they are converted to float64 NumPy arrays.
+
+    **Returns:** a `FrechetDistance` (`distance`, `negative_mass`, `route`).
+
+    **Raises:** `ValueError` when the shapes do not agree.
+    """
+    mean1, cov1 = _check_gaussian("1", mean1, cov1)
+    mean2, cov2 = _check_gaussian("2", mean2, cov2)
+    if mean1.shape != mean2.shape:
+        raise ValueError(
+            f"frechet_distance compares Gaussians of one dimension, got {mean1.shape[0]} "
+            f"and {mean2.shape[0]} dims."
+        )
+    if not all(np.isfinite(a).all() for a in (mean1, cov1, mean2, cov2)):
+        return FrechetDistance(float("nan"), float("nan"), "non-finite")
+    # cholesky, eigh and eigvalsh read only the lower triangle, so the rounding asymmetry of
+    # a covariance (or of the product) needs no D² symmetrising pass.
+    factor, other, route, clipped = None, cov2, "cholesky", 0.0
+    for first, second in ((cov1, cov2), (cov2, cov1)):
+        try:
+            factor, other = np.linalg.cholesky(first), second
+            break
+        except np.linalg.LinAlgError:
+            continue
+    if factor is None:  # both singular: cov1 = F Fᵀ from eigh, eigenvalues clipped at zero
+        route = "eigh"
+        eigenvalues, vectors = np.linalg.eigh(cov1)
+        clipped = _negative_share(eigenvalues)
+        # F = V √Λ without the clipped directions, whose columns would be zero: FᵀC₂F has the
+        # nonzero eigenvalues of √C₁ C₂ √C₁ in a smaller matrix.
+        kept = eigenvalues > 0
+        factor = vectors[:, kept] * np.sqrt(eigenvalues[kept])
+    product = factor.T @ other @ factor
+    eigenvalues = np.linalg.eigvalsh(product)
+    negative_mass = max(clipped, _negative_share(eigenvalues))
+    if negative_mass > NEGATIVE_MASS_WARNING:
+        warnings.warn(
+            f"frechet_distance clipped negative eigenvalues holding {negative_mass:.3g} of the "
+            "eigenvalue mass at zero: a covariance passed in is not positive semi-definite.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    difference = mean1 - mean2
+    trace_sqrt = np.sqrt(np.clip(eigenvalues, 0.0, None)).sum()
+    distance = difference @ difference + np.trace(cov1) + np.trace(cov2) - 2.0 * trace_sqrt
+    return FrechetDistance(float(distance), float(negative_mass), route)
+
+
+def save_fid_statistics(path: str | os.PathLike[str], moments: Moments) -> pathlib.Path:
+    """Write a population's moments (the real images', typically) to an `.npz` file.
+
+    The file holds pytorch-fid's keys, `mu` (the mean) and `sigma` (the unbiased
+    covariance), so pytorch-fid reads it too, and `count`, the rows, which dew needs.
+    It is written to a temporary file beside `path` and moved into place, so a failed
+    write leaves an existing file as it was. Read it back with `load_fid_statistics`,
+    or score against it with `fid(reference=path)`.
+
+    **Raises:** `ValueError` when `moments` holds fewer than two rows.
+    """
+    if moments.count < 2:
+        raise ValueError(
+            f"FID statistics need at least two rows, got {moments.count:g}: "
+            "merge more batches' moments before saving them."
+        )
+    path = pathlib.Path(path)
+    descriptor, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            np.savez(
+                file,
+                mu=moments.mean,
+                sigma=moments.covariance(),
+                count=np.float64(moments.count),
+                format=np.str_(_STATISTICS_FORMAT),
+            )
+        os.replace(scratch, path)
+    except BaseException:
+        pathlib.Path(scratch).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_fid_statistics(path: str | os.PathLike[str]) -> Moments:
+    """Read the moments `save_fid_statistics` wrote.
+
+    **Raises:** `FileNotFoundError` when there is no such file; `ValueError` when the
+    file is not an `.npz` of dew's FID statistics (pytorch-fid's own files lack `count`:
+    recompute the moments with dew).
+    """
+    path = pathlib.Path(path)
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError, EOFError) as error:
+        raise ValueError(f"{path} is not an .npz of FID statistics ({error}).") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} holds a single array, not an .npz of FID statistics.")
+    with loaded:
+        arrays = {key: loaded[key] for key in loaded.files}
+    written = str(arrays.pop("format", _STATISTICS_FORMAT))
+    if {"mu", "sigma", "count"} - set(arrays) or written != _STATISTICS_FORMAT:
+        raise ValueError(
+            f"{path} does not hold dew's FID statistics: it has keys {sorted(arrays)} and "
+            f"format {written!r}, expected 'count', 'mu' and 'sigma' in format "
+            f"{_STATISTICS_FORMAT!r} (written by dew.metrics.save_fid_statistics)."
+        )
+    mean = np.asarray(arrays["mu"], np.float64)
+    covariance = np.asarray(arrays["sigma"], np.float64)
+    count = float(np.asarray(arrays["count"]))
+    dims = mean.shape[0] if mean.ndim == 1 else -1
+    if covariance.shape != (dims, dims) or not count >= 2:
+        raise ValueError(
+            f"{path} holds malformed FID statistics: mu {mean.shape}, sigma "
+            f"{covariance.shape} and count {count:g}; expected mu (dims,), sigma "
+            "(dims, dims) and a count of at least 2."
+        )
+    return Moments(count, mean, covariance * (count - 1.0))
+
+
+class FIDState(NamedTuple):
+    """FID's accumulator: the moments of the generated and of the reference features."""
+
+    generated: Moments
+    reference: Moments
+
+
+@eqx.filter_jit
+def _extract(network: Callable[[Array], Array], images: Array) -> Array:
+    return network(images)
+
+
+class FID(Metric[Images]):
+    """Fréchet Inception Distance over `Images`: generated rows against reference rows.
+
+    `dew.metrics.fid()` builds it on pytorch-fid's InceptionV3. The fields:
+
+    - `network`: the feature network, a (jit-compatible) callable from images
+      `(rows, height, width, 3)` in `[0, 1]` to features `(rows, dims)`. Values compare
+      with pytorch-fid's only for `FIDInceptionV3.features` on its published weights.
+    - `reference`: precomputed `Moments` of the real population (`load_fid_statistics`),
+      or None to pool each batch's `Images.reference` rows.
+    - `name`: the reported name, `fid` by default.
+
+    Both populations are pooled separately and may differ in size; `finalize` needs at
+    least two rows in each (a `ValueError` names the counts; an empty pass is NaN). The
+    value is a float64 distance, NaN when a feature was not finite.
+    """
+
+    artifact_type: ClassVar[type[Artifact]] = Images
+    host: ClassVar[bool] = True
+
+    network: Callable[[Array], Array]
+    reference: Moments | None = None
+    name: str = eqx.field(static=True, default="fid")
+
+    def moments(self, images: Any) -> Moments:
+        """The float64 moments of the network's features of `images`, one population."""
+        if np.shape(images)[0] == 0:
+            return Moments.empty()
+        return Moments.of(_extract(self.network, images))
+
+    def init(self) -> FIDState:
+        """No rows in either population."""
+        return FIDState(Moments.empty(), Moments.empty())
+
+    def statistics(self, artifact: Images) -> FIDState:
+        """The moments of the batch's generated and (without `reference`) reference rows."""
+        if self.reference is not None:
+            return FIDState(self.moments(artifact.generated), Moments.empty())
+        if artifact.reference is None:
+            raise ValueError(
+                f"metric {self.name!r} compares generated images with real ones, but the "
+                "batch has no reference images: pass Images(..., reference=real_images), or "
+                "precomputed statistics of the real population (fid(reference=path))."
+            )
+        return FIDState(self.moments(artifact.generated), self.moments(artifact.reference))
+
+    def merge(self, accumulated: FIDState, contribution: FIDState) -> FIDState:
+        """Merge each population's moments (Chan et al.); a new state, operands untouched."""
+        return FIDState(
+            accumulated.generated.merge(contribution.generated),
+            accumulated.reference.merge(contribution.reference),
+        )
+
+    def distance(self, accumulated: FIDState) -> FrechetDistance:
+        """The whole result of `finalize`: the distance, its clipped negative eigenvalue
+        share and its route (see `FrechetDistance`)."""
+        generated = accumulated.generated
+        reference = accumulated.reference if self.reference is None else self.reference
+        if generated.count == 0 and accumulated.reference.count == 0:
+            return FrechetDistance(float("nan"), float("nan"), "empty")
+        if generated.count < 2 or reference.count < 2:
+            raise ValueError(
+                f"metric {self.name!r} needs at least two rows in each population, got "
+                f"{generated.count:g} generated and {reference.count:g} reference rows."
+            )
+        if generated.dims != reference.dims:
+            raise ValueError(
+                f"metric {self.name!r}: the generated features have {generated.dims} dims "
+                f"but the reference statistics {reference.dims}; they must come from the "
+                "same feature network."
+            )
+        return frechet_distance(
+            generated.mean, generated.covariance(), reference.mean, reference.covariance()
+        )
+
+    def finalize(self, accumulated: FIDState) -> float:
+        """The Fréchet distance of the two populations' features (NaN for an empty pass)."""
+        return self.distance(accumulated).distance
+
+
+def fid(
+    weights: str | os.PathLike[str] | None = None,
+    *,
+    dtype: str = "float32",
+    reference: str | os.PathLike[str] | Moments | None = None,
+    name: str = "fid",
+) -> FID:
+    """Fréchet Inception Distance over `Images`, as pytorch-fid 0.3.0 computes it (name `fid`).
+
+    **Arguments:**
+
+    - `weights`: pytorch-fid's `pt_inception-2015-12-05-6726825d.pth`; by default the file
+      named by `$DEW_FID_WEIGHTS`, else `~/.cache/dew/pt_inception-2015-12-05-6726825d.pth`,
+      checked by its SHA-256 prefix (`dew.nn.inception.default_weights_path`). Nothing is
+      downloaded.
+    - `dtype`: the network's `"float32"` (default) or `"float64"` (needs 64-bit JAX).
+    - `reference`: precomputed statistics of the real population, a path
+      `save_fid_statistics` wrote or `Moments`; None pools the batches' reference rows.
+    - `name`: the reported name.
+
+    **Raises:** `FileNotFoundError` when the weights (or the statistics) are not there, the
+    message saying where to put pytorch-fid's published weights.
+    """
+    network = FIDInceptionV3.load(weights, dtype=dtype)
+    if reference is not None and not isinstance(reference, Moments):
+        reference = load_fid_statistics(reference)
+    return FID(network=network.features, reference=reference, name=name)
