@@ -45,8 +45,26 @@ def _run(arguments):
     return status, out.getvalue(), err.getvalue()
 
 
+def _no_weights(path):
+    return (
+        f"no weights at {path}, named by $DEW_FID_WEIGHTS (save pytorch-fid's "
+        "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/"
+        "pt_inception-2015-12-05-6726825d.pth there)"
+    )
+
+
 def _sets(items):
     return [part for item in items for part in ("--set", item)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def missing_fid_weights(tmp_path_factory):
+    """$DEW_FID_WEIGHTS names a file that is not there, for this module's runs: the image
+    config skips FID (tests/test_default_fid.py scores it with weights)."""
+    missing = tmp_path_factory.mktemp("no_fid_weights") / "pt_inception.pth"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DEW_FID_WEIGHTS", str(missing))
+        yield missing
 
 
 @pytest.fixture(scope="module", params=VISION)
@@ -60,10 +78,15 @@ def trained(request, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_dew_train_config_writes_the_run_folder_and_its_previews(trained):
+def test_dew_train_config_writes_the_run_folder_and_its_previews(trained, missing_fid_weights):
     name, folder, (status, out, err) = trained
     assert status == 0, err
     assert f"run folder {folder}" in out
+    skipped = [line for line in out.splitlines() if "skipped" in line]
+    if name == "tiny_diffusion":  # images get FID when its weights are there
+        assert skipped == [f"fid skipped: {_no_weights(missing_fid_weights)}"]
+    else:  # clips and JEPA's representations: no FID to skip
+        assert skipped == []
     recorded = RunConfig.from_run_record(folder)
     expected = builtin(name)
     assert recorded.data == expected.data and recorded.objective == expected.objective
@@ -95,7 +118,7 @@ def test_dew_train_config_writes_the_run_folder_and_its_previews(trained):
 
 
 @pytest.mark.slow
-def test_dew_eval_rescores_the_last_checkpoint(trained):
+def test_dew_eval_rescores_the_last_checkpoint(trained, missing_fid_weights):
     name, folder, (status, _, err) = trained
     assert status == 0, err
     status, out, err = _run(["eval", str(folder)])
@@ -111,9 +134,13 @@ def test_dew_eval_rescores_the_last_checkpoint(trained):
         assert lines[0] == f"step {STEPS}  " + "  ".join(scores)
         assert "evaluation/coordinated_batches 2  evaluation/records 128" in lines[1]
         return
+    if name == "tiny_diffusion":  # FID skipped, naming the missing file, and no score
+        assert lines.pop(0) == f"fid skipped: {_no_weights(missing_fid_weights)}"
+        why = "fid skipped"
+    else:  # clips: FID is defined for images
+        why = "the diffusion objective declares no metrics"
     assert lines[0] == (
-        f"step {STEPS}  no scores: the diffusion objective declares no metrics (restored the "
-        f"step-{STEPS} checkpoint's EMA params)"
+        f"step {STEPS}  no scores: {why} (restored the step-{STEPS} checkpoint's EMA params)"
     )
     # 64 of the 1024 rows are held out: the batches and rows the pass read.
     batches = 64 // builtin(name).trainer.batch_size

@@ -164,15 +164,27 @@ def _summary(history: Mapping[str, Sequence[tuple[int, float]]]) -> str:
     return "  ".join(f"{tag} {series[-1][1]:.4f}" for tag, series in history.items() if series)
 
 
+def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]:
+    """The configured objective (on shapes), its default metrics (built once: FID loads
+    its weights here) and those it skips, each skipped one reported on one line."""
+    from dew.config import objective_shapes
+
+    objective = objective_shapes(config)
+    skipped = objective.skipped_metrics()
+    for name, why in skipped.items():
+        print(f"{name} skipped: {why}")
+    return objective, tuple(objective.default_metrics()), skipped
+
+
 def _train(args: argparse.Namespace) -> int:
-    from dew.config import default_metrics
     from dew.config._recipe import run_folder
 
     config = _configure(args)
     name = config.trainer.name
     if name is None:
         raise ValueError("dew train needs a run name: set trainer.name or pass --name.")
-    state = config.train(metrics=default_metrics(config), progress=not args.quiet)
+    _, metrics, _ = _default_metrics(config)
+    state = config.train(metrics=metrics, progress=not args.quiet)
     _, folder = run_folder(config, name)
     print(f"step {int(state.step)}  {_summary(state.metric_history)}")
     print(f"run folder {folder}")
@@ -252,7 +264,6 @@ def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> f
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from dew.config import default_metrics
     from dew.config._recipe import run_folder
     from dew.config.sweep import _checked_space, sweep
     from dew.tracking import LocalTracker
@@ -262,7 +273,7 @@ def _sweep(args: argparse.Namespace) -> int:
         raise ValueError("dew sweep needs trainer.name (or --name): it names every trial.")
     if args.storage is not None and args.search != "optuna":
         raise ValueError(f"--storage is Optuna's; use it with --search optuna, not {args.search}.")
-    metrics = default_metrics(config)
+    _, metrics, _ = _default_metrics(config)
     metric = args.metric or (metrics[0].name if metrics else "loss")
     _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
     ledger = args.ledger or str(local / "ledger.json")
@@ -301,21 +312,24 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from dew.config import RunConfig, evaluate_run, objective_shapes
+    from dew.config import RunConfig, evaluate_run
     from dew.training import key_text
 
-    result = evaluate_run(args.run_dir)
+    folder = pathlib.Path(args.run_dir)
+    config = RunConfig.from_run_record(folder / "run.json")  # evaluate_run's own first read
+    objective, metrics, skipped = _default_metrics(config)
+    result = evaluate_run(folder, metrics=metrics)
     if result.scores:
         shown = "  ".join(f"{name} {value:.4f}" for name, value in result.scores.items())
         print(f"step {result.step}  {shown}")
     else:  # say why there is no score rather than print an empty line
-        objective = objective_shapes(RunConfig.from_run_record(args.run_dir))
         weights = "EMA params" if getattr(objective, "ema_decay", None) is not None else "params"
-        why = (
-            f"the {objective.name} objective declares no metrics"
-            if not objective.default_metrics()
-            else "the validation pass was empty"
-        )
+        if metrics:
+            why = "the validation pass was empty"
+        elif skipped:
+            why = f"{', '.join(skipped)} skipped"
+        else:
+            why = f"the {objective.name} objective declares no metrics"
         print(
             f"step {result.step}  no scores: {why} (restored the step-{result.step} "
             f"checkpoint's {weights})"

@@ -69,9 +69,12 @@ def tiny_diffusion() -> RunConfig:
     four samples generated with the EMA weights (20 Euler steps, conditioned on the first
     validation rows' labels) as PNGs under the run folder's `previews/samples/<step>/`.
 
-    It reports the training loss only: its objective declares no validation metric (paired
-    PSNR/SSIM mean nothing for unpaired generation), so `dew eval` restores the EMA weights
-    and says so. Measured with `dew train --config tiny_diffusion` on 2 shared CPU cores:
+    Its validation metric is FID (`dew.metrics.fid()`, the 64 held-out rows against as many
+    samples) when pytorch-fid's weights are at `dew.nn.inception.default_weights_path()`;
+    without them `dew train` and `dew eval` print `fid skipped: no weights at <path> (...)`
+    and go on, reporting the training loss only (paired PSNR/SSIM mean nothing for unpaired
+    generation; `shapes` has class labels, no prompts, so no CLIP score). FID over 64 rows
+    is not FID-50k: it compares checkpoints of this run, nothing else. Measured with `dew train --config tiny_diffusion` on 2 shared CPU cores:
     46-47 s wall (32 s of CPU), the loss falling from about 1.9 (a fresh DiT predicts zero
     velocity) to 0.53 at step 100 and 0.20 at step 1500; the samples are coloured blobs on
     black, not yet crisp shapes.
@@ -92,7 +95,8 @@ def tiny_video_diffusion() -> RunConfig:
     moving at a constant velocity) for 1000 steps of 16 clips, as the run
     `tiny-video-diffusion` under `runs/`; its previews are 4-frame animated GIFs. Measured
     with `dew train --config tiny_video_diffusion` on 2 shared CPU cores: 53-60 s wall (44 s of
-    CPU), the loss falling from about 1.9 to 0.51 at step 100 and 0.19 at step 1000.
+    CPU), the loss falling from about 1.9 to 0.51 at step 100 and 0.19 at step 1000. No
+    validation metric: FID is defined for images, and no built-in metric scores clips.
 
     ```python
     >>> config = tiny_video_diffusion()

@@ -39,7 +39,9 @@ def objective_shapes(config: RunConfig) -> Any:
 def default_metrics(config: RunConfig) -> tuple[Metric, ...]:
     """The metrics the configured objective declares (`Objective.default_metrics`): what
     `dew train`, `dew sweep` and `dew eval` score a run with. The objective is built on
-    the model's shapes only, so no parameter is initialised."""
+    the model's shapes only, so no parameter is initialised; a metric's own resources are
+    loaded here (FID's weights), so call it once. Those it skips for want of something are
+    `objective_shapes(config).skipped_metrics()`, which the commands print."""
     return tuple(objective_shapes(config).default_metrics())
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "WEIGHTS_ENVIRONMENT_VARIABLE",
     "FIDInceptionV3",
     "default_weights_path",
+    "missing_weights",
 ]
 
 FID_WEIGHTS_FILENAME = "pt_inception-2015-12-05-6726825d.pth"
@@ -37,13 +38,8 @@ _IGNORED = (".bn.num_batches_tracked", "fc.weight", "fc.bias")  # the classifier
 _PAIR = tuple[int, int]
 
 
-def default_weights_path(weights: str | os.PathLike[str] | None = None) -> pathlib.Path:
-    """Where the FID weights are read from: `weights` when given, else the file named by
-    `$DEW_FID_WEIGHTS`, else `~/.cache/dew/pt_inception-2015-12-05-6726825d.pth`.
-
-    Nothing is downloaded. **Raises:** `FileNotFoundError` when the chosen file does not
-    exist, saying where to put pytorch-fid's published weights and where to get them.
-    """
+def _candidate(weights: str | os.PathLike[str] | None) -> tuple[pathlib.Path, str | None]:
+    """The weights file `default_weights_path` reads, and what chose it (None: the cache)."""
     if weights is not None:
         path, source = pathlib.Path(weights), "the weights path given"
     elif os.environ.get(WEIGHTS_ENVIRONMENT_VARIABLE):
@@ -51,7 +47,17 @@ def default_weights_path(weights: str | os.PathLike[str] | None = None) -> pathl
         source = f"${WEIGHTS_ENVIRONMENT_VARIABLE}"
     else:
         path, source = pathlib.Path.home() / ".cache" / "dew" / FID_WEIGHTS_FILENAME, None
-    path = path.expanduser()
+    return path.expanduser(), source
+
+
+def default_weights_path(weights: str | os.PathLike[str] | None = None) -> pathlib.Path:
+    """Where the FID weights are read from: `weights` when given, else the file named by
+    `$DEW_FID_WEIGHTS`, else `~/.cache/dew/pt_inception-2015-12-05-6726825d.pth`.
+
+    Nothing is downloaded. **Raises:** `FileNotFoundError` when the chosen file does not
+    exist, saying where to put pytorch-fid's published weights and where to get them.
+    """
+    path, source = _candidate(weights)
     if path.is_file():
         return path
     where = f" ({source})" if source else ""
@@ -60,6 +66,23 @@ def default_weights_path(weights: str | os.PathLike[str] | None = None) -> pathl
         f"pytorch-fid's published weights, {FID_WEIGHTS_URL} , as "
         f"~/.cache/dew/{FID_WEIGHTS_FILENAME}, or point ${WEIGHTS_ENVIRONMENT_VARIABLE} "
         "or weights= at the file."
+    )
+
+
+def missing_weights(weights: str | os.PathLike[str] | None = None) -> str | None:
+    """None when `default_weights_path(weights)` finds a file; else why not, on one line
+    for a notice: `no weights at <path> (<where to get them>)`. Reads nothing but the
+    file's existence (no loading, no checksum)."""
+    path, source = _candidate(weights)
+    if path.is_file():
+        return None
+    if source is not None:
+        return (
+            f"no weights at {path}, named by {source} (save pytorch-fid's {FID_WEIGHTS_URL} there)"
+        )
+    return (
+        f"no weights at {path} (save pytorch-fid's {FID_WEIGHTS_URL} there, or point "
+        f"${WEIGHTS_ENVIRONMENT_VARIABLE} at a copy)"
     )
 
 

@@ -48,7 +48,8 @@ class AbstractObjective(eqx.Module):
     - `generate_preview(params, batch, key)`: the objective's own preview artifact
       (sampled rows, say), or `None` to preview the scoring artifact.
     - `default_metrics()`: the metrics a run of this objective is scored with when
-      none are named (`dew train`, `dew eval`); `()` for none.
+      none are named (`dew train`, `dew eval`); `()` for none. `skipped_metrics()` names
+      those it leaves out for want of something (weights), with why.
 
     An objective may also declare `ema_decay: float | None` (a static field; the base
     says `None`). With a decay, the `Trainer` creates the state with `ema_params` and
@@ -98,6 +99,12 @@ class AbstractObjective(eqx.Module):
     def default_metrics(self) -> tuple[Metric, ...]:
         """The validation metrics a run of this objective is scored with when none are
         named (`dew train`, `dew eval`)."""
+
+    def skipped_metrics(self) -> dict[str, str]:
+        """The default metrics left out of `default_metrics()` because something they need
+        is missing (FID's weights, say): each metric's name, with why, on one line. The
+        shell reports them (`dew train`, `dew eval`); the base skips none."""
+        return {}
 
     def preview(
         self,

@@ -13,8 +13,9 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 from dew._checks import check_integer
 from dew._domains import PREVIEW_DOMAIN
 from dew.artifacts import Clips, Images
-from dew.metrics import Metric
+from dew.metrics import Metric, fid
 from dew.nn.backbones.dit import DiT
+from dew.nn.inception import missing_weights
 from dew.objectives._images import checked_labels, checked_pixels
 from dew.objectives.base import Batch, Objective, combine, trainable
 from dew.telemetry.records import SamplingProtocol
@@ -315,9 +316,24 @@ class DiffusionObjective(Objective):
         )
 
     def default_metrics(self) -> tuple[Metric, ...]:
-        """None: paired metrics (PSNR, SSIM) are meaningless for unpaired generation, and
-        no built-in metric scores a generated population yet."""
-        return ()
+        """`(fid(),)` for an image model when pytorch-fid's weights are at
+        `dew.nn.inception.default_weights_path()` (loaded here, once per call: ask once and
+        keep the metrics); otherwise none, the reason in `skipped_metrics()`.
+
+        Clips get none: FID is defined for images, and no built-in metric scores a
+        population of clips (FVD is not built in). Paired metrics (PSNR, SSIM) mean
+        nothing for unpaired generation, and no CLIP score: the built-in datasets
+        (`shapes`, `moving_shapes`) hold class labels, not prompts.
+        """
+        if self.field != "images" or self.skipped_metrics():
+            return ()
+        return (fid(),)
+
+    def skipped_metrics(self) -> dict[str, str]:
+        """`{"fid": "no weights at <path> (...)"}` for an image model without FID weights
+        at the default place; `{}` otherwise (clips get no FID to skip)."""
+        missing = missing_weights() if self.field == "images" else None
+        return {} if missing is None else {"fid": missing}
 
     def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> Images | Clips:
         """At most four samples, conditioned on the first rows' labels, drawn from `key`

@@ -1,0 +1,163 @@
+"""The vision configs' default FID: scored once pytorch-fid's weights are at the default
+place, skipped with one line naming the missing file when they are not.
+
+The weights here are random (the shapes of pytorch-fid's 470 arrays) in a `.safetensors`
+file that `$DEW_FID_WEIGHTS` names. The default weights are checked by their SHA-256
+prefix, and `$DEW_FID_WEIGHTS` is still the default (it says where the published file is,
+not that another network is wanted), so a random file there is refused: the tests that
+score set the expected prefix to their file's own digest instead of skipping the check."""
+
+import contextlib
+import io
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from dew.cli import main
+from dew.config import builtin, evaluate_run, objective_shapes
+from dew.io import sha256_of
+from dew.metrics import FID
+from dew.nn import inception
+
+FID_URL = "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/"
+
+
+def _run(arguments):
+    """`dew ARGUMENTS` in this process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(arguments)
+    return status, out.getvalue(), err.getvalue()
+
+
+def _random_inception_weights(path) -> None:
+    """pytorch-fid's arrays, random and scaled to keep activations O(1), as safetensors."""
+    rng = np.random.default_rng(0)
+    header, blobs, offset = {}, [], 0
+    for key, shape in inception._parameter_shapes().items():
+        if key.endswith("conv.weight"):
+            array = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
+        elif key.endswith("running_var"):
+            array = rng.uniform(0.5, 1.5, shape)
+        else:
+            array = rng.normal(0.0, 0.1, shape)
+        blob = array.astype("<f4").tobytes()
+        header[key] = {
+            "dtype": "F32",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
+        blobs.append(blob)
+        offset += len(blob)
+    encoded = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
+
+
+def test_without_weights_image_diffusion_skips_fid_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEW_FID_WEIGHTS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    objective = objective_shapes(builtin("tiny_diffusion"))
+    assert objective.default_metrics() == ()
+    cached = tmp_path / ".cache" / "dew" / "pt_inception-2015-12-05-6726825d.pth"
+    assert objective.skipped_metrics() == {
+        "fid": f"no weights at {cached} (save pytorch-fid's {FID_URL}"
+        "pt_inception-2015-12-05-6726825d.pth there, or point $DEW_FID_WEIGHTS at a copy)"
+    }
+
+
+def test_clips_get_no_fid_to_skip(tmp_path, monkeypatch):
+    weights = tmp_path / "weights.pth"
+    weights.write_bytes(b"not read")  # present, but clips never load it
+    monkeypatch.setenv("DEW_FID_WEIGHTS", str(weights))
+    objective = objective_shapes(builtin("tiny_video_diffusion"))
+    assert objective.default_metrics() == () and objective.skipped_metrics() == {}
+
+
+def test_weights_that_are_not_the_published_file_are_an_error_not_a_skip(tmp_path, monkeypatch):
+    weights = tmp_path / "other.pth"
+    weights.write_bytes(b"another network")
+    monkeypatch.setenv("DEW_FID_WEIGHTS", str(weights))
+    objective = objective_shapes(builtin("tiny_diffusion"))
+    assert objective.skipped_metrics() == {}
+    with pytest.raises(ValueError, match=r"other\.pth.*does not start with '6726825d'"):
+        objective.default_metrics()
+
+
+@pytest.mark.slow
+def test_dew_eval_without_weights_prints_the_skip_line_and_exits_0(tmp_path, monkeypatch):
+    missing = tmp_path / "absent.pth"
+    monkeypatch.setenv("DEW_FID_WEIGHTS", str(missing))
+    folder = _tiny_diffusion_run(tmp_path)
+    status, out, err = _run(["eval", str(folder)])
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0] == (
+        f"fid skipped: no weights at {missing}, named by $DEW_FID_WEIGHTS (save pytorch-fid's "
+        f"{FID_URL}pt_inception-2015-12-05-6726825d.pth there)"
+    )
+    assert lines[1] == (
+        "step 1  no scores: fid skipped (restored the step-1 checkpoint's EMA params)"
+    )
+
+
+def _tiny_diffusion_run(root):
+    """A one-step tiny_diffusion run (CI-sized DiT) with 4 validation rows in one batch;
+    trained in this process under whatever FID weights the environment names."""
+    arguments = [
+        "train",
+        "--config",
+        "tiny_diffusion",
+        "--checkpoint-dir",
+        str(root),
+        "--steps",
+        "1",
+        "--quiet",
+    ]
+    sets = [
+        "model.kwargs.width=32",
+        "model.kwargs.depth=1",
+        "model.kwargs.heads=2",
+        "data.kwargs.rows=32",
+        "data.kwargs.val_fraction=0.125",
+        "trainer.batch_size=4",
+        "trainer.eval_every=1000",
+        "trainer.checkpoint_every=1",
+        "trainer.log_every=1",
+        "trainer.preview=false",
+        "objective.kwargs.sampling.steps=2",
+    ]
+    status, _, err = _run([*arguments, *[part for item in sets for part in ("--set", item)]])
+    assert status == 0, err
+    return root / "tiny-diffusion"
+
+
+@pytest.mark.slow
+def test_dew_eval_with_weights_scores_fid_loading_them_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEW_FID_WEIGHTS", str(tmp_path / "absent.pth"))
+    folder = _tiny_diffusion_run(tmp_path)  # trained without weights: no FID while training
+    weights = tmp_path / "random_inception.safetensors"
+    _random_inception_weights(weights)
+    monkeypatch.setenv("DEW_FID_WEIGHTS", str(weights))
+    monkeypatch.setattr(inception, "FID_WEIGHTS_SHA256_PREFIX", sha256_of(weights)[:8])
+    loads = []
+    load = inception.FIDInceptionV3.load.__func__
+
+    def counted(cls, *args, **kwargs):
+        loads.append(args)
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(inception.FIDInceptionV3, "load", classmethod(counted))
+    (metric,) = objective_shapes(builtin("tiny_diffusion")).default_metrics()
+    assert isinstance(metric, FID) and metric.name == "fid"
+    loads.clear()
+    status, out, err = _run(["eval", str(folder)])
+    assert status == 0, err
+    assert len(loads) == 1  # the 91 MB weights: read once per command
+    assert "skipped" not in out
+    # what it printed is the FID of the checkpoint's samples against the 4 real rows
+    # (random weights' features are small: the value is too, but not zero)
+    value = evaluate_run(folder, metrics=[metric]).scores["fid"]
+    assert np.isfinite(value) and value > 0.0
+    assert out.splitlines()[0] == f"step 1  fid {value:.4f}"
