@@ -74,10 +74,11 @@ def tiny_diffusion() -> RunConfig:
     without them `dew train` and `dew eval` print `fid skipped: no weights at <path> (...)`
     and go on, reporting the training loss only (paired PSNR/SSIM mean nothing for unpaired
     generation; `shapes` has class labels, no prompts, so no CLIP score). FID over 64 rows
-    is not FID-50k: it compares checkpoints of this run, nothing else. Measured with `dew train --config tiny_diffusion` on 2 shared CPU cores:
-    46-47 s wall (32 s of CPU), the loss falling from about 1.9 (a fresh DiT predicts zero
-    velocity) to 0.53 at step 100 and 0.20 at step 1500; the samples are coloured blobs on
-    black, not yet crisp shapes.
+    is not FID-50k: it compares checkpoints of this run, nothing else. Measured without FID
+    weights, with `dew train --config tiny_diffusion` on 2 shared CPU cores: 46-47 s wall
+    (32 s of CPU), the loss falling from about 1.9 (a fresh DiT predicts zero velocity) to
+    0.53 at step 100 and 0.20 at step 1500; the samples are coloured blobs on black, not yet
+    crisp shapes.
 
     ```python
     >>> config = tiny_diffusion()
