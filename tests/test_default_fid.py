@@ -20,6 +20,7 @@ from dew.config import builtin, evaluate_run, objective_shapes
 from dew.io import sha256_of
 from dew.metrics import FID
 from dew.nn import inception
+from dew.objectives.base import SkipsMetrics
 
 FID_URL = "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/"
 
@@ -60,6 +61,8 @@ def test_without_weights_image_diffusion_skips_fid_naming_the_file(tmp_path, mon
     monkeypatch.setenv("HOME", str(tmp_path))
     objective = objective_shapes(builtin("tiny_diffusion"))
     assert objective.default_metrics() == ()
+    assert isinstance(objective, SkipsMetrics)
+    assert not isinstance(objective_shapes(builtin("tiny_lm")), SkipsMetrics)
     cached = tmp_path / ".cache" / "dew" / "pt_inception-2015-12-05-6726825d.pth"
     assert objective.skipped_metrics() == {
         "fid": f"no weights at {cached} (save pytorch-fid's {FID_URL}"

@@ -168,9 +168,10 @@ def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]
     """The configured objective (on shapes), its default metrics (built once: FID loads
     its weights here) and those it skips, each skipped one reported on one line."""
     from dew.config import objective_shapes
+    from dew.objectives.base import SkipsMetrics
 
     objective = objective_shapes(config)
-    skipped = objective.skipped_metrics()
+    skipped = objective.skipped_metrics() if isinstance(objective, SkipsMetrics) else {}
     for name, why in skipped.items():
         print(f"{name} skipped: {why}")
     return objective, tuple(objective.default_metrics()), skipped

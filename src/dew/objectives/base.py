@@ -20,6 +20,7 @@ __all__ = [
     "Objective",
     "ReadsEMAParams",
     "ReportsSampling",
+    "SkipsMetrics",
     "check_token_batch",
     "token_log_probs",
 ]
@@ -48,8 +49,8 @@ class AbstractObjective(eqx.Module):
     - `generate_preview(params, batch, key)`: the objective's own preview artifact
       (sampled rows, say), or `None` to preview the scoring artifact.
     - `default_metrics()`: the metrics a run of this objective is scored with when
-      none are named (`dew train`, `dew eval`); `()` for none. `skipped_metrics()` names
-      those it leaves out for want of something (weights), with why.
+      none are named (`dew train`, `dew eval`); `()` for none. An objective that leaves
+      some out for want of something (FID's weights) says which through `SkipsMetrics`.
 
     An objective may also declare `ema_decay: float | None` (a static field; the base
     says `None`). With a decay, the `Trainer` creates the state with `ema_params` and
@@ -100,12 +101,6 @@ class AbstractObjective(eqx.Module):
         """The validation metrics a run of this objective is scored with when none are
         named (`dew train`, `dew eval`)."""
 
-    def skipped_metrics(self) -> dict[str, str]:
-        """The default metrics left out of `default_metrics()` because something they need
-        is missing (FID's weights, say): each metric's name, with why, on one line. The
-        shell reports them (`dew train`, `dew eval`); the base skips none."""
-        return {}
-
     def preview(
         self,
         params: PyTree,
@@ -155,6 +150,17 @@ class ReadsEMAParams(Protocol):
         self, params: PyTree, ema_params: PyTree, batch: Batch, key: PRNGKeyArray
     ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
         """The loss of `params` against targets computed from `ema_params`."""
+        ...
+
+
+@runtime_checkable
+class SkipsMetrics(Protocol):
+    """An objective whose `default_metrics()` may leave some out because something they
+    need is missing (an image `DiffusionObjective` without FID's weights): the shell
+    (`dew train`, `dew sweep`, `dew eval`) prints each one it names, with why."""
+
+    def skipped_metrics(self) -> dict[str, str]:
+        """Each default metric left out, by name, with why on one line; `{}` for none."""
         ...
 
 
