@@ -9,11 +9,10 @@ score set the expected prefix to their file's own digest instead of skipping the
 
 import contextlib
 import io
-import json
-import struct
 
 import numpy as np
 import pytest
+from _weights import random_inception_weights
 
 from dew.cli import main
 from dew.config import builtin, evaluate_run, objective_shapes
@@ -31,29 +30,6 @@ def _run(arguments):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main(arguments)
     return status, out.getvalue(), err.getvalue()
-
-
-def _random_inception_weights(path) -> None:
-    """pytorch-fid's arrays, random and scaled to keep activations O(1), as safetensors."""
-    rng = np.random.default_rng(0)
-    header, blobs, offset = {}, [], 0
-    for key, shape in inception._parameter_shapes().items():
-        if key.endswith("conv.weight"):
-            array = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
-        elif key.endswith("running_var"):
-            array = rng.uniform(0.5, 1.5, shape)
-        else:
-            array = rng.normal(0.0, 0.1, shape)
-        blob = array.astype("<f4").tobytes()
-        header[key] = {
-            "dtype": "F32",
-            "shape": list(shape),
-            "data_offsets": [offset, offset + len(blob)],
-        }
-        blobs.append(blob)
-        offset += len(blob)
-    encoded = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
 
 
 def test_without_weights_image_diffusion_skips_fid_naming_the_file(tmp_path, monkeypatch):
@@ -141,7 +117,7 @@ def test_dew_eval_with_weights_scores_fid_loading_them_once(tmp_path, monkeypatc
     monkeypatch.setenv("DEW_FID_WEIGHTS", str(tmp_path / "absent.pth"))
     folder = _tiny_diffusion_run(tmp_path)  # trained without weights: no FID while training
     weights = tmp_path / "random_inception.safetensors"
-    _random_inception_weights(weights)
+    random_inception_weights(weights)
     monkeypatch.setenv("DEW_FID_WEIGHTS", str(weights))
     monkeypatch.setattr(inception, "FID_WEIGHTS_SHA256_PREFIX", sha256_of(weights)[:8])
     loads = []

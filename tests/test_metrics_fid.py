@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
+from _weights import random_inception_weights
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -442,39 +443,10 @@ def test_fid_without_weights_says_where_to_put_them(tmp_path, monkeypatch):
         metrics.fid(weights=tmp_path / "absent.pth")
 
 
-def _random_inception_weights(path) -> None:
-    """pytorch-fid's 470 arrays, random and scaled to keep activations O(1), as a
-    .safetensors file (an 8-byte header length, a JSON header, the raw arrays)."""
-    import json
-    import struct
-
-    from dew.nn import inception
-
-    rng = np.random.default_rng(0)
-    header, blobs, offset = {}, [], 0
-    for key, shape in inception._parameter_shapes().items():
-        if key.endswith("conv.weight"):
-            array = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
-        elif key.endswith("running_var"):
-            array = rng.uniform(0.5, 1.5, shape)
-        else:
-            array = rng.normal(0.0, 0.1, shape)
-        blob = array.astype("<f4").tobytes()
-        header[key] = {
-            "dtype": "F32",
-            "shape": list(shape),
-            "data_offsets": [offset, offset + len(blob)],
-        }
-        blobs.append(blob)
-        offset += len(blob)
-    encoded = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
-
-
 @pytest.mark.slow
 def test_fid_on_inception_features_with_reference_statistics(tmp_path):
     weights = tmp_path / "random_inception.safetensors"
-    _random_inception_weights(weights)
+    random_inception_weights(weights)
     metric = metrics.fid(weights=weights)
     assert isinstance(metric, FID) and metric.name == "fid"
     # one shape for every call: each new shape compiles the whole network again
