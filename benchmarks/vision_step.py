@@ -51,7 +51,6 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +58,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+# The benchmarks' shared interval: ms per step with garbage collection paused (run as a
+# script, the folder of this file is on sys.path).
+from trainer_overhead import timed
 
 import dew
 from dew import metrics
@@ -168,17 +171,6 @@ class HandSide:
         self.done += steps
         self.carry = carry
         jax.block_until_ready(carry)
-
-
-def timed(run: Callable[[int], None], steps: int) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        run(steps)
-        return (time.perf_counter() - start) * 1e3 / steps
-    finally:
-        gc.enable()
 
 
 def measure(case: Case) -> dict[str, Any]:
