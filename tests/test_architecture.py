@@ -14,6 +14,7 @@ GROUND = (
     "_json",
     "_interrupts",
     "io",
+    "_processes",
 )  # below the core: import no dew module
 SHELL = (
     "training",
@@ -28,6 +29,7 @@ SHELL = (
     "supervised",
     "events",
     "profiling",
+    "distributed",
 )
 
 

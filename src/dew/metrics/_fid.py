@@ -44,6 +44,7 @@ __all__ = [
 # `frechet_distance` warns: rounding leaves ~1e-13 on singular covariances; more says a
 # matrix passed in is not a covariance (not positive semi-definite).
 NEGATIVE_MASS_WARNING = 1e-6
+_EPS = float(np.finfo(np.float64).eps)
 _STATISTICS_FORMAT = "dew.fid_statistics.v1"
 
 
@@ -158,10 +159,12 @@ def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDis
     `tr √(C₁ C₂)` is the sum of the square roots of the eigenvalues of `Lᵀ C₂ L`, where
     `C₁ = L Lᵀ` (Cholesky; `C₂`'s factor is tried when `C₁` is singular). When both are
     singular, `L` is `C₁`'s symmetric square root from `eigh`, its eigenvalues clipped at
-    zero (kept as `V √Λ` over the eigenvalues left, a `(dims, rank)` factor with the same
-    product eigenvalues and a smaller product). Negative eigenvalues of the product are
-    clipped at zero, which is the real part `sqrtm` would give; their share is reported in
-    the result, never hidden.
+    zero, and those at or below rounding (`dims · ε · λmax`, NumPy's `matrix_rank`
+    tolerance) counted as zero too (kept as `V √Λ` over the eigenvalues left, a
+    `(dims, rank)` factor with the same product eigenvalues and a smaller product).
+    Negative eigenvalues of the product are clipped at zero, which is the real part `sqrtm`
+    would give; their share is reported in the result, never hidden. The product's
+    eigenvalues at or below rounding count as zero by the same tolerance (decision 0019).
 
     ```python
     >>> import numpy as np
@@ -179,6 +182,15 @@ def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDis
 
     **Raises:** `ValueError` when the shapes do not agree.
     """
+    return _frechet_distance(mean1, cov1, mean2, cov2)
+
+
+def _frechet_distance(
+    mean1: Any, cov1: Any, mean2: Any, cov2: Any, *, singular: tuple[bool, bool] = (False, False)
+) -> FrechetDistance:
+    """`frechet_distance`; `singular[i]` says covariance `i` is known to be singular (it
+    came from no more rows than dims), so its Cholesky factor is not tried: a failed
+    attempt at 2048 dims costs about a full one (0.1 s)."""
     mean1, cov1 = _check_gaussian("1", mean1, cov1)
     mean2, cov2 = _check_gaussian("2", mean2, cov2)
     if mean1.shape != mean2.shape:
@@ -191,7 +203,9 @@ def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDis
     # cholesky, eigh and eigvalsh read only the lower triangle, so the rounding asymmetry of
     # a covariance (or of the product) needs no D² symmetrising pass.
     factor, other, route, clipped = None, cov2, "cholesky", 0.0
-    for first, second in ((cov1, cov2), (cov2, cov1)):
+    for first, second, known_singular in ((cov1, cov2, singular[0]), (cov2, cov1, singular[1])):
+        if known_singular:
+            continue
         try:
             factor, other = np.linalg.cholesky(first), second
             break
@@ -203,7 +217,10 @@ def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDis
         clipped = _negative_share(eigenvalues)
         # F = V √Λ without the clipped directions, whose columns would be zero: FᵀC₂F has the
         # nonzero eigenvalues of √C₁ C₂ √C₁ in a smaller matrix.
-        kept = eigenvalues > 0
+        # Eigenvalues at or below the rounding floor (NumPy's matrix_rank tolerance, D·ε·λmax)
+        # are zero in exact arithmetic: with n <= D rows, about D - n + 1 of them. Dropping
+        # them too keeps their √(noise) out of the trace and the product near the true rank.
+        kept = eigenvalues > max(eigenvalues[-1], 0.0) * eigenvalues.size * _EPS
         factor = vectors[:, kept] * np.sqrt(eigenvalues[kept])
     product = factor.T @ other @ factor
     eigenvalues = np.linalg.eigvalsh(product)
@@ -216,7 +233,11 @@ def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDis
             stacklevel=2,
         )
     difference = mean1 - mean2
-    trace_sqrt = np.sqrt(np.clip(eigenvalues, 0.0, None)).sum()
+    # The product's eigenvalues at or below rounding are zero as well: a singular covariance
+    # leaves about D - n + 1 of them, and √(rounding noise) summed over those is ~1e-8 of
+    # the trace.
+    floor = max(eigenvalues[-1], 0.0) * eigenvalues.size * _EPS if eigenvalues.size else 0.0
+    trace_sqrt = np.sqrt(eigenvalues[eigenvalues > floor]).sum()
     distance = difference @ difference + np.trace(cov1) + np.trace(cov2) - 2.0 * trace_sqrt
     return FrechetDistance(float(distance), float(negative_mass), route)
 
@@ -376,8 +397,13 @@ class FID(Metric[Images]):
                 f"but the reference statistics {reference.dims}; they must come from the "
                 "same feature network."
             )
-        return frechet_distance(
-            generated.mean, generated.covariance(), reference.mean, reference.covariance()
+        return _frechet_distance(
+            generated.mean,
+            generated.covariance(),
+            reference.mean,
+            reference.covariance(),
+            # n rows give a covariance of rank at most n - 1: singular when n <= dims
+            singular=(generated.count <= generated.dims, reference.count <= reference.dims),
         )
 
     def finalize(self, accumulated: FIDState) -> float:
