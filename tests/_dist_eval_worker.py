@@ -134,7 +134,8 @@ class ImagesObjective(Objective):
 
     def evaluate(self, params, batch, key):
         generated = jnp.clip(batch["images"] * self.scale + params["shift"], 0.0, 1.0)
-        return Images(generated, batch.get("reference"))
+        reference = batch.get("reference")
+        return Images(generated, None if reference is None else jnp.asarray(reference))
 
     def check_batch(self, batch):
         if np.ndim(batch["images"]) != 4:
@@ -167,7 +168,7 @@ def lm_metrics() -> list[Metric]:
 def _main() -> None:
     from _multiprocess import start
 
-    rank, count, out, _ = start()
+    rank, _count, out, _ = start()
 
     from dew import evaluate
     from dew._pass import preview_on_process_zero, run_pass
