@@ -161,6 +161,66 @@ def image_shard(rank: int, batches: int, *, reference: bool = True) -> list[dict
     return shard
 
 
+def builtin_previews() -> dict[str, tuple[Objective, object, object]]:
+    """name -> (objective, params, shard of a rank): built-in objectives whose previews
+    the launch runs over both processes' first batches (two rows a process). The LM's
+    (whose sampler GRPO shares) runs beside them, and `ImagesObjective` stands for the
+    base preview of the scoring artifact (JEPA's, the supervised objective's)."""
+    from dew.nn.backbones.bidirectional_transformer import BidirectionalTransformer
+    from dew.nn.backbones.dit import DiT
+    from dew.objectives.diffusion import DiffusionObjective, Sampling
+    from dew.objectives.dpo import DPOObjective
+    from dew.objectives.masked_diffusion import MaskedDiffusionObjective
+
+    causal = lm_objective().model
+    greedy = Samples(temperature=0.0, num_samples=3, max_new_tokens=2)
+
+    def images(rank):
+        rng = np.random.default_rng(20 + rank)
+        return {
+            "images": rng.uniform(0, 1, (2, 16, 16, 3)).astype(np.float32),
+            "labels": np.array([rank, 2], np.int32),
+        }
+
+    def tokens(rank, length, low=0):
+        return np.random.default_rng(30 + rank).integers(low, VOCAB, (2, length), dtype=np.int32)
+
+    def pairs(rank):
+        return {
+            "chosen": tokens(rank, 6, low=1),
+            "rejected": tokens(rank + 5, 6, low=1),
+            "prompt_mask": np.broadcast_to(np.arange(6) < 2 + rank, (2, 6)).copy(),
+        }
+
+    bidirectional = BidirectionalTransformer(
+        vocab_size=VOCAB,
+        emb_features=16,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=32,
+        max_seq_len=8,
+        key=jax.random.key(1),
+    )
+    objectives = {
+        "diffusion": (
+            DiffusionObjective(
+                DiT(16, 4, 3, width=32, depth=1, heads=2, num_classes=3, key=jax.random.key(2)),
+                sampling=Sampling(steps=2),
+            ),
+            images,
+        ),
+        "masked_diffusion": (
+            MaskedDiffusionObjective(bidirectional, seq_len=SEQ, sampling_steps=2, preview_count=3),
+            lambda rank: {"text": tokens(rank, SEQ)},
+        ),
+        "dpo": (DPOObjective(causal, causal, beta=0.5, pad_id=0, samples=greedy), pairs),
+    }
+    return {
+        name: (objective, objective.init_params(), shard)
+        for name, (objective, shard) in objectives.items()
+    }
+
+
 def lm_metrics() -> list[Metric]:
     return [metrics.perplexity(), metrics.token_accuracy(), metrics.mean_loss()]
 
@@ -300,6 +360,17 @@ def _main() -> None:
         return artifact is not None
 
     results["images_preview"] = outcome(images_preview)
+    for name, (objective, objective_params, shard) in builtin_previews().items():
+
+        def builtin(name=name, objective=objective, objective_params=objective_params, shard=shard):
+            artifact = preview(objective, objective_params, [shard(rank)], [])
+            if artifact is not None:
+                for field, value in vars(artifact).items():
+                    if isinstance(value, np.ndarray):
+                        arrays[f"{name}.{field}"] = value
+            return artifact is not None
+
+        results[f"preview_{name}"] = outcome(builtin)
     failing = ImagesObjective(fail_preview_on=1)
     results["preview_fails"] = outcome(
         lambda: preview(failing, failing.init_params(), image_shard(rank, 1), [metrics.psnr()])

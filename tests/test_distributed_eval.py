@@ -9,11 +9,13 @@ import json
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from _dist_eval_worker import (
     SEQ,
     ImagesObjective,
+    builtin_previews,
     features,
     image_shard,
     joined,
@@ -220,6 +222,24 @@ def test_a_preview_reaches_process_zero_alone_as_one_process_previews_it(launche
         images, images.init_params(), joined([image_shard(0, 1), image_shard(1, 1)]), []
     )
     np.testing.assert_allclose(arrays[0]["preview_generated"], np.asarray(scored.generated))
+
+
+@pytest.mark.parametrize("name", ["diffusion", "masked_diffusion", "dpo"])
+def test_built_in_previews_run_over_both_processes_as_one_process_runs_them(launched, name):
+    _, ranks, arrays = launched
+    assert [r[f"preview_{name}"] for r in ranks] == [{"value": True}, {"value": False}]
+    objective, params, shard = builtin_previews()[name]
+    first = jax.tree.map(jnp.asarray, joined([[shard(0)], [shard(1)]])[0])
+    expected = one_process_preview(objective, params, [first], [])
+    fields = {field: value for field, value in vars(expected).items() if hasattr(value, "shape")}
+    assert sorted(f"{name}.{field}" for field in fields) == sorted(
+        key for key in arrays[0] if key.startswith(f"{name}.")
+    )
+    assert not any(key.startswith(f"{name}.") for key in arrays[1])
+    for field, value in fields.items():
+        np.testing.assert_allclose(
+            arrays[0][f"{name}.{field}"], np.asarray(value), rtol=1e-5, atol=1e-6, err_msg=field
+        )
 
 
 def test_a_preview_failing_on_one_process_raises_on_every_process(ranks):
