@@ -352,6 +352,19 @@ def _main() -> None:
         return artifact is not None
 
     results["lm_preview"] = outcome(lm_preview)
+    # Only process zero asks for the first artifact (its tracker previews): both keep it.
+    results["keep_on_zero_only"] = outcome(
+        lambda: (
+            run_pass(
+                lm,
+                params,
+                text_shard(rank, 1),
+                MetricSet([metrics.perplexity()]),
+                key,
+                keep_first_artifact=rank == 0,
+            ).first_artifact.losses.shape
+        )
+    )
 
     def images_preview():
         artifact = preview(images, images.init_params(), image_shard(rank, 1), [])

@@ -242,6 +242,10 @@ def test_built_in_previews_run_over_both_processes_as_one_process_runs_them(laun
         )
 
 
+def test_every_process_keeps_the_first_artifact_when_one_asks_for_it(ranks):
+    assert same_everywhere(ranks, "keep_on_zero_only") == {"value": [8, SEQ]}
+
+
 def test_a_preview_failing_on_one_process_raises_on_every_process(ranks):
     assert same_everywhere(ranks, "preview_fails") == {
         "error": "ValueError",

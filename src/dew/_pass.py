@@ -32,6 +32,7 @@ from jaxtyping import ArrayLike, Int, PRNGKeyArray, PyTree
 from dew._checks import batch_error, explain_failure, failed_check, ids_checked_on_host
 from dew._domains import SCORING_DOMAIN
 from dew._processes import (
+    _agree,
     _allgather,
     agree_process_phase,
     broadcast_json,
@@ -434,10 +435,15 @@ def _place(objective: Objective, batch: Mapping[str, Any], index: int) -> dict[s
         placed = global_batch(batch)
     except Exception as error:
         outcome = error
-    agree_process_phase(f"checking validation batch {index}", outcome)
-    digest = np.frombuffer(hashlib.sha256(layout.encode("utf-8")).digest()[:16], np.uint8)
-    digests = _allgather(digest)
-    if any(bytes(row) != bytes(digests[0]) for row in digests):
+    # One exchange in the common case: each process's outcome beside its layout's digest;
+    # only when some process failed do they agree on (and raise) its error.
+    row = np.zeros(17, np.uint8)
+    row[0] = outcome is not True
+    row[1:] = np.frombuffer(hashlib.sha256(layout.encode("utf-8")).digest()[:16], np.uint8)
+    rows = _allgather(row)
+    if rows[:, 0].any():
+        agree_process_phase(f"checking validation batch {index}", outcome)
+    if any(bytes(digest) != bytes(rows[0, 1:]) for digest in rows[:, 1:]):
         layouts = _gather_texts(layout)
         shown = "; ".join(f"process {i}: {text}" for i, text in enumerate(layouts))
         raise ValueError(
@@ -472,6 +478,9 @@ def _run_pass_processes(
     keep_first_artifact: bool,
 ) -> PassResult:
     """`run_pass` under `jax.distributed`: every process calls it with its own shard."""
+    # Every process must keep the first artifact if any does (a tracker may live on
+    # process zero alone): the compiled calls must be the same on every process.
+    keep_first_artifact = any(_agree("starting a validation pass", True, int(keep_first_artifact)))
     device, host = _split(metrics)
     names = metrics.names
     on_host = bool(host.metrics)
