@@ -575,7 +575,9 @@ def preview_on_process_zero(
     `collective_host`, so a failure on one process raises the same error on every
     process instead of leaving the others blocked in the gather. Process zero gets the
     artifact on the host (NumPy arrays, every gather finished, ready to decode), the
-    other processes `None`.
+    other processes `None`. The preview is traced into that call, so an objective's
+    `generate_preview` must be traceable (JAX operations on its arguments, no NumPy
+    reads of the batch): the built-in ones are.
     """
     if not is_multiprocess():
         return objective.preview(params, batch, key, scored=scored)
