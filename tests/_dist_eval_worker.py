@@ -96,6 +96,8 @@ class Constant(Metric[TokenScores]):
     name: str = eqx.field(static=True, default="constant")
 
     def init(self):
+        if self.fail == "init":
+            raise RuntimeError("the host metric's weights are missing")
         return np.zeros(())
 
     def statistics(self, artifact):
@@ -297,7 +299,7 @@ def _main() -> None:
         lambda: summary(evaluate(padded, params, zeros, metrics=[metrics.perplexity()], key=key))
     )
     # Host metrics failing on process zero: in an update, in finalize.
-    for where in ("update", "finalize"):
+    for where in ("init", "update", "finalize"):
         results[f"host_fails_{where}"] = outcome(
             lambda where=where: lm_evaluate(text_shard(rank, 1), (Constant(fail=where),))
         )

@@ -159,6 +159,11 @@ def test_a_pass_with_no_counted_target_raises_on_every_process(ranks):
 
 
 def test_a_host_metric_failing_on_process_zero_raises_on_every_process(ranks):
+    assert same_everywhere(ranks, "host_fails_init") == {
+        "error": "PhaseFailedError",
+        "message": "starting the host metrics on process 0 failed on process 0 of 2: "
+        "RuntimeError: the host metric's weights are missing",
+    }
     update = same_everywhere(ranks, "host_fails_update")
     assert update == {
         "error": "PhaseFailedError",
