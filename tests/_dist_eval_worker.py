@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+import time
 from typing import ClassVar
 
 import equinox as eqx
@@ -240,11 +241,16 @@ def _main() -> None:
     arrays: dict[str, np.ndarray] = {}
     key = jax.random.key(3)
 
+    seconds: dict[str, float] = {}  # each scenario's time, in the order of rank<R>.json's
+
     def outcome(function):
+        started = time.perf_counter()
         try:
             return {"value": function()}
         except Exception as error:
             return {"error": type(error).__name__, "message": str(error)}
+        finally:
+            seconds[f"scenario {len(seconds)}"] = round(time.perf_counter() - started, 2)
 
     def summary(evaluation):
         return {
@@ -395,6 +401,7 @@ def _main() -> None:
     )
 
     (out / f"rank{rank}.json").write_text(json.dumps(results))
+    (out / f"seconds{rank}.json").write_text(json.dumps(seconds))
     np.savez(out / f"rank{rank}.npz", **arrays)
 
 
