@@ -13,12 +13,15 @@ import itertools
 import json
 import pathlib
 import sys
+from typing import ClassVar
 
+import equinox as eqx
 import jax
 import numpy as np
 import optax
 
-from dew import Trainer
+from dew import Trainer, metrics
+from dew.artifacts import Artifact, TokenScores
 from dew.data import Dataset
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
@@ -62,6 +65,31 @@ def concatenated_batches(count: int):
 
 def val_batches(rank: int, count: int = 2):
     return iter([{"text": shard(100 + index, rank)} for index in range(count)])
+
+
+class HostMeanLoss(metrics.Metric[TokenScores]):
+    """A host metric (the weighted mean loss in NumPy) that marks each update in a file of
+    the process that ran it: only process zero may."""
+
+    artifact_type: ClassVar[type[Artifact]] = TokenScores
+    host: ClassVar[bool] = True
+    marker: str = eqx.field(static=True, default="")
+    name: str = eqx.field(static=True, default="host_mean_loss")
+
+    def init(self):
+        return np.zeros(2)
+
+    def statistics(self, artifact: TokenScores):
+        with open(f"{self.marker}{jax.process_index()}.txt", "a") as file:
+            file.write(f"{len(artifact.losses)}\n")
+        losses, weights = np.asarray(artifact.losses), np.asarray(artifact.weights)
+        return np.array([np.sum(losses * weights), np.sum(weights)])
+
+    def merge(self, accumulated, contribution):
+        return accumulated + contribution
+
+    def finalize(self, accumulated):
+        return float(accumulated[0] / accumulated[1])
 
 
 def trainer(**options) -> Trainer:
@@ -123,14 +151,28 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
     results: dict = {}
     data = Dataset(train=lambda partition: local_batches(partition.index), batch=ROWS)
 
-    # Replicated params, tracking on process zero only, a user sink on every process.
+    # Replicated params, tracking on process zero only, a user sink on every process,
+    # validation with a device and a host metric, previews (process zero's tracker decides).
     events = Events()
+    validated = Dataset(
+        train=lambda partition: local_batches(partition.index),
+        val=lambda partition: val_batches(partition.index),
+        batch=ROWS,
+    )
     if rank == 0:
         tracker = Trackers(LocalTracker(out / "local"), TensorBoardTracker(out / "tb"))
     else:
         tracker = Recording()
     state = trainer().fit(
-        data, STEPS, log_every=3, tracker=tracker, event_sinks=[events], progress=True
+        validated,
+        STEPS,
+        log_every=3,
+        eval_every=3,
+        metrics=[metrics.perplexity(), HostMeanLoss(marker=str(out / "host_updates_rank"))],
+        tracker=tracker,
+        event_sinks=[events],
+        preview=True,
+        progress=True,
     )
     if rank == 0:
         tracker.close()
@@ -139,6 +181,16 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
     save(out / f"replicated-rank{rank}.npz", state)
     results["events"] = events.seen
     results["history"] = {tag: list(map(list, v)) for tag, v in state.metric_history.items()}
+
+    # Uneven validation shards: process 0 has a third batch, left out of the metrics.
+    uneven_val = Dataset(
+        train=lambda partition: local_batches(partition.index),
+        val=lambda partition: val_batches(partition.index, 3 - partition.index),
+    )
+    state = trainer().fit(
+        uneven_val, 1, log_every=1, eval_every=1, metrics=[metrics.perplexity()], progress=True
+    )
+    results["uneven_history"] = {tag: list(map(list, v)) for tag, v in state.metric_history.items()}
 
     # Sharded params: every leaf whose first axis the devices divide is split by rows.
     devices = data_mesh().devices.size

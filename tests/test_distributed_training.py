@@ -1,7 +1,9 @@
 """`Trainer.fit` under real `jax.distributed` (two local CPU processes): equal params on
 every process and equal to one process on the concatenated batches (replicated, sharded
-params, fused steps), tracking and printing on process zero only, a first-batch row
-mismatch raising the same error everywhere, and resume after a multi-process checkpoint.
+params, fused steps), tracking, previews and printing on process zero only, validation
+events with a host metric computed on process zero alone and the prefix counts printed, a
+first-batch row mismatch raising the same error everywhere, and resume after a
+multi-process checkpoint.
 Two launches: `main` (every scenario) and `resume` (continues `main`'s checkpoint)."""
 
 import json
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 from _multiprocess import TESTS, launch
 
+from dew import metrics
 from dew.data import Dataset
 
 pytestmark = pytest.mark.slow
@@ -41,8 +44,21 @@ def resumed(main, out):
 @pytest.fixture(scope="module")
 def reference():
     """One process trained on the concatenated batches (process 0's rows, then process 1's)."""
-    data = Dataset(train=lambda partition: worker.concatenated_batches(2))
-    state = worker.trainer().fit(data, worker.STEPS, log_every=3, progress=False)
+    val = [
+        {"text": np.concatenate([batch["text"] for batch in batches])}
+        for batches in zip(worker.val_batches(0), worker.val_batches(1), strict=True)
+    ]
+    data = Dataset(
+        train=lambda partition: worker.concatenated_batches(2), val=lambda partition: iter(val)
+    )
+    state = worker.trainer().fit(
+        data,
+        worker.STEPS,
+        log_every=3,
+        eval_every=3,
+        metrics=[metrics.perplexity()],
+        progress=False,
+    )
     return [np.asarray(leaf) for leaf in jax.tree.leaves(state.params)], state
 
 
@@ -84,7 +100,28 @@ def test_the_loss_every_process_reads_is_the_global_batchs(main, reference):
     for tag, series in state.metric_history.items():
         got = ranks[0]["history"][tag]
         assert [step for step, _ in got] == [step for step, _ in series] == [3, 6]
-        np.testing.assert_allclose([v for _, v in got], [v for _, v in series], rtol=1e-6)
+        np.testing.assert_allclose([v for _, v in got], [v for _, v in series], rtol=1e-5)
+
+
+def test_validation_scores_the_global_batches_with_host_metrics_on_process_zero(main, out):
+    ranks, outputs = main
+    history = ranks[0]["history"]
+    perplexity = [value for _, value in history["lm/validation/perplexity"]]
+    host_loss = [value for _, value in history["lm/validation/host_mean_loss"]]
+    # the host metric (NumPy, process zero) and the device metric agree on the same rows
+    np.testing.assert_allclose(np.exp(host_loss), perplexity, rtol=1e-5)
+    assert [p.name for p in sorted(out.glob("host_updates_rank*"))] == ["host_updates_rank0.txt"]
+    # process zero's host metric saw both processes' rows: 2 batches x 2 events of 8 rows
+    assert (out / "host_updates_rank0.txt").read_text().split() == ["8"] * 4
+    counts = "evaluation/coordinated_batches 2  evaluation/records 16  evaluation/uneven_shards"
+    assert outputs[0].count(f"{counts} False  event key ") == 2
+    assert "evaluation/" not in outputs[1]
+
+
+def test_uneven_validation_shards_are_reported(main):
+    ranks, outputs = main
+    assert "evaluation/uneven_shards True  event key " in outputs[0]
+    assert ranks[0]["uneven_history"] == ranks[1]["uneven_history"]
 
 
 def test_a_user_param_sharding_keeps_the_params_sharded(main):
@@ -98,12 +135,12 @@ def test_only_process_zero_writes_tracking_output_and_prints(main, out):
     journal = [
         json.loads(line) for line in (out / "local" / "scalars.jsonl").read_text().splitlines()
     ]
-    assert [entry["step"] for entry in journal] == [3, 6]
+    assert [entry["step"] for entry in journal] == [3, 3, 6, 6]
     records = [
         json.loads(line)["name"]
         for line in (out / "local" / "records.jsonl").read_text().splitlines()
     ]
-    assert records == ["fit_started", "fit_ended"]
+    assert records == ["fit_started", "samples", "samples", "fit_ended"]  # previews at 3, 6
     assert len(list((out / "tb").iterdir())) == 1  # one event file
     assert "step 3  lm/train/loss" in outputs[0]
     assert "lm/train/loss" not in outputs[1]
@@ -111,7 +148,8 @@ def test_only_process_zero_writes_tracking_output_and_prints(main, out):
 
 def test_user_event_sinks_run_on_every_process(main):
     ranks, _ = main
-    assert ranks[0]["events"] == ranks[1]["events"] == [["step_end", 3], ["step_end", 6]]
+    expected = [["step_end", 3], ["validation_end", 3], ["step_end", 6], ["validation_end", 6]]
+    assert ranks[0]["events"] == ranks[1]["events"] == expected
 
 
 def test_a_first_batch_row_mismatch_raises_the_same_error_on_every_process(main):

@@ -18,6 +18,7 @@ from dew._domains import PREVIEW_DOMAIN
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
+from dew._pass import preview_on_process_zero
 from dew._processes import agree_process_phase, broadcast_json, is_multiprocess, is_process_zero
 from dew.data import Dataset, Partition
 from dew.evaluation import run_pass
@@ -491,15 +492,17 @@ class Trainer:
         )
         if previewing and result.first_batch is not None:
             preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
-            artifact = self.objective.preview(
-                params, result.first_batch, preview_key, scored=result.first_artifact
+            # every process takes part in generating it; process zero gets it to log
+            artifact = preview_on_process_zero(
+                self.objective, params, result.first_batch, preview_key, result.first_artifact
             )
-            if tracker is not None:
+            if tracker is not None and artifact is not None:
                 tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
         scores = result.scores
         counts = (
             f"evaluation/coordinated_batches {result.batches}  evaluation/records "
-            f"{result.records}  evaluation/uneven_shards False  event key {key_text(event_key)}"
+            f"{result.records}  evaluation/uneven_shards {result.uneven_shards}  event key "
+            f"{key_text(event_key)}"
         )
         if scores and isinstance(self.objective, ReportsSampling):  # it generated: report how
             record = self.objective.sampling_record(
