@@ -11,6 +11,7 @@ one-process reference on the concatenated batches.
 
 import itertools
 import json
+import logging
 import pathlib
 import sys
 from typing import ClassVar
@@ -135,6 +136,27 @@ class Events:
         self.seen.append([event.name, event.step])
 
 
+class Compilations(logging.Handler):
+    """Counts XLA compilations of the trainer's step (`jax_log_compiles` messages)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record):
+        self.count += record.getMessage().startswith("Finished XLA compilation of jit(step)")
+
+    def __enter__(self):
+        self.count = 0
+        jax.config.update("jax_log_compiles", True)
+        logging.getLogger("jax").addHandler(self)
+        return self
+
+    def __exit__(self, *exc_info):
+        logging.getLogger("jax").removeHandler(self)
+        jax.config.update("jax_log_compiles", False)
+
+
 def outcome(function):
     try:
         return {"value": function()}
@@ -163,22 +185,25 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
         tracker = Trackers(LocalTracker(out / "local"), TensorBoardTracker(out / "tb"))
     else:
         tracker = Recording()
-    state = trainer().fit(
-        validated,
-        STEPS,
-        log_every=3,
-        eval_every=3,
-        metrics=[metrics.perplexity(), HostMeanLoss(marker=str(out / "host_updates_rank"))],
-        tracker=tracker,
-        event_sinks=[events],
-        preview=True,
-        progress=True,
-    )
+    compiled = Compilations()
+    with compiled:
+        state = trainer().fit(
+            validated,
+            STEPS,
+            log_every=3,
+            eval_every=3,
+            metrics=[metrics.perplexity(), HostMeanLoss(marker=str(out / "host_updates_rank"))],
+            tracker=tracker,
+            event_sinks=[events],
+            preview=True,
+            progress=True,
+        )
     if rank == 0:
         tracker.close()
     else:
         results["calls_on_other_process"] = tracker.calls
     save(out / f"replicated-rank{rank}.npz", state)
+    results["step_compilations"] = compiled.count
     results["events"] = events.seen
     results["history"] = {tag: list(map(list, v)) for tag, v in state.metric_history.items()}
 
@@ -199,7 +224,9 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
         spec = PartitionSpec("data") if leaf.ndim and leaf.shape[0] % devices == 0 else None
         return NamedSharding(data_mesh(), spec if spec is not None else PartitionSpec())
 
-    state = trainer(param_sharding=by_rows).fit(data, STEPS, log_every=3, progress=False)
+    with compiled:
+        state = trainer(param_sharding=by_rows).fit(data, STEPS, log_every=3, progress=False)
+    results["sharded_step_compilations"] = compiled.count
     leaves = jax.tree.leaves(state.params)
     results["sharded_leaves"] = sum(not leaf.sharding.is_fully_replicated for leaf in leaves)
     save(out / f"sharded-rank{rank}.npz", state)

@@ -129,6 +129,12 @@ def test_a_user_param_sharding_keeps_the_params_sharded(main):
     assert ranks[0]["sharded_leaves"] == ranks[1]["sharded_leaves"] > 0
 
 
+def test_one_compiled_step_serves_every_step(main):
+    ranks, _ = main
+    for rank in ranks:  # the step's outputs keep the placed shardings: no recompilation
+        assert rank["step_compilations"] == rank["sharded_step_compilations"] == 1
+
+
 def test_only_process_zero_writes_tracking_output_and_prints(main, out):
     ranks, outputs = main
     assert ranks[1]["calls_on_other_process"] == []  # its tracker was dropped, never called

@@ -295,7 +295,6 @@ class Trainer:
         leaves, state_def = jax.tree.flatten(state)
         step_call, fused_call = self._step, self._fused
         objective_leaves = self._objective_leaves
-        place: Any = lambda batch: batch  # noqa: E731
         place_block: Any = _stack
         if placement is not None:  # one compiled step for every process, over global arrays
             shardings = tuple(leaf.sharding for leaf in leaves)
@@ -303,7 +302,6 @@ class Trainer:
                 self._objective_def, self._static, self.optimizer, shardings
             )
             objective_leaves = placement.objective(objective_leaves)
-            place = placement.batch
 
             def place_block(drawn: list[Any]) -> Any:
                 return placement.stacked(_stack([dict(batch) for batch in drawn]))
@@ -397,9 +395,8 @@ class Trainer:
                     unsynced.extend(drawn)
                     window.before(step + 1)
                     if block == 1:
-                        leaves, outputs = step_call(
-                            leaves, place(drawn[0]), objective_leaves, state_def
-                        )
+                        batch = drawn[0] if placement is None else placement.batch(drawn[0])
+                        leaves, outputs = step_call(leaves, batch, objective_leaves, state_def)
                     else:
                         leaves, outputs = fused_call(
                             leaves, place_block(drawn), objective_leaves, state_def
