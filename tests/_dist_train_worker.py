@@ -24,8 +24,10 @@ import optax
 from dew import Trainer, metrics
 from dew.artifacts import Artifact, TokenScores
 from dew.data import Dataset
+from dew.naming import Split
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
+from dew.supervised import EarlyStopper
 
 STEPS = 6
 CHECKPOINT_AT = 4
@@ -212,10 +214,26 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
         train=lambda partition: local_batches(partition.index),
         val=lambda partition: val_batches(partition.index, 3 - partition.index),
     )
+    # ... with early stopping on the validation split: no improvement counts (min_delta),
+    # so the second event stops the fit on every process.
+    never = EarlyStopper(metric="perplexity", patience=0, min_delta=1e9, source=Split.VALIDATION)
     state = trainer().fit(
-        uneven_val, 1, log_every=1, eval_every=1, metrics=[metrics.perplexity()], progress=True
+        uneven_val,
+        4,
+        log_every=1,
+        eval_every=1,
+        metrics=[metrics.perplexity()],
+        early_stopper=never,
+        progress=True,
     )
     results["uneven_history"] = {tag: list(map(list, v)) for tag, v in state.metric_history.items()}
+    results["stopped_at"] = int(state.step)
+
+    # A training loss that turns NaN (a NaN learning rate): the same error on every process.
+    nan_rate = Trainer(objective(), optax.sgd(float("nan")), key=jax.random.key(KEY))
+    results["nonfinite"] = outcome(
+        lambda: nan_rate.fit(data, 3, log_every=1, progress=False) and None
+    )
 
     # Sharded params: every leaf whose first axis the devices divide is split by rows.
     devices = data_mesh().devices.size

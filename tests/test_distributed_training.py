@@ -118,10 +118,20 @@ def test_validation_scores_the_global_batches_with_host_metrics_on_process_zero(
     assert "evaluation/" not in outputs[1]
 
 
-def test_uneven_validation_shards_are_reported(main):
+def test_uneven_validation_shards_are_reported_and_early_stopping_stops_every_process(main):
     ranks, outputs = main
     assert "evaluation/uneven_shards True  event key " in outputs[0]
     assert ranks[0]["uneven_history"] == ranks[1]["uneven_history"]
+    assert [step for step, _ in ranks[0]["uneven_history"]["lm/validation/perplexity"]] == [1, 2]
+    assert ranks[0]["stopped_at"] == ranks[1]["stopped_at"] == 2
+
+
+def test_a_non_finite_loss_raises_the_same_error_on_every_process(main):
+    ranks, _ = main
+    outcomes = [r["nonfinite"] for r in ranks]
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0]["error"] == "NonFiniteTrainingError"
+    assert outcomes[0]["message"].startswith("training loss is nan at step 2 (finite at step 1")
 
 
 def test_a_user_param_sharding_keeps_the_params_sharded(main):

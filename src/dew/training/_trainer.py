@@ -158,6 +158,13 @@ class Trainer:
           fetch); in fused mode a call returns its last step's loss, so that is the
           one looked at. `"continue"` trains on. (Keras calls this rule
           `TerminateOnNaN`.)
+        - Under `jax.distributed` every process calls `fit` alike: each reads its own
+          `Partition` of the data, each step trains on one global batch (every
+          process's rows) with one compiled step over global arrays, and the returned
+          params are the same on every process. Only process zero reports to its
+          tracker and prints; `event_sinks` run on every process; checkpoints are
+          saved and restored by every process together (docs/training.md,
+          "Multi-process training").
         - `progress` prints one line per log and evaluation event (an evaluation's
           line adds its batch and record counts and its event key) and, when
           standard error is a terminal, shows a progress bar (step, loss, steps/s)
