@@ -491,7 +491,15 @@ def _run_pass_processes(
         global_params = jax.tree.leaves(_everywhere(params))
         global_key = _everywhere(key)
         accumulator = replicated(plan.initial)
-    host_state = host.init() if on_host and zero else None
+    host_state = None
+    if on_host:
+        outcome: bool | BaseException = True
+        if zero:
+            try:
+                host_state = host.init()
+            except Exception as error:
+                outcome = error
+        agree_process_phase("starting the host metrics on process 0", outcome)
     first_artifact = first_batch = None
     count = records = 0
     shards = coordinated(batches)
@@ -513,7 +521,7 @@ def _run_pass_processes(
             )
             if on_host:  # gathered on every process, merged on process zero alone
                 gathered = collective_host(artifact)
-                outcome: bool | BaseException = True
+                outcome = True
                 if zero:
                     try:
                         host_state = host.update(host_state, gathered)
@@ -575,7 +583,9 @@ def preview_on_process_zero(
     `collective_host`, so a failure on one process raises the same error on every
     process instead of leaving the others blocked in the gather. Process zero gets the
     artifact on the host (NumPy arrays, every gather finished, ready to decode), the
-    other processes `None`.
+    other processes `None`. The preview is traced into that call, so an objective's
+    `generate_preview` must be traceable (JAX operations on its arguments, no NumPy
+    reads of the batch): the built-in ones are.
     """
     if not is_multiprocess():
         return objective.preview(params, batch, key, scored=scored)
