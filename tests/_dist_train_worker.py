@@ -259,6 +259,25 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
         lambda: trainer().fit(uneven, STEPS, log_every=3, progress=False) and None
     )
 
+    # A token ID outside the vocabulary on process 1 at step 2; a loader failing on
+    # process 0 at step 2: checked on the host, the same error on every process.
+    def faulty(rank, kind):
+        for step in itertools.count(1):
+            text = shard(step, rank)
+            if kind == "token" and rank == 1 and step == 2:
+                text[1, 2] = 99
+            if kind == "loader" and rank == 0 and step == 2:
+                raise OSError("the shard file vanished")
+            yield {"text": text}
+
+    for kind in ("token", "loader"):
+        faulty_data = Dataset(train=lambda partition, kind=kind: faulty(partition.index, kind))
+        results[f"bad_{kind}"] = outcome(
+            lambda data=faulty_data: (
+                trainer().fit(data, STEPS, log_every=3, progress=False) and None
+            )
+        )
+
     # Checkpointed to CHECKPOINT_AT (the resume phase continues it), with early stopping's
     # and the history's state in the JSON item.
     state = trainer(checkpoint_dir=out / "checkpoints").fit(

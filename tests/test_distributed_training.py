@@ -126,6 +126,27 @@ def test_uneven_validation_shards_are_reported_and_early_stopping_stops_every_pr
     assert ranks[0]["stopped_at"] == ranks[1]["stopped_at"] == 2
 
 
+def test_a_bad_batch_or_a_failing_loader_on_one_process_raises_on_every_process(main):
+    ranks, _ = main
+    token = [r["bad_token"] for r in ranks]
+    assert token[0] == token[1]
+    assert token[0]["error"] == "ValueError"
+    assert token[0]["message"].startswith(
+        "reading the training batch of step 2 failed on process 1 of 2: "
+    )
+    assert "token ID 99" in token[0]["message"]
+    loader = [r["bad_loader"] for r in ranks]
+    assert (
+        loader[0]
+        == loader[1]
+        == {
+            "error": "PhaseFailedError",
+            "message": "reading the training batch of step 2 failed on process 0 of 2: "
+            "OSError: the shard file vanished",
+        }
+    )
+
+
 def test_a_non_finite_loss_raises_the_same_error_on_every_process(main):
     ranks, _ = main
     outcomes = [r["nonfinite"] for r in ranks]

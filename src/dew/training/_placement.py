@@ -15,6 +15,7 @@ import optax
 
 from dew._processes import (
     _allgather,
+    agree_process_phase,
     data_mesh,
     global_batch,
     is_multiprocess,
@@ -23,7 +24,7 @@ from dew._processes import (
 )
 from dew.steps import TrainState
 
-__all__ = ["ParamSharding", "Placement"]
+__all__ = ["ParamSharding", "Placement", "rows_of"]
 
 ParamSharding = Callable[[Any, jax.Array], jax.sharding.Sharding]
 
@@ -133,14 +134,19 @@ class Placement:
 
         return jax.tree.map(place, dict(batch))
 
-    def check_first_batch(self, batch: Mapping[str, Any]) -> None:
-        """Raise the same `ValueError` on every process when the processes' first batches
-        differ in row count (a global batch joins equal shares)."""
+    def agree(self, outcome: bool | BaseException, rows: int, step: int) -> None:
+        """After every process drew (and checked on its host) the batches of the block
+        ending at `step`: raise the same error on every process when any failed, or
+        when their row counts differ (`rows`: this process's, `-1` when its batches
+        disagree among themselves). One exchange when all is well."""
         if not is_multiprocess():
+            if isinstance(outcome, BaseException):
+                raise outcome
             return
-        found = {int(np.shape(leaf)[0]) for leaf in jax.tree.leaves(batch) if np.ndim(leaf) > 0}
-        rows = found.pop() if len(found) == 1 else -1
-        counts = [int(value) for value in _allgather(np.array([rows], np.int64))[:, 0]]
+        table = _allgather(np.array([outcome is not True, rows], np.int64))
+        if table[:, 0].any():
+            agree_process_phase(f"reading the training batch of step {step}", outcome)
+        counts = [int(count) for count in table[:, 1]]
         if len(set(counts)) == 1 and counts[0] >= 0:
             return
         shown = ", ".join(
@@ -148,7 +154,18 @@ class Placement:
             for index, count in enumerate(counts)
         )
         raise ValueError(
-            f"the processes' first training batches differ in rows ({shown}); under "
+            f"the processes' training batches of step {step} differ in rows ({shown}); under "
             "jax.distributed every process reads batches of the same row count, which one "
             "global batch joins in process order."
         )
+
+
+def rows_of(batches: list[Mapping[str, Any]]) -> int:
+    """The row count every one of `batches` has, or `-1` when they differ."""
+    found = {
+        int(np.shape(leaf)[0])
+        for batch in batches
+        for leaf in jax.tree.leaves(batch)
+        if np.ndim(leaf) > 0
+    }
+    return found.pop() if len(found) == 1 else -1

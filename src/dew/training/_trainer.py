@@ -19,7 +19,7 @@ from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew._pass import preview_on_process_zero
-from dew._processes import agree_process_phase, broadcast_json, is_multiprocess, is_process_zero
+from dew._processes import broadcast_json, is_multiprocess, is_process_zero
 from dew.data import Dataset, Partition
 from dew.evaluation import run_pass
 from dew.events import STEP_END, VALIDATION_END, EventSink, TrackerEventSink
@@ -32,7 +32,7 @@ from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
 from dew.training._batches import _draw, _skip, _stack
 from dew.training._compiled_step import compiled_steps
-from dew.training._placement import ParamSharding, Placement
+from dew.training._placement import ParamSharding, Placement, rows_of
 from dew.training._profile_window import ProfileWindowTracer
 
 __all__ = ["Trainer"]
@@ -303,6 +303,7 @@ class Trainer:
         step_call, fused_call = self._step, self._fused
         objective_leaves = self._objective_leaves
         place_block: Any = _stack
+        agreeing = placement is not None and is_multiprocess()
         if placement is not None:  # one compiled step for every process, over global arrays
             shardings = tuple(leaf.sharding for leaf in leaves)
             step_call, fused_call = compiled_steps(
@@ -388,12 +389,8 @@ class Trainer:
                 while step < steps and not done_before:
                     aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
                     block = steps_per_call if aligned else 1
-                    if placement is not None and step == start:
-                        drawn = self._first_draw(batches, step, steps, data.batch, placement)
-                        drawn += [
-                            _draw(batches, step + offset, steps, data.batch)
-                            for offset in range(2, block + 1)
-                        ]
+                    if agreeing:
+                        drawn = self._agreed_draw(batches, step, block, steps, data, placement)
                     else:
                         drawn = [
                             _draw(batches, step + offset, steps, data.batch)
@@ -444,22 +441,31 @@ class Trainer:
             verify(step, outputs)  # the state fit returns is checked like a saved one
         return engine.state()
 
-    @staticmethod
-    def _first_draw(
-        batches: Any, step: int, steps: int, rows: int | None, placement: Placement
+    def _agreed_draw(
+        self,
+        batches: Any,
+        step: int,
+        block: int,
+        steps: int,
+        data: Dataset,
+        placement: Placement,
     ) -> list[Any]:
-        """The fit's first batch, drawn on every process: a process that fails to draw it,
-        or whose rows differ from another's, makes every process raise the same error
-        (instead of leaving the others blocked in the first compiled step)."""
+        """The batches of the next `block` steps, drawn and checked on the host by every
+        process of a `jax.distributed` fit: a process that fails to draw one, holds a bad
+        one (`objective.check_batch`), or whose rows differ from another's, makes every
+        process raise the same error instead of leaving the others blocked in the
+        compiled step (which holds no traced batch checks there)."""
         outcome: bool | BaseException = True
-        batch = None
+        drawn: list[Any] = []
         try:
-            batch = _draw(batches, step + 1, steps, rows)
+            for offset in range(1, block + 1):
+                drawn.append(_draw(batches, step + offset, steps, data.batch))
+            for batch in drawn:
+                self.objective.check_batch(batch)
         except Exception as error:
             outcome = error
-        agree_process_phase("reading the first training batch", outcome)
-        placement.check_first_batch(batch)
-        return [batch]
+        placement.agree(outcome, rows_of(drawn) if drawn else -1, step + block)
+        return drawn
 
     def _evaluate(
         self,
