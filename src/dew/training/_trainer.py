@@ -61,12 +61,13 @@ class Trainer:
     - `param_sharding`: how a multi-process fit lays the params out over the devices of
       every process (`None`, the default: a full copy on every device). A callable
       `(path, leaf) -> jax.sharding.Sharding`, called once per fit for every array leaf
-      of the params (`path` as `jax.tree_util.tree_flatten_with_path` gives it) with a
-      sharding over every device of the data mesh (`dew.distributed.data_mesh()`, axis
-      `"data"`); the EMA params and the optimizer state's params-shaped parts
-      (`optax.tree_map_params`) follow it, everything else is replicated, and the
-      compiled step keeps those shardings. It places a one-process fit too (on that
-      process's devices).
+      of the params (`path` as `jax.tree_util.tree_flatten_with_path` gives it),
+      returning a sharding over every device of the data mesh
+      (`dew.distributed.data_mesh()`, axis `"data"`) that divides the leaf's shape (else
+      `fit` raises a `ValueError` naming the param); the EMA params and the optimizer
+      state's params-shaped parts (`optax.tree_map_params`) follow it, everything else
+      is replicated, and the compiled step keeps those shardings. Given in one process,
+      it places that fit on the process's devices the same way.
     """
 
     def __init__(
