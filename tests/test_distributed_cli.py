@@ -2,11 +2,16 @@
 `jax.distributed` processes on one machine: the sweep's broadcast of process zero's trials
 (one launch of tests/_dist_cli_sweep_worker.py), and `dew train/eval/sweep --processes 2`."""
 
+import contextlib
 import json
+import os
 import pathlib
+import signal
+import subprocess
+import sys
 
 import pytest
-from _multiprocess import launch
+from _multiprocess import launch, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -73,3 +78,130 @@ def test_a_rerun_retrains_the_cut_off_trial_first(driver):
     assert [trial[0] for trial in zero["resumed"]["value"]] == [0, 1, 2]
     ledger = json.loads((out / "rank0" / "failing" / "ledger.json").read_text())
     assert ledger["running"] == []
+
+
+# `dew` itself, as a user runs it: a command whose `--processes 2` starts the processes.
+
+SMALL = [
+    "--set", "model.kwargs.emb_features=16",
+    "--set", "model.kwargs.num_layers=1",
+    "--set", "model.kwargs.num_heads=2",
+    "--set", "model.kwargs.mlp_features=32",
+    "--set", "model.kwargs.max_seq_len=16",
+    "--set", "data.kwargs.seq_len=8",
+    "--set", "data.kwargs.num_tokens=2048",
+    "--set", "trainer.batch_size=8",
+    "--set", "trainer.log_every=3",
+    "--set", "trainer.eval_every=3",
+    "--set", "trainer.checkpoint_every=3",
+    "--quiet",
+]  # fmt: skip
+
+
+def dew(*argv, timeout=240):
+    """Run `dew ARGV` in its own process group (killed whole past `timeout`): (status,
+    stdout, stderr)."""
+    command = [sys.executable, "-c", "import sys; from dew.cli import main; sys.exit(main())"]
+    process = subprocess.Popen(
+        [*command, *map(str, argv)],
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"dew {' '.join(map(str, argv))} passed {timeout} s:\n{out}\n{err}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return process.returncode, out, err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    argv = ["train", "--processes", "2", "--steps", "6", "--checkpoint-dir", root, *SMALL]
+    result = dew(*argv, "--process-timeout", "200")
+    return root, result
+
+
+def test_dew_train_processes_2_trains_one_run(trained):
+    root, (code, out, err) = trained
+    assert code == 0, err
+    assert "step 6  " in out
+    assert f"run folder {root / 'quickstart'}" in out
+    assert [path.name for path in root.iterdir()] == ["quickstart"]  # one run folder
+    folder = root / "quickstart"
+    assert sorted(path.name for path in folder.iterdir() if path.is_file()) == [
+        "params.json",
+        "records.jsonl",
+        "run.json",
+        "scalars.jsonl",
+    ]
+    assert "[process 1]" not in err  # process 1 succeeded: its output is not shown
+
+
+def test_only_process_zero_wrote_the_journals(trained):
+    from dew.tracking import read_journal
+
+    root, (code, _, err) = trained
+    assert code == 0, err
+    journal = read_journal(root / "quickstart")
+    # One writer: each step once, one fit started and ended.
+    assert [step for step, _ in journal.scalars["lm/train/loss"]] == [3, 6]
+    assert [step for step, _ in journal.scalars["lm/validation/perplexity"]] == [3, 6]
+    kinds = [record.type for _, _, record in journal.records]
+    assert kinds.count("fit_started") == 1
+    assert kinds.count("fit_ended") == 1
+    saved = sorted(path.name for path in (root / "quickstart" / "checkpoints").iterdir())
+    assert "6" in saved  # every process took part in the last checkpoint
+
+
+def test_dew_eval_processes_2_scores_the_run(trained):
+    root, (code, _, err) = trained
+    assert code == 0, err
+    code, out, err = dew("eval", root / "quickstart", "--processes", "2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert any(line.startswith("step 6  perplexity ") for line in lines), out
+    assert "evaluation/coordinated_batches" in out
+    assert "evaluation/uneven_shards False" in out
+
+
+def test_a_failing_process_stops_the_run_and_is_named(tmp_path):
+    # 17 tokens make two windows of 9, one held out: process 1's partition has no rows.
+    tiny = ["--set", "data.kwargs.num_tokens=17", "--set", "data.kwargs.val_fraction=0.5"]
+    argv = ["train", "--processes", "2", "--steps", "2", "--checkpoint-dir", tmp_path, *SMALL]
+    code, _, err = dew(*argv, *tiny, "--set", "trainer.batch_size=1", "--process-timeout", "120")
+    assert code == 2, err
+    assert "failed (exit status 2)" in err
+    assert "stopped the other processes" in err
+    assert "1 training row(s) leave none for partition 1 of 2" in err
+
+
+def test_dew_sweep_processes_2_keeps_one_ledger(tmp_path):
+    space = tmp_path / "space.toml"
+    space.write_text('"optim.learning_rate" = [0.01, 0.003]\n')
+    argv = ["sweep", "tiny_lm", space, "--trials", "2", "--search", "grid", "--processes", "2"]
+    code, out, err = dew(
+        *argv, "--steps", "3", "--checkpoint-dir", tmp_path / "runs", "--name", "rate", *SMALL
+    )
+    assert code == 0, err
+    ledger = json.loads((tmp_path / "runs" / "rate" / "ledger.json").read_text())
+    assert [entry["index"] for entry in ledger["trials"]] == [0, 1]
+    assert [entry["overrides"] for entry in ledger["trials"]] == [
+        {"optim.learning_rate": 0.01},
+        {"optim.learning_rate": 0.003},
+    ]
+    assert all(isinstance(entry["value"], float) for entry in ledger["trials"])
+    assert ledger["running"] == []
+    for index in range(2):
+        trial = tmp_path / "runs" / "rate" / f"trial-{index}"
+        assert (trial / "run.json").is_file()
+        assert len((trial / "scalars.jsonl").read_text().splitlines()) > 0
+    assert "best trial" in out

@@ -23,8 +23,9 @@ import os
 import pathlib
 import sys
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn
 
 __all__ = ["main"]
 
@@ -630,13 +631,37 @@ def main(argv: Sequence[str] | None = None) -> int:
                 label=f"dew {args.command}",
                 timeout=args.process_timeout,
             )
-    commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
-    try:
+    joined = False
+
+    def run() -> int:
+        nonlocal joined
         if hasattr(args, "processes"):
             settings = cluster_settings(args, os.environ)
             if settings is not None:
                 _join(settings)
+                joined = True
+        commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
         return commands[args.command](args)
+
+    try:
+        code = _outcome(args, launched, run)
+    except BaseException:
+        if joined:  # a bug's traceback, then out at once (see below)
+            traceback.print_exc()
+            _leave(1)
+        raise
+    if joined and code != 0:
+        # A failing process of a multi-process run leaves without jax.distributed's
+        # shutdown barrier, which would hold it until every peer arrives (and a peer
+        # blocked in a collective never does): its launcher then sees it fail.
+        _leave(code)
+    return code
+
+
+def _outcome(args: argparse.Namespace, launched: bool, run: Callable[[], int]) -> int:
+    """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status."""
+    try:
+        return run()
     except KeyboardInterrupt:
         if not launched:  # a launched process leaves the one line to its launcher
             resume = "; run the same command again to resume" if args.command in _RESUMABLE else ""
@@ -647,6 +672,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"dew {args.command}: {_message(error)}", file=sys.stderr)
         return 2
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit now with `code`, output flushed, skipping the interpreter's exit handlers."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
