@@ -4,7 +4,6 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import jax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._pass import SCORING_DOMAIN, PassResult, run_pass, scoring_key
@@ -20,8 +19,10 @@ class Evaluation:
     """The result of one evaluation pass.
 
     - `scores`: bare metric name to value (empty for an empty pass or no metrics).
-    - `coordinated_batches`: how many batches the pass consumed.
-    - `records`: how many rows those batches held.
+    - `coordinated_batches`: how many batches the pass consumed (under
+      `jax.distributed`, batch indices every process had a batch for).
+    - `records`: how many rows those batches held (every process's rows, counted on
+      the placed global batch: scalar metadata adds none).
     - `uneven_shards`: whether a shard ended before another (its remaining rows were
       left out of the metrics).
     - `step`: the training step the pass scored.
@@ -53,6 +54,11 @@ def evaluate(
     scores. Only the accumulator and the current contribution are held. An empty
     pass returns no scores; a non-empty pass with no counted language target raises.
 
+    Under `jax.distributed` every process calls it with the same objective, params and
+    key; each reads its own shard, the pass consumes the shortest coordinated prefix of
+    the shards, and every process returns the same `Evaluation` (see
+    docs/evaluation.md, "Several processes").
+
     ```python
     >>> import jax, numpy as np
     >>> from dew import metrics
@@ -69,11 +75,6 @@ def evaluate(
 
     ```
     """
-    if jax.process_count() > 1:
-        raise RuntimeError(
-            "evaluate runs in one process for now: coordinated multi-process passes arrive "
-            "with dew's jax.distributed support."
-        )
     metric_set = MetricSet(metrics)
     if callable(batches):
         batches = batches(Partition.current())
@@ -82,7 +83,7 @@ def evaluate(
         result.scores,
         result.batches,
         result.records,
-        uneven_shards=False,
+        uneven_shards=result.uneven_shards,
         step=int(step),
         key=key,
     )
