@@ -97,6 +97,19 @@ def history_from_json(data: Mapping[str, Any]) -> MetricHistory:
     )
 
 
+def _abstract(leaf: Any) -> jax.ShapeDtypeStruct:
+    """What orbax restores a template leaf as: its shape and dtype (keys as raw key data)
+    and, for a leaf placed over several devices (a multi-process fit's global arrays),
+    its sharding, so every process restores straight into its shards."""
+    data = jax.random.key_data(leaf) if _is_key(leaf) else leaf
+    sharding = None
+    if isinstance(data, jax.Array) and not isinstance(
+        data.sharding, jax.sharding.SingleDeviceSharding
+    ):
+        sharding = data.sharding
+    return jax.ShapeDtypeStruct(jnp.shape(data), jnp.result_type(data), sharding=sharding)
+
+
 class Checkpointer:
     """Step-numbered asynchronous checkpoints of a `TrainState` under `directory`.
 
@@ -104,6 +117,10 @@ class Checkpointer:
 
     - `directory`: a local path or any URI orbax writes (created if absent).
     - `max_to_keep`: keep only the newest this many checkpoints (`None`: all).
+
+    Under `jax.distributed` every process creates the `Checkpointer` on the same
+    directory and calls `save`, `restore` and `close` at the same points (orbax's
+    multi-process saving: one copy on disk, the JSON item written by process zero).
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, max_to_keep: int | None = None):
@@ -112,7 +129,13 @@ class Checkpointer:
         if "://" not in self.directory:
             self.directory = str(pathlib.Path(self.directory).absolute())
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=True,
+            create=True,
+            # Under jax.distributed every process takes part in each save and restore (each
+            # writes the shards it holds, one copy of each); process zero alone writes the
+            # metadata and the JSON item and finalizes the step.
+            multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=0),
         )
         self._ocp = ocp
         self._manager = ocp.CheckpointManager(
@@ -175,12 +198,7 @@ class Checkpointer:
             )
         self._check_structure(step, template)
         template_leaves, treedef = jax.tree.flatten(template)
-        abstract = [
-            jax.ShapeDtypeStruct(jax.random.key_data(leaf).shape, jax.random.key_data(leaf).dtype)
-            if _is_key(leaf)
-            else jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf))
-            for leaf in template_leaves
-        ]
+        abstract = [_abstract(leaf) for leaf in template_leaves]
         ocp = self._ocp
         restored = self._manager.restore(
             step,

@@ -18,6 +18,7 @@ from dew._domains import PREVIEW_DOMAIN
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
+from dew._processes import agree_process_phase, broadcast_json, is_multiprocess, is_process_zero
 from dew.data import Dataset, Partition
 from dew.evaluation import run_pass
 from dew.events import STEP_END, VALIDATION_END, EventSink, TrackerEventSink
@@ -30,6 +31,7 @@ from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
 from dew.training._batches import _draw, _skip, _stack
 from dew.training._compiled_step import compiled_steps
+from dew.training._placement import ParamSharding, Placement
 from dew.training._profile_window import ProfileWindowTracer
 
 __all__ = ["Trainer"]
@@ -55,6 +57,15 @@ class Trainer:
     - `checkpoint_dir`: where `fit` saves checkpoints (orbax-checkpoint) and resumes
       from: a fit started again with the same directory continues at its latest
       checkpoint.
+    - `param_sharding`: how a multi-process fit lays the params out over the devices of
+      every process (`None`, the default: a full copy on every device). A callable
+      `(path, leaf) -> jax.sharding.Sharding`, called once per fit for every array leaf
+      of the params (`path` as `jax.tree_util.tree_flatten_with_path` gives it) with a
+      sharding over every device of the data mesh (`dew.distributed.data_mesh()`, axis
+      `"data"`); the EMA params and the optimizer state's params-shaped parts
+      (`optax.tree_map_params`) follow it, everything else is replicated, and the
+      compiled step keeps those shardings. It places a one-process fit too (on that
+      process's devices).
     """
 
     def __init__(
@@ -65,6 +76,7 @@ class Trainer:
         *,
         stage: str | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
+        param_sharding: ParamSharding | None = None,
     ) -> None:
         self.objective = objective
         self.optimizer = optimizer
@@ -73,8 +85,15 @@ class Trainer:
         if checkpoint_dir is not None and not os.fspath(checkpoint_dir):
             raise ValueError("checkpoint_dir must be None or a non-empty path, got ''.")
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        if param_sharding is not None and not callable(param_sharding):
+            raise TypeError(
+                "param_sharding must be None or a callable (path, leaf) -> "
+                f"jax.sharding.Sharding, got {type(param_sharding).__name__}."
+            )
+        self.param_sharding = param_sharding
         arrays, static = eqx.partition(objective, eqx.is_array)
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
+        self._objective_def, self._static = objective_def, static
         self._step, self._fused = compiled_steps(objective_def, static, optimizer)
 
     def fit(
@@ -166,7 +185,15 @@ class Trainer:
                 "Trainer with checkpoint_dir=..."
             )
         metric_set = MetricSet(metrics)
+        placement = None
+        if is_multiprocess() or self.param_sharding is not None:
+            placement = Placement(self.optimizer, self.param_sharding)
         previewing = preview and tracker is not None
+        if is_multiprocess():
+            # process zero's tracker decides for every process (a preview takes collectives)
+            previewing = bool(broadcast_json(previewing))
+            if not is_process_zero():  # only process zero writes tracking output and prints
+                tracker, progress = None, False
         evaluating = (
             data.val is not None and eval_every is not None and (bool(metrics) or previewing)
         )
@@ -188,6 +215,8 @@ class Trainer:
                         "from the checkpoints without state=, or use a new checkpoint_dir."
                     )
                 template = self._initial_state()
+                if placement is not None:  # restored straight into the global arrays
+                    template = placement.state(template)
                 state, extra = checkpoints.restore(template)
                 data_start = int(extra.get("data_start", 0))
                 saved = extra.get("early_stopping")
@@ -200,6 +229,8 @@ class Trainer:
                 state = jax.tree.map(
                     lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state
                 )
+            if placement is not None:
+                state = placement.state(state)
             return self._run(
                 data,
                 steps,
@@ -209,7 +240,7 @@ class Trainer:
                 metric_set=metric_set,
                 tracker=tracker,
                 sinks=sinks,
-                preview=preview,
+                preview=previewing,
                 early_stopper=early_stopper,
                 stopping=stopping,
                 checkpoints=checkpoints,
@@ -219,6 +250,7 @@ class Trainer:
                 progress=progress,
                 steps_per_call=steps_per_call,
                 raising=raising,
+                placement=placement,
             )
         finally:
             if checkpoints is not None:
@@ -250,6 +282,7 @@ class Trainer:
         progress: bool,
         steps_per_call: int,
         raising: bool,
+        placement: Placement | None,
     ) -> TrainState:
         # The jitted step sees the empty history only, so a growing history never
         # changes its static fields (and never recompiles it).
@@ -259,6 +292,20 @@ class Trainer:
         resumed = data_start is not None  # restored from a checkpoint
         data_start = start if data_start is None else data_start
         leaves, state_def = jax.tree.flatten(state)
+        step_call, fused_call = self._step, self._fused
+        objective_leaves = self._objective_leaves
+        place: Any = lambda batch: batch  # noqa: E731
+        place_block: Any = _stack
+        if placement is not None:  # one compiled step for every process, over global arrays
+            shardings = tuple(leaf.sharding for leaf in leaves)
+            step_call, fused_call = compiled_steps(
+                self._objective_def, self._static, self.optimizer, shardings
+            )
+            objective_leaves = placement.objective(objective_leaves)
+            place = placement.batch
+
+            def place_block(drawn: list[Any]) -> Any:
+                return placement.stacked(_stack([dict(batch) for batch in drawn]))
 
         def current() -> TrainState:
             return jax.tree.unflatten(state_def, leaves)
@@ -335,19 +382,26 @@ class Trainer:
                 while step < steps and not done_before:
                     aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
                     block = steps_per_call if aligned else 1
-                    drawn = [
-                        _draw(batches, step + offset, steps, data.batch)
-                        for offset in range(1, block + 1)
-                    ]
+                    if placement is not None and step == start:
+                        drawn = self._first_draw(batches, step, steps, data.batch, placement)
+                        drawn += [
+                            _draw(batches, step + offset, steps, data.batch)
+                            for offset in range(2, block + 1)
+                        ]
+                    else:
+                        drawn = [
+                            _draw(batches, step + offset, steps, data.batch)
+                            for offset in range(1, block + 1)
+                        ]
                     unsynced.extend(drawn)
                     window.before(step + 1)
                     if block == 1:
-                        leaves, outputs = self._step(
-                            leaves, drawn[0], self._objective_leaves, state_def
+                        leaves, outputs = step_call(
+                            leaves, place(drawn[0]), objective_leaves, state_def
                         )
                     else:
-                        leaves, outputs = self._fused(
-                            leaves, _stack(drawn), self._objective_leaves, state_def
+                        leaves, outputs = fused_call(
+                            leaves, place_block(drawn), objective_leaves, state_def
                         )
                     step += block
                     engine.advance(block)
@@ -385,6 +439,23 @@ class Trainer:
             verify(step, outputs)  # the state fit returns is checked like a saved one
         return engine.state()
 
+    @staticmethod
+    def _first_draw(
+        batches: Any, step: int, steps: int, rows: int | None, placement: Placement
+    ) -> list[Any]:
+        """The fit's first batch, drawn on every process: a process that fails to draw it,
+        or whose rows differ from another's, makes every process raise the same error
+        (instead of leaving the others blocked in the first compiled step)."""
+        outcome: bool | BaseException = True
+        batch = None
+        try:
+            batch = _draw(batches, step + 1, steps, rows)
+        except Exception as error:
+            outcome = error
+        agree_process_phase("reading the first training batch", outcome)
+        placement.check_first_batch(batch)
+        return [batch]
+
     def _evaluate(
         self,
         engine: LoopEngine,
@@ -408,7 +479,7 @@ class Trainer:
                 file=sys.stderr,
                 dynamic_ncols=True,
             )
-        previewing = preview and tracker is not None
+        previewing = preview  # fit decided it: process zero's tracker and preview=True
         params = generation_params(self.objective, state)  # EMA params where declared
         result = run_pass(
             self.objective,
@@ -423,7 +494,8 @@ class Trainer:
             artifact = self.objective.preview(
                 params, result.first_batch, preview_key, scored=result.first_artifact
             )
-            tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
+            if tracker is not None:
+                tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
         scores = result.scores
         counts = (
             f"evaluation/coordinated_batches {result.batches}  evaluation/records "
