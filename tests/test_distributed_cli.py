@@ -162,15 +162,39 @@ def test_only_process_zero_wrote_the_journals(trained):
     assert "6" in saved  # every process took part in the last checkpoint
 
 
-def test_dew_eval_processes_2_scores_the_run(trained):
-    root, (code, _, err) = trained
-    assert code == 0, err
-    code, out, err = dew("eval", root / "quickstart", "--processes", "2")
-    assert code == 0, err
-    lines = out.splitlines()
-    assert any(line.startswith("step 6  perplexity ") for line in lines), out
-    assert "evaluation/coordinated_batches" in out
-    assert "evaluation/uneven_shards False" in out
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cluster")
+    args = ["--steps", "6", "--checkpoint-dir", str(out / "runs"), *SMALL]
+    outputs = launch(TESTS / "_dist_cli_worker.py", 2, out, args, timeout=200)
+    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    return out, outputs, ranks
+
+
+def test_cluster_flags_join_one_run_and_every_process_ends_alike(cluster):
+    _, _, (zero, one) = cluster
+    assert zero["train"] == one["train"] == 0
+    assert len(zero["fitted"]) == len(one["fitted"]) == 1
+    assert zero["fitted"][0]["step"] == one["fitted"][0]["step"] == 6
+    # The same params on every process (a sum per leaf).
+    assert zero["fitted"][0]["params"] == pytest.approx(one["fitted"][0]["params"], rel=1e-6)
+
+
+def test_only_process_zero_prints(cluster):
+    _, ((_, zero), (_, one)), _ = cluster
+    assert "step 6  " in zero
+    assert "run folder " in zero
+    printed = [line for line in one.splitlines() if not line.startswith("[Gloo]")]
+    assert printed == [], one
+
+
+def test_dew_eval_under_two_processes_scores_the_run(cluster):
+    _, ((_, zero), (_, one)), ranks = cluster
+    assert [rank["eval"] for rank in ranks] == [0, 0]
+    lines = zero.splitlines()
+    assert any(line.startswith("step 6  perplexity ") for line in lines), zero
+    assert "evaluation/uneven_shards False" in zero
+    assert "perplexity" not in one
 
 
 def test_a_failing_process_stops_the_run_and_is_named(tmp_path):
