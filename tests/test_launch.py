@@ -252,3 +252,23 @@ def test_an_index_out_of_range_exits_2_before_any_jax_work(capsys, monkeypatch):
     monkeypatch.setenv("JAX_PROCESS_ID", "-1")
     assert main(argv) == 2
     assert "JAX_PROCESS_ID must be 0 to 1 (2 processes), got -1." in capsys.readouterr().err
+
+
+def test_distributed_without_a_cluster_is_one_clear_error():
+    # In a child process: joining sets process-wide JAX options.
+    env = {**os.environ, "PYTHONPATH": str(SRC), "JAX_PLATFORMS": "cpu"}
+    for name in [*env]:
+        if name.startswith(("JAX_COORDINATOR", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_")):
+            del env[name]
+    command = [sys.executable, "-c", "import sys; from dew.cli import main; sys.exit(main())"]
+    done = subprocess.run(
+        [*command, "eval", "nowhere", "--distributed"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("dew eval: cannot join the multi-process run (")
+    assert "--coordinator-address, --num-processes and --process-id" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
