@@ -2,6 +2,7 @@
 and variables: fast, no jax.distributed run."""
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -120,7 +121,9 @@ def test_a_straggler_after_the_others_ended_is_stopped(tmp_path, capfd):
     assert all(_gone(pid) for pid in _pids(tmp_path, 2))
 
 
-def test_ctrl_c_reaches_every_child_and_exits_130_with_one_line(tmp_path):
+def _signalled_launcher(tmp_path, sig):
+    """A launcher of two hanging children in its own process, sent `sig` once both run:
+    (its status, its stderr, the children's pids)."""
     script = textwrap.dedent(
         f"""
         import sys
@@ -138,20 +141,36 @@ def test_ctrl_c_reaches_every_child_and_exits_130_with_one_line(tmp_path):
         text=True,
         start_new_session=True,
     )
+    pids = []
     try:
         pids = _pids(tmp_path, 2)
         assert len(pids) == 2
         time.sleep(0.3)
-        parent.send_signal(signal.SIGINT)
+        parent.send_signal(sig)
         _, err = parent.communicate(timeout=30)
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
             parent.wait()
-    assert parent.returncode == 130
+        for pid in pids:  # never leave a child behind, even when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    return parent.returncode, err, pids
+
+
+def test_ctrl_c_reaches_every_child_and_exits_130_with_one_line(tmp_path):
+    code, err, pids = _signalled_launcher(tmp_path, signal.SIGINT)
+    assert code == 130
     assert err.strip().splitlines() == [
         "dew train: interrupted; run the same command again to resume"
     ]
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_sigterm_to_the_launcher_stops_every_child(tmp_path):
+    code, err, pids = _signalled_launcher(tmp_path, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM
+    assert err.strip().splitlines() == ["dew train: stopped by SIGTERM; stopped every process"]
     assert all(_gone(pid) for pid in pids)
 
 

@@ -18,8 +18,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO
 
 __all__ = ["LAUNCHED_ENV", "launch", "child_command", "free_port"]
@@ -32,6 +33,33 @@ SETTLE_SECONDS = 2.0  # after a failure, how long the others get to fail by them
 STRAGGLER_SECONDS = 120.0  # after one process ends well, how long the others get to end
 INTERRUPT_SECONDS = 10.0  # after Ctrl-C, how long the children get to stop by themselves
 SHOWN_LINES = 200  # the last lines of a failing process's output that are shown
+
+
+class _TerminatedError(Exception):
+    """SIGTERM or SIGHUP reached the launcher: its children go with it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _TerminatedError(signum)
+
+
+@contextlib.contextmanager
+def _stopping_on_termination() -> Iterator[None]:
+    """While inside (in the main thread), SIGTERM and SIGHUP raise `_TerminatedError`, so the
+    children, which lead their own sessions, are stopped rather than left running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def free_port() -> int:
@@ -101,47 +129,65 @@ def launch(
 
     **Returns:** 0 when every process exits 0; else the failing process's status (1 when a
     signal ended it or a deadline passed), after stopping every other process and printing
-    one line naming the failing process and its output, and 130 after Ctrl-C.
+    one line naming the failing process and its output, and 130 after Ctrl-C. SIGTERM or
+    SIGHUP to the launcher stops every child and returns 128 + the signal's number.
     """
     if count < 1:
         raise ValueError(f"--processes must be >= 1, got {count}.")
     base = dict(os.environ if env is None else env)
     base.setdefault("JAX_PLATFORMS", "cpu")  # a local run's processes share this machine's CPU
-    address = f"127.0.0.1:{free_port()}"
     processes: list[subprocess.Popen] = []
     logs: list[IO[bytes] | None] = []
     started = time.monotonic()
     try:
-        for index in range(count):
-            child_env = {
-                **base,
-                "JAX_COORDINATOR_ADDRESS": address,
-                "JAX_NUM_PROCESSES": str(count),
-                "JAX_PROCESS_ID": str(index),
-                LAUNCHED_ENV: "1",
-            }
-            log = None if index == 0 else tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
-            logs.append(log)
-            processes.append(
-                subprocess.Popen(
-                    list(command),
-                    env=child_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=None if log is None else subprocess.STDOUT,
-                    start_new_session=True,  # its own group: killed whole, Ctrl-C forwarded
-                )
-            )
-        return _watch(processes, logs, label, started, timeout, straggler)
+        with _stopping_on_termination():
+            _start(command, count, base, processes, logs)
+            return _watch(processes, logs, label, started, timeout, straggler)
     except KeyboardInterrupt:
         _interrupt(processes)
         print(f"{label}: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+    except _TerminatedError as stop:
+        _reap(processes)
+        name = signal.Signals(stop.signum).name
+        print(f"{label}: stopped by {name}; stopped every process", file=sys.stderr)
+        return 128 + stop.signum
     finally:
         _reap(processes)
         for log in logs:
             if log is not None:
                 log.close()
+
+
+def _start(
+    command: Sequence[str],
+    count: int,
+    base: Mapping[str, str],
+    processes: list[subprocess.Popen],
+    logs: list[IO[bytes] | None],
+) -> None:
+    """Start the children (appended as they start, so any started is stopped with them)."""
+    address = f"127.0.0.1:{free_port()}"
+    for index in range(count):
+        child_env = {
+            **base,
+            "JAX_COORDINATOR_ADDRESS": address,
+            "JAX_NUM_PROCESSES": str(count),
+            "JAX_PROCESS_ID": str(index),
+            LAUNCHED_ENV: "1",
+        }
+        log = None if index == 0 else tempfile.TemporaryFile()  # noqa: SIM115 (closed by launch)
+        logs.append(log)
+        processes.append(
+            subprocess.Popen(
+                list(command),
+                env=child_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=None if log is None else subprocess.STDOUT,
+                start_new_session=True,  # its own group: killed whole, Ctrl-C forwarded
+            )
+        )
 
 
 def _watch(
