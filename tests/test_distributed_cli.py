@@ -9,6 +9,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from _multiprocess import launch, worker_env
@@ -229,3 +230,49 @@ def test_dew_sweep_processes_2_keeps_one_ledger(tmp_path):
         assert (trial / "run.json").is_file()
         assert len((trial / "scalars.jsonl").read_text().splitlines()) > 0
     assert "best trial" in out
+
+
+def _running_with(text):
+    """The pids of running processes whose command line mentions `text`."""
+    pids = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+    return pids
+
+
+def test_ctrl_c_stops_every_process_with_one_line(tmp_path):
+    root = tmp_path / "runs"
+    argv = ["train", "--processes", "2", "--steps", "100000", "--checkpoint-dir", root, *SMALL]
+    command = [sys.executable, "-c", "import sys; from dew.cli import main; sys.exit(main())"]
+    process = subprocess.Popen(
+        [*command, *map(str, argv), "--set", "trainer.eval_every=100000"],
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    journal = root / "quickstart" / "scalars.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (journal.exists() and journal.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert journal.exists(), "the run never logged a step"
+        assert len(_running_with(str(root))) == 3  # the command and its two processes
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        for pid in _running_with(str(root)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130
+    assert err.strip().splitlines() == [
+        "dew train: interrupted; run the same command again to resume"
+    ]
+    assert _running_with(str(root)) == []
