@@ -112,7 +112,9 @@ def _process_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="with --processes: stop every process when the run takes longer (default a day)",
     )
-    group.add_argument("--coordinator-address", metavar="HOST:PORT", help="process zero's")
+    group.add_argument(
+        "--coordinator-address", metavar="HOST:PORT", help="process zero's host and a free port"
+    )
     group.add_argument("--num-processes", type=int, metavar="N", help="the run's process count")
     group.add_argument("--process-id", type=int, metavar="I", help="this process's index")
     group.add_argument(
