@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+import time
 from typing import ClassVar
 
 import equinox as eqx
@@ -96,6 +97,8 @@ class Constant(Metric[TokenScores]):
     name: str = eqx.field(static=True, default="constant")
 
     def init(self):
+        if self.fail == "init":
+            raise RuntimeError("the host metric's weights are missing")
         return np.zeros(())
 
     def statistics(self, artifact):
@@ -238,11 +241,16 @@ def _main() -> None:
     arrays: dict[str, np.ndarray] = {}
     key = jax.random.key(3)
 
+    seconds: dict[str, float] = {}  # each scenario's time, in the order of rank<R>.json's
+
     def outcome(function):
+        started = time.perf_counter()
         try:
             return {"value": function()}
         except Exception as error:
             return {"error": type(error).__name__, "message": str(error)}
+        finally:
+            seconds[f"scenario {len(seconds)}"] = round(time.perf_counter() - started, 2)
 
     def summary(evaluation):
         return {
@@ -297,7 +305,7 @@ def _main() -> None:
         lambda: summary(evaluate(padded, params, zeros, metrics=[metrics.perplexity()], key=key))
     )
     # Host metrics failing on process zero: in an update, in finalize.
-    for where in ("update", "finalize"):
+    for where in ("init", "update", "finalize"):
         results[f"host_fails_{where}"] = outcome(
             lambda where=where: lm_evaluate(text_shard(rank, 1), (Constant(fail=where),))
         )
@@ -352,6 +360,19 @@ def _main() -> None:
         return artifact is not None
 
     results["lm_preview"] = outcome(lm_preview)
+    # Only process zero asks for the first artifact (its tracker previews): both keep it.
+    results["keep_on_zero_only"] = outcome(
+        lambda: (
+            run_pass(
+                lm,
+                params,
+                text_shard(rank, 1),
+                MetricSet([metrics.perplexity()]),
+                key,
+                keep_first_artifact=rank == 0,
+            ).first_artifact.losses.shape
+        )
+    )
 
     def images_preview():
         artifact = preview(images, images.init_params(), image_shard(rank, 1), [])
@@ -380,6 +401,7 @@ def _main() -> None:
     )
 
     (out / f"rank{rank}.json").write_text(json.dumps(results))
+    (out / f"seconds{rank}.json").write_text(json.dumps(seconds))
     np.savez(out / f"rank{rank}.npz", **arrays)
 
 

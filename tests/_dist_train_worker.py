@@ -11,17 +11,23 @@ one-process reference on the concatenated batches.
 
 import itertools
 import json
+import logging
 import pathlib
 import sys
+from typing import ClassVar
 
+import equinox as eqx
 import jax
 import numpy as np
 import optax
 
-from dew import Trainer
+from dew import Trainer, metrics
+from dew.artifacts import Artifact, TokenScores
 from dew.data import Dataset
+from dew.naming import Split
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
+from dew.supervised import EarlyStopper
 
 STEPS = 6
 CHECKPOINT_AT = 4
@@ -62,6 +68,31 @@ def concatenated_batches(count: int):
 
 def val_batches(rank: int, count: int = 2):
     return iter([{"text": shard(100 + index, rank)} for index in range(count)])
+
+
+class HostMeanLoss(metrics.Metric[TokenScores]):
+    """A host metric (the weighted mean loss in NumPy) that marks each update in a file of
+    the process that ran it: only process zero may."""
+
+    artifact_type: ClassVar[type[Artifact]] = TokenScores
+    host: ClassVar[bool] = True
+    marker: str = eqx.field(static=True, default="")
+    name: str = eqx.field(static=True, default="host_mean_loss")
+
+    def init(self):
+        return np.zeros(2)
+
+    def statistics(self, artifact: TokenScores):
+        with open(f"{self.marker}{jax.process_index()}.txt", "a") as file:
+            file.write(f"{len(artifact.losses)}\n")
+        losses, weights = np.asarray(artifact.losses), np.asarray(artifact.weights)
+        return np.array([np.sum(losses * weights), np.sum(weights)])
+
+    def merge(self, accumulated, contribution):
+        return accumulated + contribution
+
+    def finalize(self, accumulated):
+        return float(accumulated[0] / accumulated[1])
 
 
 def trainer(**options) -> Trainer:
@@ -107,6 +138,27 @@ class Events:
         self.seen.append([event.name, event.step])
 
 
+class Compilations(logging.Handler):
+    """Counts XLA compilations of the trainer's step (`jax_log_compiles` messages)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record):
+        self.count += record.getMessage().startswith("Finished XLA compilation of jit(step)")
+
+    def __enter__(self):
+        self.count = 0
+        jax.config.update("jax_log_compiles", True)
+        logging.getLogger("jax").addHandler(self)
+        return self
+
+    def __exit__(self, *exc_info):
+        logging.getLogger("jax").removeHandler(self)
+        jax.config.update("jax_log_compiles", False)
+
+
 def outcome(function):
     try:
         return {"value": function()}
@@ -123,22 +175,65 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
     results: dict = {}
     data = Dataset(train=lambda partition: local_batches(partition.index), batch=ROWS)
 
-    # Replicated params, tracking on process zero only, a user sink on every process.
+    # Replicated params, tracking on process zero only, a user sink on every process,
+    # validation with a device and a host metric, previews (process zero's tracker decides).
     events = Events()
+    validated = Dataset(
+        train=lambda partition: local_batches(partition.index),
+        val=lambda partition: val_batches(partition.index),
+        batch=ROWS,
+    )
     if rank == 0:
         tracker = Trackers(LocalTracker(out / "local"), TensorBoardTracker(out / "tb"))
     else:
         tracker = Recording()
-    state = trainer().fit(
-        data, STEPS, log_every=3, tracker=tracker, event_sinks=[events], progress=True
-    )
+    compiled = Compilations()
+    with compiled:
+        state = trainer().fit(
+            validated,
+            STEPS,
+            log_every=3,
+            eval_every=3,
+            metrics=[metrics.perplexity(), HostMeanLoss(marker=str(out / "host_updates_rank"))],
+            tracker=tracker,
+            event_sinks=[events],
+            preview=True,
+            progress=True,
+        )
     if rank == 0:
         tracker.close()
     else:
         results["calls_on_other_process"] = tracker.calls
     save(out / f"replicated-rank{rank}.npz", state)
+    results["step_compilations"] = compiled.count
     results["events"] = events.seen
     results["history"] = {tag: list(map(list, v)) for tag, v in state.metric_history.items()}
+
+    # Uneven validation shards: process 0 has a third batch, left out of the metrics.
+    uneven_val = Dataset(
+        train=lambda partition: local_batches(partition.index),
+        val=lambda partition: val_batches(partition.index, 3 - partition.index),
+    )
+    # ... with early stopping on the validation split: no improvement counts (min_delta),
+    # so the second event stops the fit on every process.
+    never = EarlyStopper(metric="perplexity", patience=0, min_delta=1e9, source=Split.VALIDATION)
+    state = trainer().fit(
+        uneven_val,
+        4,
+        log_every=1,
+        eval_every=1,
+        metrics=[metrics.perplexity()],
+        early_stopper=never,
+        progress=True,
+    )
+    results["uneven_history"] = {tag: list(map(list, v)) for tag, v in state.metric_history.items()}
+    results["stopped_at"] = int(state.step)
+
+    # A training loss that turns NaN (a NaN learning rate): the same error on every process.
+    nan_rate = Trainer(objective(), optax.sgd(float("nan")), key=jax.random.key(KEY))
+    results["nonfinite"] = outcome(
+        lambda: nan_rate.fit(data, 3, log_every=1, progress=False) and None
+    )
 
     # Sharded params: every leaf whose first axis the devices divide is split by rows.
     devices = data_mesh().devices.size
@@ -147,7 +242,9 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
         spec = PartitionSpec("data") if leaf.ndim and leaf.shape[0] % devices == 0 else None
         return NamedSharding(data_mesh(), spec if spec is not None else PartitionSpec())
 
-    state = trainer(param_sharding=by_rows).fit(data, STEPS, log_every=3, progress=False)
+    with compiled:
+        state = trainer(param_sharding=by_rows).fit(data, STEPS, log_every=3, progress=False)
+    results["sharded_step_compilations"] = compiled.count
     leaves = jax.tree.leaves(state.params)
     results["sharded_leaves"] = sum(not leaf.sharding.is_fully_replicated for leaf in leaves)
     save(out / f"sharded-rank{rank}.npz", state)

@@ -159,6 +159,11 @@ def test_a_pass_with_no_counted_target_raises_on_every_process(ranks):
 
 
 def test_a_host_metric_failing_on_process_zero_raises_on_every_process(ranks):
+    assert same_everywhere(ranks, "host_fails_init") == {
+        "error": "PhaseFailedError",
+        "message": "starting the host metrics on process 0 failed on process 0 of 2: "
+        "RuntimeError: the host metric's weights are missing",
+    }
     update = same_everywhere(ranks, "host_fails_update")
     assert update == {
         "error": "PhaseFailedError",
@@ -242,18 +247,12 @@ def test_built_in_previews_run_over_both_processes_as_one_process_runs_them(laun
         )
 
 
+def test_every_process_keeps_the_first_artifact_when_one_asks_for_it(ranks):
+    assert same_everywhere(ranks, "keep_on_zero_only") == {"value": [8, SEQ]}
+
+
 def test_a_preview_failing_on_one_process_raises_on_every_process(ranks):
     assert same_everywhere(ranks, "preview_fails") == {
         "error": "ValueError",
         "message": "preview generation failed on process 1 of 2: no preview on process 1",
     }
-
-
-def test_in_one_process_the_preview_is_the_objectives_own():
-    objective = lm_objective()
-    params = objective.init_params()
-    batch = text_shard(0, 1)[0]
-    key = jax.random.key(5)
-    got = preview_on_process_zero(objective, params, batch, key)
-    expected = objective.preview(params, batch, key)
-    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(expected.tokens))

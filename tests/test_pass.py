@@ -12,7 +12,14 @@ import optax
 import pytest
 
 from dew import Trainer, evaluate, metrics
-from dew._pass import PassResult, _Reducer, _update_for, run_pass, scoring_key
+from dew._pass import (
+    PassResult,
+    _Reducer,
+    _update_for,
+    preview_on_process_zero,
+    run_pass,
+    scoring_key,
+)
 from dew.artifacts import TokenScores
 from dew.data import Dataset
 from dew.metrics import Metric, MetricSet
@@ -116,13 +123,21 @@ def test_run_pass_returns_a_typed_result_with_the_first_artifact_on_request(obje
         objective, params, batches, MetricSet([metrics.mean_loss()]), key, keep_first_artifact=True
     )
     assert isinstance(result, PassResult)
-    assert (result.batches, result.records) == (3, 12)
+    assert (result.batches, result.records, result.uneven_shards) == (3, 12, False)
     assert result.first_batch is batches[0]
     expected = objective.evaluate(params, batches[0], scoring_key(key, 0))
     np.testing.assert_array_equal(result.first_artifact.losses, expected.losses)
     without = run_pass(objective, params, batches, MetricSet([metrics.mean_loss()]), key)
     assert without.first_artifact is None
     assert without.scores == result.scores
+
+
+def test_in_one_process_the_trainers_preview_is_the_objectives_own(objective):
+    params, key = objective.init_params(), jax.random.key(5)
+    batch = _batches(6, count=1)[0]
+    shown = preview_on_process_zero(objective, params, batch, key)
+    expected = objective.preview(params, batch, key)
+    np.testing.assert_array_equal(np.asarray(shown.tokens), np.asarray(expected.tokens))
 
 
 def test_a_pass_without_metrics_scores_nothing_but_counts(objective):

@@ -352,3 +352,34 @@ def test_a_ctrl_c_that_a_finalizer_swallowed_still_stops_the_fit(objective):
     (ended,) = [record for _, record in tracker.artifacts["fit_ended"]]
     assert (ended.status, ended.step) == ("interrupted", 3)  # it stops after that step
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_param_sharding_places_a_one_process_fit_on_the_data_mesh(objective):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from dew.distributed import data_mesh
+
+    def by_rows(path, leaf):
+        return NamedSharding(data_mesh(), PartitionSpec("data" if leaf.ndim else None))
+
+    key = jax.random.key(0)
+    placed = Trainer(objective, optax.sgd(0.1), key=key, param_sharding=by_rows).fit(
+        _data(val=False), steps=3, log_every=3, progress=False
+    )
+    plain = Trainer(objective, optax.sgd(0.1), key=key).fit(
+        _data(val=False), steps=3, log_every=3, progress=False
+    )
+    assert int(placed.step) == 3
+    for got, want in zip(
+        jax.tree.leaves(placed.params), jax.tree.leaves(plain.params), strict=True
+    ):
+        assert isinstance(got.sharding, NamedSharding) and got.sharding.mesh == data_mesh()
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
+
+
+def test_param_sharding_must_give_a_sharding_for_every_param(objective):
+    trainer = Trainer(
+        objective, optax.sgd(0.1), key=jax.random.key(0), param_sharding=lambda path, leaf: "rows"
+    )
+    with pytest.raises(ValueError, match=r"param_sharding\..* returned 'rows'; it must return a"):
+        trainer.fit(_data(val=False), steps=1, log_every=1, progress=False)

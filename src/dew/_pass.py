@@ -32,6 +32,7 @@ from jaxtyping import ArrayLike, Int, PRNGKeyArray, PyTree
 from dew._checks import batch_error, explain_failure, failed_check, ids_checked_on_host
 from dew._domains import SCORING_DOMAIN
 from dew._processes import (
+    _agree,
     _allgather,
     agree_process_phase,
     broadcast_json,
@@ -434,10 +435,15 @@ def _place(objective: Objective, batch: Mapping[str, Any], index: int) -> dict[s
         placed = global_batch(batch)
     except Exception as error:
         outcome = error
-    agree_process_phase(f"checking validation batch {index}", outcome)
-    digest = np.frombuffer(hashlib.sha256(layout.encode("utf-8")).digest()[:16], np.uint8)
-    digests = _allgather(digest)
-    if any(bytes(row) != bytes(digests[0]) for row in digests):
+    # One exchange in the common case: each process's outcome beside its layout's digest;
+    # only when some process failed do they agree on (and raise) its error.
+    row = np.zeros(17, np.uint8)
+    row[0] = outcome is not True
+    row[1:] = np.frombuffer(hashlib.sha256(layout.encode("utf-8")).digest()[:16], np.uint8)
+    rows = _allgather(row)
+    if rows[:, 0].any():
+        agree_process_phase(f"checking validation batch {index}", outcome)
+    if any(bytes(digest) != bytes(rows[0, 1:]) for digest in rows[:, 1:]):
         layouts = _gather_texts(layout)
         shown = "; ".join(f"process {i}: {text}" for i, text in enumerate(layouts))
         raise ValueError(
@@ -472,6 +478,9 @@ def _run_pass_processes(
     keep_first_artifact: bool,
 ) -> PassResult:
     """`run_pass` under `jax.distributed`: every process calls it with its own shard."""
+    # Every process must keep the first artifact if any does (a tracker may live on
+    # process zero alone): the compiled calls must be the same on every process.
+    keep_first_artifact = any(_agree("starting a validation pass", True, int(keep_first_artifact)))
     device, host = _split(metrics)
     names = metrics.names
     on_host = bool(host.metrics)
@@ -482,7 +491,15 @@ def _run_pass_processes(
         global_params = jax.tree.leaves(_everywhere(params))
         global_key = _everywhere(key)
         accumulator = replicated(plan.initial)
-    host_state = host.init() if on_host and zero else None
+    host_state = None
+    if on_host:
+        outcome: bool | BaseException = True
+        if zero:
+            try:
+                host_state = host.init()
+            except Exception as error:
+                outcome = error
+        agree_process_phase("starting the host metrics on process 0", outcome)
     first_artifact = first_batch = None
     count = records = 0
     shards = coordinated(batches)
@@ -504,7 +521,7 @@ def _run_pass_processes(
             )
             if on_host:  # gathered on every process, merged on process zero alone
                 gathered = collective_host(artifact)
-                outcome: bool | BaseException = True
+                outcome = True
                 if zero:
                     try:
                         host_state = host.update(host_state, gathered)
@@ -566,7 +583,9 @@ def preview_on_process_zero(
     `collective_host`, so a failure on one process raises the same error on every
     process instead of leaving the others blocked in the gather. Process zero gets the
     artifact on the host (NumPy arrays, every gather finished, ready to decode), the
-    other processes `None`.
+    other processes `None`. The preview is traced into that call, so an objective's
+    `generate_preview` must be traceable (JAX operations on its arguments, no NumPy
+    reads of the batch): the built-in ones are.
     """
     if not is_multiprocess():
         return objective.preview(params, batch, key, scored=scored)

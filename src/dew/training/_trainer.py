@@ -18,6 +18,7 @@ from dew._domains import PREVIEW_DOMAIN
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
+from dew._pass import preview_on_process_zero
 from dew._processes import agree_process_phase, broadcast_json, is_multiprocess, is_process_zero
 from dew.data import Dataset, Partition
 from dew.evaluation import run_pass
@@ -157,6 +158,13 @@ class Trainer:
           fetch); in fused mode a call returns its last step's loss, so that is the
           one looked at. `"continue"` trains on. (Keras calls this rule
           `TerminateOnNaN`.)
+        - Under `jax.distributed` every process calls `fit` alike: each reads its own
+          `Partition` of the data, each step trains on one global batch (every
+          process's rows) with one compiled step over global arrays, and the returned
+          params are the same on every process. Only process zero reports to its
+          tracker and prints; `event_sinks` run on every process; checkpoints are
+          saved and restored by every process together (docs/training.md,
+          "Multi-process training").
         - `progress` prints one line per log and evaluation event (an evaluation's
           line adds its batch and record counts and its event key) and, when
           standard error is a terminal, shows a progress bar (step, loss, steps/s)
@@ -294,7 +302,6 @@ class Trainer:
         leaves, state_def = jax.tree.flatten(state)
         step_call, fused_call = self._step, self._fused
         objective_leaves = self._objective_leaves
-        place: Any = lambda batch: batch  # noqa: E731
         place_block: Any = _stack
         if placement is not None:  # one compiled step for every process, over global arrays
             shardings = tuple(leaf.sharding for leaf in leaves)
@@ -302,7 +309,6 @@ class Trainer:
                 self._objective_def, self._static, self.optimizer, shardings
             )
             objective_leaves = placement.objective(objective_leaves)
-            place = placement.batch
 
             def place_block(drawn: list[Any]) -> Any:
                 return placement.stacked(_stack([dict(batch) for batch in drawn]))
@@ -396,9 +402,8 @@ class Trainer:
                     unsynced.extend(drawn)
                     window.before(step + 1)
                     if block == 1:
-                        leaves, outputs = step_call(
-                            leaves, place(drawn[0]), objective_leaves, state_def
-                        )
+                        batch = drawn[0] if placement is None else placement.batch(drawn[0])
+                        leaves, outputs = step_call(leaves, batch, objective_leaves, state_def)
                     else:
                         leaves, outputs = fused_call(
                             leaves, place_block(drawn), objective_leaves, state_def
@@ -491,15 +496,17 @@ class Trainer:
         )
         if previewing and result.first_batch is not None:
             preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
-            artifact = self.objective.preview(
-                params, result.first_batch, preview_key, scored=result.first_artifact
+            # every process takes part in generating it; process zero gets it to log
+            artifact = preview_on_process_zero(
+                self.objective, params, result.first_batch, preview_key, result.first_artifact
             )
-            if tracker is not None:
+            if tracker is not None and artifact is not None:
                 tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
         scores = result.scores
         counts = (
             f"evaluation/coordinated_batches {result.batches}  evaluation/records "
-            f"{result.records}  evaluation/uneven_shards False  event key {key_text(event_key)}"
+            f"{result.records}  evaluation/uneven_shards {result.uneven_shards}  event key "
+            f"{key_text(event_key)}"
         )
         if scores and isinstance(self.objective, ReportsSampling):  # it generated: report how
             record = self.objective.sampling_record(
