@@ -36,4 +36,7 @@ results["train"] = main(["train", *cluster, "--process-id", str(rank), *args])
 results["fitted"] = fitted
 root = pathlib.Path(args[args.index("--checkpoint-dir") + 1])
 results["eval"] = main(["eval", str(root / "quickstart")])  # already joined: no flags
+# The same run name with another configuration: process zero's run.json check fails, and
+# every process raises it (process 1 reads no run.json).
+results["other_config"] = main(["train", *args, "--set", "optim.learning_rate=0.5"])
 (out / f"rank{rank}.json").write_text(json.dumps(results))

@@ -186,7 +186,8 @@ def test_only_process_zero_prints(cluster):
     _, ((_, zero), (_, one)), _ = cluster
     assert "step 6  " in zero
     assert "run folder " in zero
-    printed = [line for line in one.splitlines() if not line.startswith("[Gloo]")]
+    # Errors are every process's to print (the last scenario's); nothing else on process 1.
+    printed = [line for line in one.splitlines() if not line.startswith(("[Gloo]", "dew train: "))]
     assert printed == [], one
 
 
@@ -197,6 +198,14 @@ def test_dew_eval_under_two_processes_scores_the_run(cluster):
     assert any(line.startswith("step 6  perplexity ") for line in lines), zero
     assert "evaluation/uneven_shards False" in zero
     assert "perplexity" not in one
+
+
+def test_a_run_folder_of_another_configuration_fails_every_process(cluster):
+    _, ((_, zero), (_, one)), ranks = cluster
+    assert [rank["other_config"] for rank in ranks] == [2, 2]
+    for output in (zero, one):
+        assert "dew train: checking the run folder failed on process 0 of 2: " in output
+        assert "records another configuration (sections that differ: optimizer)" in output
 
 
 def test_a_failing_process_stops_the_run_and_is_named(tmp_path):
