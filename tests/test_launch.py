@@ -291,3 +291,21 @@ def test_distributed_without_a_cluster_is_one_clear_error():
     assert done.stderr.startswith("dew eval: cannot join the multi-process run (")
     assert "--coordinator-address, --num-processes and --process-id" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--set", "optim.bogus=1"], "optim.bogus"),
+        (["eval", "nowhere"], "no run.json at 'nowhere/run.json'"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_process_starts(argv, message, capsys, monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(_launch, "launch", no_launch)
+    assert main([*argv, "--processes", "2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"dew {argv[0]}: ") and message in err

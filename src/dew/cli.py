@@ -344,13 +344,18 @@ def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]
     return objective, tuple(objective.default_metrics()), skipped
 
 
+def _train_config(args: argparse.Namespace) -> Any:
+    config = _configure(args)
+    if config.trainer.name is None:
+        raise ValueError("dew train needs a run name: set trainer.name or pass --name.")
+    return config
+
+
 def _train(args: argparse.Namespace) -> int:
     from dew.config._recipe import run_folder
 
-    config = _configure(args)
+    config = _train_config(args)
     name = config.trainer.name
-    if name is None:
-        raise ValueError("dew train needs a run name: set trainer.name or pass --name.")
     _, metrics, _ = _default_metrics(config)
     state = config.train(metrics=metrics, progress=not args.quiet)
     _, folder = run_folder(config, name)
@@ -431,23 +436,30 @@ def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> f
     )
 
 
-def _sweep(args: argparse.Namespace) -> int:
-    from dew._processes import is_process_zero
-    from dew.config._recipe import run_folder
-    from dew.config.sweep import _checked_space, sweep
-    from dew.tracking import LocalTracker
+def _sweep_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The sweep's base configuration and its checked space."""
+    from dew.config.sweep import _checked_space
 
     config = _configure(args)
     if config.trainer.name is None:
         raise ValueError("dew sweep needs trainer.name (or --name): it names every trial.")
     if args.storage is not None and args.search != "optuna":
         raise ValueError(f"--storage is Optuna's; use it with --search optuna, not {args.search}.")
+    with _reading(args.space):  # a bad space is the user's before anything is written
+        return config, _checked_space(config, _space(args.space))
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from dew._processes import is_process_zero
+    from dew.config._recipe import run_folder
+    from dew.config.sweep import sweep
+    from dew.tracking import LocalTracker
+
+    config, space = _sweep_inputs(args)
     _, metrics, _ = _default_metrics(config)
     metric = args.metric or (metrics[0].name if metrics else "loss")
     _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
     ledger = args.ledger or str(local / "ledger.json")
-    with _reading(args.space):  # a bad space is the user's before anything is written
-        space = _checked_space(config, _space(args.space))
     search = _search(args)
 
     def trial(run: Any) -> float:
@@ -627,6 +639,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.processes is not None and not launched:
             from dew._launch import child_command, launch
 
+            checked = _outcome(args, launched, lambda: _preflight(args))
+            if checked != 0:  # one line here rather than the same error from every process
+                return checked
             return launch(
                 child_command(argv),
                 args.processes,
@@ -658,6 +673,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # blocked in a collective never does): its launcher then sees it fail.
         _leave(code)
     return code
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    """Before starting local processes, the checks of the user's input that need no JAX
+    (the config, the sweep's space, the run folder's run.json); 0 when they pass."""
+    if args.command == "train":
+        _train_config(args)
+    elif args.command == "sweep":
+        _sweep_inputs(args)
+    else:
+        from dew.config import RunConfig
+
+        RunConfig.from_run_record(pathlib.Path(args.run_dir) / "run.json")
+    return 0
 
 
 def _outcome(args: argparse.Namespace, launched: bool, run: Callable[[], int]) -> int:
