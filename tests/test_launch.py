@@ -205,6 +205,12 @@ def test_flags_win_over_variables():
     }
 
 
+def test_an_ipv6_coordinator_in_brackets_is_an_address():
+    env = {"JAX_COORDINATOR_ADDRESS": "[::1]:8476", "JAX_NUM_PROCESSES": "2"}
+    settings = cluster_settings(_args(process_id=0), env)
+    assert settings == {"coordinator_address": "[::1]:8476", "num_processes": 2, "process_id": 0}
+
+
 def test_distributed_alone_leaves_everything_to_jax():
     args = _args()
     args.distributed = True
