@@ -7,6 +7,12 @@
   ledger; several `dew sweep --search optuna --storage URL` workers share one study.
 - `dew eval RUN_DIR`: score a run's latest checkpoint on its validation data.
 - `dew runs [FOLDER]`: a table of the runs under a folder with their final metrics.
+
+`dew train`, `dew sweep` and `dew eval` run as several processes of one `jax.distributed`
+run: `--processes N` starts N local processes (`dew._launch`); on a cluster each process
+runs the command itself with `--coordinator-address`, `--num-processes` and `--process-id`,
+the `JAX_COORDINATOR_ADDRESS` family of variables, or `--distributed` (JAX's detection of
+SLURM, Cloud TPU, Open MPI). Only process zero prints and writes.
 """
 
 import argparse
@@ -17,8 +23,9 @@ import os
 import pathlib
 import sys
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn
 
 __all__ = ["main"]
 
@@ -32,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a run configuration (default: tiny_lm)")
     train.add_argument("config", nargs="?", help=f"{_CONFIG_HELP} (default: tiny_lm)")
     _run_options(train)
+    _process_options(train)
 
     sweep = commands.add_parser(
         "sweep",
@@ -49,9 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--study-name", help="the Optuna study (needed with --storage)")
     sweep.add_argument("--metric", help="the score: a validation (else training) metric")
     sweep.add_argument("--direction", choices=("minimize", "maximize"), default="minimize")
+    _process_options(sweep)
 
     evaluate = commands.add_parser("eval", help="score a run's latest checkpoint")
+    evaluate.set_defaults(command_parser=evaluate)
     evaluate.add_argument("run_dir", help="a run folder (it holds run.json)")
+    _process_options(evaluate)
 
     runs = commands.add_parser("runs", help="list runs and their final metrics")
     runs.add_argument("folder", nargs="?", default="runs", help="where to look (default runs)")
@@ -77,6 +88,162 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         help="override a dotted path with a TOML value, e.g. --set optim.learning_rate=0.01",
     )
     parser.add_argument("--quiet", action="store_true", help="no per-step lines or progress bar")
+
+
+PROCESS_TIMEOUT = 86400.0
+"""`--process-timeout`'s default: a day, the longest a local multi-process run may take."""
+
+
+def _process_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "multi-process runs (jax.distributed)",
+        "--processes N starts N local processes of this command; on a cluster each process "
+        "runs the command with the coordinator's address, the process count and its index "
+        "(or the JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID variables), or "
+        "with --distributed to let JAX detect them (SLURM, Cloud TPU, Open MPI).",
+    )
+    group.add_argument(
+        "--processes", type=int, metavar="N", help="start N local processes of this command"
+    )
+    group.add_argument(
+        "--process-timeout",
+        type=float,
+        default=PROCESS_TIMEOUT,
+        metavar="SECONDS",
+        help="with --processes: stop every process when the run takes longer (default a day)",
+    )
+    group.add_argument(
+        "--coordinator-address", metavar="HOST:PORT", help="process zero's host and a free port"
+    )
+    group.add_argument("--num-processes", type=int, metavar="N", help="the run's process count")
+    group.add_argument("--process-id", type=int, metavar="I", help="this process's index")
+    group.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join a jax.distributed run JAX finds in the environment (SLURM, Cloud TPU, ...)",
+    )
+
+
+_CLUSTER_FLAGS = ("coordinator_address", "num_processes", "process_id", "distributed")
+_CLUSTER_ENV = {
+    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
+    "num_processes": "JAX_NUM_PROCESSES",
+    "process_id": "JAX_PROCESS_ID",
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_processes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad `--processes`, `--process-timeout` and cluster flag values (exit 2)."""
+    if args.processes is not None:
+        if args.processes < 1:
+            parser.error(f"--processes must be >= 1, got {args.processes}")
+        given = [_flag(name) for name in _CLUSTER_FLAGS if getattr(args, name) not in (None, False)]
+        if given:
+            parser.error(
+                f"--processes starts local processes; it does not combine with {', '.join(given)}"
+                " (a cluster's processes each run the command with those instead)"
+            )
+    if not args.process_timeout > 0:  # NaN too
+        parser.error(f"--process-timeout must be > 0 seconds, got {args.process_timeout}")
+    if args.num_processes is not None and args.num_processes < 1:
+        parser.error(f"--num-processes must be >= 1, got {args.num_processes}")
+    if args.process_id is not None and args.process_id < 0:
+        parser.error(f"--process-id must be >= 0, got {args.process_id}")
+    if args.coordinator_address is not None:
+        problem = _address_problem(args.coordinator_address)
+        if problem:
+            parser.error(f"--coordinator-address {problem}")
+
+
+def _address_problem(text: str) -> str | None:
+    """What is wrong with `text` as a coordinator's HOST:PORT, or None."""
+    host, separator, port = text.rpartition(":")
+    if not separator or not host or host in ("[", "[]") or not port.isdigit():
+        return f"must be HOST:PORT (e.g. 10.0.0.1:1234), got {text!r}"
+    if not 0 < int(port) < 65536:
+        return f"has port {port}; a port is 1 to 65535 (got {text!r})"
+    return None
+
+
+def cluster_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any] | None:
+    """The arguments of `dew.distributed.initialize` the flags and environment ask for, or
+    `None` when this is a one-process run: the cluster flags win over the
+    `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` variables, and
+    `--distributed` with nothing else leaves everything to JAX's cluster detection.
+
+    **Raises:** `ValueError` naming the flag or variable when a value is malformed, an index
+    is out of range, or a count or index is missing without `--distributed`.
+    """
+    settings: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, variable in _CLUSTER_ENV.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            settings[name], sources[name] = value, _flag(name)
+            continue
+        text = environ.get(variable, "").strip()
+        if not text:
+            continue
+        sources[name] = variable
+        if name == "coordinator_address":
+            problem = _address_problem(text)
+            if problem:
+                raise ValueError(f"{variable} {problem}.")
+            settings[name] = text
+        else:
+            try:
+                settings[name] = int(text)
+            except ValueError:
+                raise ValueError(f"{variable} must be a whole number, got {text!r}.") from None
+    detect = bool(getattr(args, "distributed", False))
+    if not settings and not detect:
+        return None
+    count, index = settings.get("num_processes"), settings.get("process_id")
+    if count is not None and count < 1:
+        raise ValueError(f"{sources['num_processes']} must be >= 1, got {count}.")
+    if index is not None and not (index >= 0 and (count is None or index < count)):
+        allowed = "0 or more" if count is None else f"0 to {count - 1} ({count} processes)"
+        raise ValueError(f"{sources['process_id']} must be {allowed}, got {index}.")
+    missing = [name for name in _CLUSTER_ENV if name not in settings]
+    if missing and not detect:
+        wanted = ", ".join(f"{_flag(name)} (or {_CLUSTER_ENV[name]})" for name in missing)
+        given = ", ".join(sources.values())
+        raise ValueError(
+            f"{given} joins a multi-process run, which also needs {wanted}; or pass "
+            "--distributed to let JAX detect them from the cluster (SLURM, Cloud TPU, Open MPI)."
+        )
+    return {name: settings.get(name) for name in _CLUSTER_ENV}
+
+
+def _join(settings: Mapping[str, Any]) -> None:
+    """`dew.distributed.initialize` with `settings`, its failures as one clear error."""
+    from dew.distributed import initialize
+
+    where = settings["coordinator_address"] or "the address JAX detects"
+    try:
+        initialize(**settings)
+    except ValueError as error:  # JAX's: nothing detected, or values it refuses
+        raise ValueError(
+            f"cannot join the multi-process run ({error}); give --coordinator-address, "
+            "--num-processes and --process-id (or their JAX_* variables), or run under a "
+            "cluster JAX detects (SLURM, Cloud TPU, Open MPI) with --distributed."
+        ) from error
+    except RuntimeError as error:  # the coordinator never answered, or peers never came
+        raise ConnectionError(
+            f"cannot join the multi-process run at {where}: {_message(error)}"
+        ) from error
+
+
+def _say(*values: Any, **options: Any) -> None:
+    """`print` on process zero only: the other processes of a run stay quiet."""
+    from dew._processes import is_process_zero
+
+    if is_process_zero():
+        print(*values, **options)
 
 
 class _BadInputError(ValueError):
@@ -173,22 +340,27 @@ def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]
     objective = objective_shapes(config)
     skipped = objective.skipped_metrics() if isinstance(objective, SkipsMetrics) else {}
     for name, why in skipped.items():
-        print(f"{name} skipped: {why}")
+        _say(f"{name} skipped: {why}")
     return objective, tuple(objective.default_metrics()), skipped
+
+
+def _train_config(args: argparse.Namespace) -> Any:
+    config = _configure(args)
+    if config.trainer.name is None:
+        raise ValueError("dew train needs a run name: set trainer.name or pass --name.")
+    return config
 
 
 def _train(args: argparse.Namespace) -> int:
     from dew.config._recipe import run_folder
 
-    config = _configure(args)
+    config = _train_config(args)
     name = config.trainer.name
-    if name is None:
-        raise ValueError("dew train needs a run name: set trainer.name or pass --name.")
     _, metrics, _ = _default_metrics(config)
     state = config.train(metrics=metrics, progress=not args.quiet)
     _, folder = run_folder(config, name)
-    print(f"step {int(state.step)}  {_summary(state.metric_history)}")
-    print(f"run folder {folder}")
+    _say(f"step {int(state.step)}  {_summary(state.metric_history)}")
+    _say(f"run folder {folder}")
     return 0
 
 
@@ -264,22 +436,30 @@ def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> f
     )
 
 
-def _sweep(args: argparse.Namespace) -> int:
-    from dew.config._recipe import run_folder
-    from dew.config.sweep import _checked_space, sweep
-    from dew.tracking import LocalTracker
+def _sweep_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The sweep's base configuration and its checked space."""
+    from dew.config.sweep import _checked_space
 
     config = _configure(args)
     if config.trainer.name is None:
         raise ValueError("dew sweep needs trainer.name (or --name): it names every trial.")
     if args.storage is not None and args.search != "optuna":
         raise ValueError(f"--storage is Optuna's; use it with --search optuna, not {args.search}.")
+    with _reading(args.space):  # a bad space is the user's before anything is written
+        return config, _checked_space(config, _space(args.space))
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from dew._processes import is_process_zero
+    from dew.config._recipe import run_folder
+    from dew.config.sweep import sweep
+    from dew.tracking import LocalTracker
+
+    config, space = _sweep_inputs(args)
     _, metrics, _ = _default_metrics(config)
     metric = args.metric or (metrics[0].name if metrics else "loss")
     _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
     ledger = args.ledger or str(local / "ledger.json")
-    with _reading(args.space):  # a bad space is the user's before anything is written
-        space = _checked_space(config, _space(args.space))
     search = _search(args)
 
     def trial(run: Any) -> float:
@@ -288,11 +468,15 @@ def _sweep(args: argparse.Namespace) -> int:
         try:
             state = run.train(metrics=metrics, progress=not args.quiet)
         except NonFiniteTrainingError as error:  # a diverging trial is data, not the end
-            print(f"{run.trainer.name}: {error}", file=sys.stderr)
+            _say(f"{run.trainer.name}: {error}", file=sys.stderr)
+            return math.nan
+        if not is_process_zero():  # the sweep records process zero's score
             return math.nan
         return _score(state.metric_history, metric)
 
-    with LocalTracker(local / "sweep") as tracker:
+    # Only process zero writes: the sweep's tracker, like the ledger, is its alone.
+    tracking = LocalTracker(local / "sweep") if is_process_zero() else contextlib.nullcontext()
+    with tracking as tracker:
         trials = sweep(
             config,
             space,
@@ -303,12 +487,12 @@ def _sweep(args: argparse.Namespace) -> int:
             search=search,
         )
     for finished in trials:
-        print(f"trial {finished.index}  {metric} {finished.value:.4f}  {finished.overrides}")
+        _say(f"trial {finished.index}  {metric} {finished.value:.4f}  {finished.overrides}")
     scored = [t for t in trials if not math.isnan(t.value)]
     if scored:
         pick = max if args.direction == "maximize" else min
         best = pick(scored, key=lambda t: t.value)
-        print(f"best trial {best.index}  {metric} {best.value:.4f}  {best.overrides}")
+        _say(f"best trial {best.index}  {metric} {best.value:.4f}  {best.overrides}")
     return 0
 
 
@@ -322,7 +506,7 @@ def _eval(args: argparse.Namespace) -> int:
     result = evaluate_run(folder, metrics=metrics)
     if result.scores:
         shown = "  ".join(f"{name} {value:.4f}" for name, value in result.scores.items())
-        print(f"step {result.step}  {shown}")
+        _say(f"step {result.step}  {shown}")
     else:  # say why there is no score rather than print an empty line
         weights = "EMA params" if getattr(objective, "ema_decay", None) is not None else "params"
         if metrics:
@@ -331,11 +515,11 @@ def _eval(args: argparse.Namespace) -> int:
             why = f"{', '.join(skipped)} skipped"
         else:
             why = f"the {objective.name} objective declares no metrics"
-        print(
+        _say(
             f"step {result.step}  no scores: {why} (restored the step-{result.step} "
             f"checkpoint's {weights})"
         )
-    print(
+    _say(
         f"  evaluation/coordinated_batches {result.coordinated_batches}  evaluation/records "
         f"{result.records}  evaluation/uneven_shards {result.uneven_shards}  event key "
         f"{key_text(result.key)}"
@@ -433,7 +617,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     one line `dew <command>: <message>` on stderr and exit status 2; Ctrl-C is one line and
     exit status 130, and a run or sweep it stops resumes when the command runs again. Other
     errors are bugs and keep their traceback.
+
+    `--processes N` runs the command as N local processes (`dew._launch.launch`); the
+    cluster flags and variables (`cluster_settings`) join this process to a multi-process
+    run (`dew.distributed.initialize`) before any other JAX work.
     """
+    from dew._launch import LAUNCHED_ENV
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command in _RESUMABLE:
@@ -442,18 +633,83 @@ def main(argv: Sequence[str] | None = None) -> int:
         value = getattr(args, option, None)
         if value is not None and value < 1:
             parser.error(f"--{option} must be >= 1, got {value}")
-    commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
-    try:
+    launched = bool(os.environ.get(LAUNCHED_ENV))
+    if hasattr(args, "processes"):
+        _check_processes(args.command_parser, args)
+        if args.processes is not None and not launched:
+            from dew._launch import child_command, launch
+
+            checked = _outcome(args, launched, lambda: _preflight(args))
+            if checked != 0:  # one line here rather than the same error from every process
+                return checked
+            return launch(
+                child_command(argv),
+                args.processes,
+                label=f"dew {args.command}",
+                timeout=args.process_timeout,
+            )
+    joined = False
+
+    def run() -> int:
+        nonlocal joined
+        if hasattr(args, "processes"):
+            settings = cluster_settings(args, os.environ)
+            if settings is not None:
+                _join(settings)
+                joined = True
+        commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
         return commands[args.command](args)
+
+    try:
+        code = _outcome(args, launched, run)
+    except BaseException:
+        if joined:  # a bug's traceback, then out at once (see below)
+            traceback.print_exc()
+            _leave(1)
+        raise
+    if joined and code != 0:
+        # A failing process of a multi-process run leaves without jax.distributed's
+        # shutdown barrier, which would hold it until every peer arrives (and a peer
+        # blocked in a collective never does): its launcher then sees it fail.
+        _leave(code)
+    return code
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    """Before starting local processes, the checks of the user's input that need no JAX
+    (the config, the sweep's space, the run folder's run.json); 0 when they pass."""
+    if args.command == "train":
+        _train_config(args)
+    elif args.command == "sweep":
+        _sweep_inputs(args)
+    else:
+        from dew.config import RunConfig
+
+        RunConfig.from_run_record(pathlib.Path(args.run_dir) / "run.json")
+    return 0
+
+
+def _outcome(args: argparse.Namespace, launched: bool, run: Callable[[], int]) -> int:
+    """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status."""
+    try:
+        return run()
     except KeyboardInterrupt:
-        resume = "; run the same command again to resume" if args.command in _RESUMABLE else ""
-        print(f"dew {args.command}: interrupted{resume}", file=sys.stderr)
+        if not launched:  # a launched process leaves the one line to its launcher
+            resume = "; run the same command again to resume" if args.command in _RESUMABLE else ""
+            print(f"dew {args.command}: interrupted{resume}", file=sys.stderr)
         return 130
     except Exception as error:
         if not _caused_by_user(error):
             raise
         print(f"dew {args.command}: {_message(error)}", file=sys.stderr)
         return 2
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit now with `code`, output flushed, skipping the interpreter's exit handlers."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,15 @@ Layout of a run named `name` with `trainer.checkpoint_dir = root`:
 
 When `root` is a URI (`gs://bucket/runs`), the checkpoints go there and the local
 tracker writes under `runs/<name>` in the working directory; the recipe prints that path.
+
+Under `jax.distributed` every process trains (each reads its own `Partition`, so
+`trainer.batch_size` is the rows of one process's batch and the global batch is the process
+count times that); process zero alone checks and writes run.json, creates the folders and
+the trackers and prints, and the checkpoints are written by every process together.
 """
 
 import dataclasses
+import functools
 import os
 import pathlib
 from collections.abc import Callable, Sequence
@@ -22,6 +28,7 @@ import jax
 
 from dew._domains import MODEL_DOMAIN, OBJECTIVE_DOMAIN, RUN_DOMAIN
 from dew._json import read_json
+from dew._processes import agree_process_phase, is_multiprocess, is_process_zero
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset
 from dew.metrics import Metric
@@ -159,10 +166,19 @@ def train_run(
     settings = config.trainer
     checkpoints, folder = run_folder(config, name)
     record = _record(config)
-    _check_same_run(folder, record)
-    # A file where a folder goes fails here, before training, not in orbax's save threads.
-    for needed in (folder, *(() if is_uri(checkpoints) else (pathlib.Path(checkpoints),))):
-        needed.mkdir(parents=True, exist_ok=True)
+    writing = is_process_zero()  # the other processes of a multi-process run write nothing
+    if writing:
+        try:
+            _check_same_run(folder, record)
+            # A file where a folder goes fails here, before training, not in orbax's threads.
+            for needed in (folder, *(() if is_uri(checkpoints) else (pathlib.Path(checkpoints),))):
+                needed.mkdir(parents=True, exist_ok=True)
+        except Exception as error:
+            if is_multiprocess():
+                agree_process_phase("checking the run folder", error)
+            raise
+    if is_multiprocess():
+        agree_process_phase("checking the run folder", True)
     seed = jax.random.key(settings.seed)
     built = build_objective(config, objective, jax.random.fold_in(seed, MODEL_DOMAIN))
     if data is None:
@@ -173,23 +189,26 @@ def train_run(
         key=jax.random.fold_in(seed, RUN_DOMAIN),
         checkpoint_dir=checkpoints if is_uri(checkpoints) else os.fspath(checkpoints),
     )
+    fit = functools.partial(
+        trainer.fit,
+        data,
+        settings.steps,
+        log_every=settings.log_every,
+        eval_every=settings.eval_every,
+        metrics=metrics,
+        checkpoint_every=settings.checkpoint_every,
+        preview=settings.preview if preview is None else preview,
+        progress=progress,
+    )
+    if not writing:  # no local tracker, run.json or journals here; `tracker` is the caller's
+        return fit(tracker=tracker)
     if is_uri(checkpoints) and progress:
         print(f"checkpoints at {checkpoints}; local tracking at {folder.absolute()}")
     with LocalTracker(folder) as local:
         reporting = local if tracker is None else Trackers(local, tracker)
         reporting.log_artifact("run_record", record)  # the local one writes run.json if absent
         reporting.log_params({"config": config.to_dict()})
-        return trainer.fit(
-            data,
-            settings.steps,
-            log_every=settings.log_every,
-            eval_every=settings.eval_every,
-            metrics=metrics,
-            checkpoint_every=settings.checkpoint_every,
-            tracker=reporting,
-            preview=settings.preview if preview is None else preview,
-            progress=progress,
-        )
+        return fit(tracker=reporting)
 
 
 def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:

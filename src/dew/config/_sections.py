@@ -214,7 +214,9 @@ class TrainerConfig(_Section):
       non-empty and not blank, `.` or `..`.
     - `checkpoint_dir`: the directory runs are kept under.
     - `steps`, `batch_size`, `log_every`: integers `>= 1`; `eval_every` and
-      `checkpoint_every`: `None` (never) or integers `>= 1`.
+      `checkpoint_every`: `None` (never) or integers `>= 1`. `batch_size` is the rows of
+      each process's batch: a run of N processes (`jax.distributed`) trains on global
+      batches of N x `batch_size` rows.
     - `seed`: an integer in `[0, 2**32)`, since JAX keys keep 32 bits of an integer seed.
     - `preview`: a bool; `True` has every evaluation event preview what the model
       generates into the run's trackers, the local one included (PNG images, animated

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from dew._processes import agree_process_phase, broadcast_json, is_multiprocess, is_process_zero
 from dew.config import RunConfig, override
 from dew.config.sweep._ledger import _Ledger
 from dew.config.sweep._optuna import OptunaSearch
@@ -80,6 +82,14 @@ def sweep(
     reported. Processes on one machine may share a ledger (POSIX locks on `<ledger>.lock`
     tell a live trial from a dead one); one process runs one sweep per ledger at a time.
 
+    **Several processes.** Under `jax.distributed` every process calls `sweep` alike and
+    every process trains every trial, together: process zero alone opens the ledger and the
+    search (an Optuna storage included), claims each trial and shares its index and point
+    with the others (`broadcast_json`), records the score its own `train` returned and
+    reports to `tracker` (the other processes' `tracker` and scores are unused). A failure
+    on one process while choosing, training or recording a trial raises on all of them;
+    every process returns process zero's list.
+
     **Raises** `RuntimeError` naming the indices when the search has nothing more to propose
     but an index it handed out (`SearchRun.unfinished`) is neither finished nor trained by a
     live process: a sweep never ends as if complete with an index missing.
@@ -102,32 +112,85 @@ def sweep(
     normalized = _checked_space(config, space)
     search.check(normalized)
 
-    with _Ledger(ledger, _space_json(normalized), search.name, config.to_dict()) as book:
-        with book.locked():
-            book.clean()
-            state = book.load()
-            resume = [
-                (index, point)
-                for index, point in sorted(state.running.items())
-                if index < trials and book.claim(index)
-            ]
-            run = search.start(
-                normalized,
-                trials=trials,
-                finished=[trial for _, trial in sorted(state.finished.items())],
-                running=resume,
-                **({"owner": book.owner} if isinstance(search, OptunaSearch) else {}),
+    if is_multiprocess() and not is_process_zero():
+        return _follow(config, name, train)
+    with contextlib.ExitStack() as stack:
+        with _phase("opening the sweep's ledger and search"):
+            book = stack.enter_context(
+                _Ledger(ledger, _space_json(normalized), search.name, config.to_dict())
             )
-            if not book.path.exists():
-                book.store(state)  # record the space and search before anything trains
-        try:
-            _run_trials(config, name, book, run, resume, train, tracker)
             with book.locked():
-                finished = book.load().finished
-                _check_complete(book, run, finished)
-        finally:
-            run.close()
-        return [trial for _, trial in sorted(finished.items())]
+                book.clean()
+                state = book.load()
+                resume = [
+                    (index, point)
+                    for index, point in sorted(state.running.items())
+                    if index < trials and book.claim(index)
+                ]
+                run = search.start(
+                    normalized,
+                    trials=trials,
+                    finished=[trial for _, trial in sorted(state.finished.items())],
+                    running=resume,
+                    **({"owner": book.owner} if isinstance(search, OptunaSearch) else {}),
+                )
+                stack.callback(run.close)
+                if not book.path.exists():
+                    book.store(state)  # record the space and search before anything trains
+        _run_trials(config, name, book, run, resume, train, tracker)
+        with _phase("finishing the sweep"), book.locked():
+            finished = book.load().finished
+            _check_complete(book, run, finished)
+        done = [trial for _, trial in sorted(finished.items())]
+        if is_multiprocess():  # every process returns the same trials
+            broadcast_json([_trial_json(trial) for trial in done])
+        return done
+
+
+@contextlib.contextmanager
+def _phase(name: str) -> Iterator[None]:
+    """Under several processes: agree on the outcome of `name` once it is over, so an error
+    on one process raises on all of them (nothing at all in one process)."""
+    if not is_multiprocess():
+        yield
+        return
+    try:
+        yield
+    except Exception as error:
+        agree_process_phase(name, error)
+        raise
+    agree_process_phase(name, True)
+
+
+def _trial_json(trial: Trial) -> dict[str, Any]:
+    return encode_json_value(
+        {"index": trial.index, "overrides": trial.overrides, "value": trial.value}
+    )
+
+
+def _follow(config: RunConfig, name: str, train: Callable[[RunConfig], float]) -> list[Trial]:
+    """A process other than zero: train each trial process zero shares, until it shares
+    `None`; return the trials process zero's ledger holds."""
+    with _phase("opening the sweep's ledger and search"):
+        pass
+    while True:
+        with _phase("choosing the next trial"):
+            pass
+        proposal = broadcast_json(None)
+        if proposal is None:
+            break
+        index, point = proposal["index"], decode_json_value(proposal["overrides"])
+        with _phase(f"training trial {index}"):
+            train(override(config, {**point, "trainer.name": f"{name}/trial-{index}"}))
+        for phase in ("recording", "reporting"):
+            with _phase(f"{phase} trial {index}"):
+                pass
+    with _phase("finishing the sweep"):
+        pass
+    return [
+        Trial(entry["index"], entry["overrides"], float(entry["value"]))
+        for entry in decode_json_value(broadcast_json(None))
+    ]
 
 
 def _check_complete(book: _Ledger, run: SearchRun, finished: Mapping[int, Trial]) -> None:
@@ -155,23 +218,35 @@ def _run_trials(
     tracker: Tracker | None,
 ) -> None:
     pending = iter(resume)
-    for index, point in itertools.chain(pending, iter(lambda: _next(book, run), None)):
+    proposals = itertools.chain(pending, iter(lambda: _next(book, run), None))
+    while True:
+        with _phase("choosing the next trial"):
+            proposal = next(proposals, None)
+        if is_multiprocess():  # the others train what process zero claimed
+            shared = None if proposal is None else {"index": proposal[0], "overrides": proposal[1]}
+            broadcast_json(None if shared is None else encode_json_value(shared))
+        if proposal is None:
+            return
+        index, point = proposal
         try:
-            run_config = override(config, {**point, "trainer.name": f"{name}/trial-{index}"})
-            value = _score(train(run_config), index)
-            trial = Trial(index, point, value)
-            with book.locked():
-                state = book.load()
-                state.running.pop(index, None)
-                state.finished[index] = trial
-                book.store(state)
+            with _phase(f"training trial {index}"):
+                run_config = override(config, {**point, "trainer.name": f"{name}/trial-{index}"})
+                value = _score(train(run_config), index)
+            with _phase(f"recording trial {index}"):
+                trial = Trial(index, point, value)
+                with book.locked():
+                    state = book.load()
+                    state.running.pop(index, None)
+                    state.finished[index] = trial
+                    book.store(state)
         finally:
             book.release(index)
-        run.tell(trial)
-        if tracker is not None:
-            tracker.log_metrics({VALUE_TAG: trial.value}, step=index)
-            record = TrialFinished(trial=index, overrides=trial.overrides, value=trial.value)
-            tracker.log_artifact(TRIAL_FINISHED, record, step=index)
+        with _phase(f"reporting trial {index}"):
+            run.tell(trial)
+            if tracker is not None:
+                tracker.log_metrics({VALUE_TAG: trial.value}, step=index)
+                record = TrialFinished(trial=index, overrides=trial.overrides, value=trial.value)
+                tracker.log_artifact(TRIAL_FINISHED, record, step=index)
 
 
 def _next(book: _Ledger, run: SearchRun) -> tuple[int, dict[str, Any]] | None:
