@@ -248,8 +248,7 @@ class Coordinated:
     """`coordinated(batches)`: this process's batches while every process has one.
 
     After the iteration, `uneven` says whether some process still had a batch when
-    another had run out (the rest of its shard never entered the pass), and `rows`
-    holds each coordinated batch's row count in this process.
+    another had run out (the rest of its shard never entered the pass).
     """
 
     def __init__(self, batches: Iterable[Mapping[str, Any]]) -> None:
