@@ -1,0 +1,5 @@
+"""`python -m dew.cli`: the `dew` command."""
+
+from dew.cli import main
+
+raise SystemExit(main())
