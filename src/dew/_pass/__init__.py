@@ -15,6 +15,10 @@ outcome before anything collective runs, place it as one global batch, and run t
 compiled call over global arrays, so the device metrics reduce over every process's rows.
 Only process zero updates and finalizes the host metrics (on the artifacts gathered by
 `collective_host`) and shares their values; every process returns the same result.
+
+The package: `_result` (`PassResult`, `scoring_key`), `_reducer` (the compiled calls, their
+plans and one process's reducer), `_placing` and `_processes` (the multi-process pass),
+`_preview` (`preview_on_process_zero`); `run_pass` here dispatches between the two passes.
 """
 
 from collections.abc import Iterable, Mapping

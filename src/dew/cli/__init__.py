@@ -13,6 +13,10 @@ run: `--processes N` starts N local processes (`dew._launch`); on a cluster each
 runs the command itself with `--coordinator-address`, `--num-processes` and `--process-id`,
 the `JAX_COORDINATOR_ADDRESS` family of variables, or `--distributed` (JAX's detection of
 SLURM, Cloud TPU, Open MPI). Only process zero prints and writes.
+
+The package: `_parser` (the arguments), `_inputs` (reading the config and its overrides),
+`_commands` (the four commands), `_cluster` (joining a multi-process run), `_errors` (which
+errors are the user's, as one line); `main` here runs a command or launches its processes.
 """
 
 import argparse
