@@ -2,4 +2,5 @@
 
 from dew.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing it (a docs walk of the package) runs nothing
+    raise SystemExit(main())
