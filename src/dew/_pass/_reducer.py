@@ -74,6 +74,8 @@ _shared_update = functools.lru_cache(maxsize=32)(_update_function)
 # objective is immutable, and partitioning a model and hashing its static structure on
 # every pass would cost more than the pass's dispatches.
 _updates: dict[int, tuple[weakref.ref, Callable[..., Any], list]] = {}
+# (The weakref callbacks below hold their dict: one that fires while the interpreter shuts
+# down, after this module's globals were cleared, still finds it.)
 
 
 def _update_for(objective: Objective) -> tuple[Callable[..., Any], list]:
@@ -89,7 +91,7 @@ def _update_for(objective: Objective) -> tuple[Callable[..., Any], list]:
         update = _update_function(objective_def, static)
     identity = id(objective)
     try:
-        reference = weakref.ref(objective, lambda _: _updates.pop(identity, None))
+        reference = weakref.ref(objective, lambda _, found=_updates: found.pop(identity, None))
     except TypeError:  # not weakly referenceable: look it up by structure each time
         return update, leaves
     _updates[identity] = (reference, update, leaves)
@@ -189,7 +191,7 @@ def _plan_for(objective: Objective, metrics: MetricSet, params_def: Any) -> _Pla
     entry = _plans.get(identity)
     if entry is None or entry[0]() is not objective or entry[1]() is not metrics:
         try:
-            forget = lambda _: _plans.pop(identity, None)  # noqa: E731
+            forget = lambda _, found=_plans: found.pop(identity, None)  # noqa: E731
             entry = (weakref.ref(objective, forget), weakref.ref(metrics, forget), {})
         except TypeError:  # not weakly referenceable: plan this pass alone
             return _Plan(objective, metrics, params_def)
@@ -208,7 +210,7 @@ def _split(metrics: MetricSet) -> tuple[MetricSet, MetricSet]:
     split = metrics.split_by_host()
     identity = id(metrics)
     try:
-        reference = weakref.ref(metrics, lambda _: _splits.pop(identity, None))
+        reference = weakref.ref(metrics, lambda _, found=_splits: found.pop(identity, None))
     except TypeError:
         return split
     _splits[identity] = (reference, split)
