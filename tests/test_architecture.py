@@ -1,4 +1,5 @@
-"""The package's shape: no import cycle anywhere, and the pure core never imports the shell."""
+"""The package's shape: no import cycle anywhere, the pure core never imports the shell, and no
+module runs over 500 lines."""
 
 import ast
 import pathlib
@@ -151,3 +152,16 @@ def test_the_core_imports_only_the_core_and_the_ground_floor():
 def test_the_ground_floor_imports_no_dew_module():
     offending = {name: sorted(GRAPH[name]) for name in GRAPH if _floor(name) == "ground"}
     assert {name: found for name, found in offending.items() if found} == {}
+
+
+MOST_LINES = 500  # decision 0016: one concept per module, none over 500 lines
+
+
+def test_no_module_of_dew_runs_over_500_lines():
+    lines = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    assert lines["dew.cli"] > 0 and lines["dew._pass"] > 0  # the packages' __init__ files count
+    offenders = {name: count for name, count in lines.items() if count > MOST_LINES}
+    assert offenders == {}, (
+        f"modules over {MOST_LINES} lines (decision 0016: split each into modules of one "
+        f"concept): {', '.join(f'{name} ({count})' for name, count in sorted(offenders.items()))}"
+    )

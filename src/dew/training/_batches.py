@@ -37,6 +37,13 @@ def _stack(batches: list[Any]) -> Any:
     )
 
 
+def _draw_block(
+    batches: Iterator[Any], step: int, block: int, steps: int, rows: int | None = None
+) -> list[Any]:
+    """The batches of the `block` steps after `step`."""
+    return [_draw(batches, step + offset, steps, rows) for offset in range(1, block + 1)]
+
+
 def _skip(batches: Iterator[Any], count: int) -> Iterator[Any]:
     """Draw and discard the `count` batches a resumed run's checkpoint had consumed."""
     for index in range(count):

@@ -6,7 +6,7 @@ A `Placement` exists only for a multi-process fit or one given `param_sharding`;
 one-process fit never builds one and pays nothing for it.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -16,15 +16,20 @@ import optax
 from dew._processes import (
     _allgather,
     agree_process_phase,
+    broadcast_json,
     data_mesh,
     global_batch,
     is_multiprocess,
+    is_process_zero,
     replicated,
     replicated_sharding,
 )
+from dew.objectives.base import Objective
 from dew.steps import TrainState
+from dew.training._batches import _draw, _stack
+from dew.training._compiled_step import compiled_steps
 
-__all__ = ["ParamSharding", "Placement", "rows_of"]
+__all__ = ["ParamSharding", "Placement", "fit_setup", "rows_of"]
 
 ParamSharding = Callable[[Any, jax.Array], jax.sharding.Sharding]
 
@@ -134,6 +139,46 @@ class Placement:
 
         return jax.tree.map(place, dict(batch))
 
+    def compiled_steps(
+        self, objective_def: Any, static: Any, leaves: list[Any], objective_leaves: list[Any]
+    ) -> tuple[Callable[..., Any], Callable[..., Any], list[Any], Callable[[list[Any]], Any]]:
+        """One compiled step (and fused step) for every process, over global arrays: the
+        calls keeping the state `leaves`' shardings, the objective's leaves replicated,
+        and the placing of a fused block's drawn batches."""
+        shardings = tuple(leaf.sharding for leaf in leaves)
+        step_call, fused_call = compiled_steps(objective_def, static, self.optimizer, shardings)
+
+        def place_block(drawn: list[Any]) -> Any:
+            return self.stacked(_stack([dict(batch) for batch in drawn]))
+
+        return step_call, fused_call, self.objective(objective_leaves), place_block
+
+    def draw(
+        self,
+        objective: Objective,
+        batches: Iterator[Any],
+        step: int,
+        block: int,
+        steps: int,
+        rows: int | None,
+    ) -> list[Any]:
+        """The batches of the next `block` steps, drawn and checked on the host by every
+        process of a `jax.distributed` fit: a process that fails to draw one, holds a bad
+        one (`objective.check_batch`), or whose rows differ from another's, makes every
+        process raise the same error instead of leaving the others blocked in the
+        compiled step (which holds no traced batch checks there)."""
+        outcome: bool | BaseException = True
+        drawn: list[Any] = []
+        try:
+            for offset in range(1, block + 1):
+                drawn.append(_draw(batches, step + offset, steps, rows))
+            for batch in drawn:
+                objective.check_batch(batch)
+        except Exception as error:
+            outcome = error
+        self.agree(outcome, rows_of(drawn) if drawn else -1, step + block)
+        return drawn
+
     def agree(self, outcome: bool | BaseException, rows: int, step: int) -> None:
         """After every process drew (and checked on its host) the batches of the block
         ending at `step`: raise the same error on every process when any failed, or
@@ -158,6 +203,27 @@ class Placement:
             "jax.distributed every process reads batches of the same row count, which one "
             "global batch joins in process order."
         )
+
+
+def fit_setup(
+    optimizer: optax.GradientTransformation,
+    param_sharding: ParamSharding | None,
+    previewing: bool,
+    tracker: Any,
+    progress: bool,
+) -> tuple[Placement | None, bool, Any, bool]:
+    """A fit's placement (`None` for a plain one-process fit) and this process's part:
+    under `jax.distributed` process zero's tracker decides for every process whether the
+    fit previews (a preview takes collectives), and only process zero keeps its tracker
+    and prints. Returns the placement, `previewing`, `tracker` and `progress`."""
+    placement = None
+    if is_multiprocess() or param_sharding is not None:
+        placement = Placement(optimizer, param_sharding)
+    if is_multiprocess():
+        previewing = bool(broadcast_json(previewing))
+        if not is_process_zero():  # only process zero writes tracking output and prints
+            tracker, progress = None, False
+    return placement, previewing, tracker, progress
 
 
 def rows_of(batches: list[Mapping[str, Any]]) -> int:

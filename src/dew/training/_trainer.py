@@ -1,9 +1,10 @@
 """`Trainer.fit`: the loop that drives the pure step functions."""
 
 import dataclasses
+import functools
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -19,7 +20,7 @@ from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew._pass import preview_on_process_zero
-from dew._processes import broadcast_json, is_multiprocess, is_process_zero
+from dew._processes import is_multiprocess
 from dew.data import Dataset, Partition
 from dew.evaluation import run_pass
 from dew.events import STEP_END, VALIDATION_END, EventSink, TrackerEventSink
@@ -30,9 +31,9 @@ from dew.profiling import Profile
 from dew.steps import EMPTY_HISTORY, TrainState, generation_params
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
-from dew.training._batches import _draw, _skip, _stack
+from dew.training._batches import _draw_block, _skip, _stack
 from dew.training._compiled_step import compiled_steps
-from dew.training._placement import ParamSharding, Placement, rows_of
+from dew.training._placement import ParamSharding, Placement, fit_setup
 from dew.training._profile_window import ProfileWindowTracer
 
 __all__ = ["Trainer"]
@@ -194,15 +195,9 @@ class Trainer:
                 "Trainer with checkpoint_dir=..."
             )
         metric_set = MetricSet(metrics)
-        placement = None
-        if is_multiprocess() or self.param_sharding is not None:
-            placement = Placement(self.optimizer, self.param_sharding)
-        previewing = preview and tracker is not None
-        if is_multiprocess():
-            # process zero's tracker decides for every process (a preview takes collectives)
-            previewing = bool(broadcast_json(previewing))
-            if not is_process_zero():  # only process zero writes tracking output and prints
-                tracker, progress = None, False
+        placement, previewing, tracker, progress = fit_setup(
+            self.optimizer, self.param_sharding, preview and tracker is not None, tracker, progress
+        )
         evaluating = (
             data.val is not None and eval_every is not None and (bool(metrics) or previewing)
         )
@@ -304,16 +299,13 @@ class Trainer:
         step_call, fused_call = self._step, self._fused
         objective_leaves = self._objective_leaves
         place_block: Any = _stack
-        agreeing = placement is not None and is_multiprocess()
+        draw: Callable[..., list[Any]] = _draw_block
+        if placement is not None and is_multiprocess():  # drawn and agreed by every process
+            draw = functools.partial(placement.draw, self.objective)
         if placement is not None:  # one compiled step for every process, over global arrays
-            shardings = tuple(leaf.sharding for leaf in leaves)
-            step_call, fused_call = compiled_steps(
-                self._objective_def, self._static, self.optimizer, shardings
+            step_call, fused_call, objective_leaves, place_block = placement.compiled_steps(
+                self._objective_def, self._static, leaves, objective_leaves
             )
-            objective_leaves = placement.objective(objective_leaves)
-
-            def place_block(drawn: list[Any]) -> Any:
-                return placement.stacked(_stack([dict(batch) for batch in drawn]))
 
         def current() -> TrainState:
             return jax.tree.unflatten(state_def, leaves)
@@ -390,13 +382,7 @@ class Trainer:
                 while step < steps and not done_before:
                     aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
                     block = steps_per_call if aligned else 1
-                    if agreeing:
-                        drawn = self._agreed_draw(batches, step, block, steps, data, placement)
-                    else:
-                        drawn = [
-                            _draw(batches, step + offset, steps, data.batch)
-                            for offset in range(1, block + 1)
-                        ]
+                    drawn = draw(batches, step, block, steps, data.batch)
                     unsynced.extend(drawn)
                     window.before(step + 1)
                     if block == 1:
@@ -441,32 +427,6 @@ class Trainer:
                 checkpoint(int(current().step), outputs)
             verify(step, outputs)  # the state fit returns is checked like a saved one
         return engine.state()
-
-    def _agreed_draw(
-        self,
-        batches: Any,
-        step: int,
-        block: int,
-        steps: int,
-        data: Dataset,
-        placement: Placement,
-    ) -> list[Any]:
-        """The batches of the next `block` steps, drawn and checked on the host by every
-        process of a `jax.distributed` fit: a process that fails to draw one, holds a bad
-        one (`objective.check_batch`), or whose rows differ from another's, makes every
-        process raise the same error instead of leaving the others blocked in the
-        compiled step (which holds no traced batch checks there)."""
-        outcome: bool | BaseException = True
-        drawn: list[Any] = []
-        try:
-            for offset in range(1, block + 1):
-                drawn.append(_draw(batches, step + offset, steps, data.batch))
-            for batch in drawn:
-                self.objective.check_batch(batch)
-        except Exception as error:
-            outcome = error
-        placement.agree(outcome, rows_of(drawn) if drawn else -1, step + block)
-        return drawn
 
     def _evaluate(
         self,

@@ -1,0 +1,259 @@
+"""One process's pass machinery: the compiled score-and-merge calls, their plans, the reducer.
+
+For each batch one compiled call scores it with the objective and merges the device
+metrics' statistics into the accumulator, whose buffers are donated. The calls are compiled
+once per structure of objective, parameters, metric set and batch; a `_Plan` holds what
+every pass of one objective, metric set and params structure reuses, found by identity.
+"""
+
+import dataclasses
+import functools
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+from jaxtyping import PRNGKeyArray, PyTree
+
+from dew._checks import ids_checked_on_host
+from dew._pass._placing import _everywhere
+from dew._pass._result import scoring_key
+from dew._processes import replicated_sharding
+from dew.artifacts import Artifact
+from dew.metrics import MetricSet
+from dew.objectives.base import Objective
+
+
+def _on_host(batch: Mapping[str, Any]) -> bool:
+    """Whether every array of `batch` is a NumPy array (checked on the host for free)."""
+    return all(not isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch))
+
+
+def _update_function(objective_def: Any, objective_static: Any):
+    """The compiled score-and-merge calls of one objective structure, one per `_Spec`.
+
+    The spec is bound when a pass starts, not passed as a static argument of each call:
+    hashing and comparing it (a metric set's static fields) on every batch would cost
+    more than the batch's dispatch.
+    """
+
+    def update(
+        accumulator: list,
+        batch: Any,
+        index: Any,
+        key: Any,
+        params: list,
+        objective_leaves: list,
+        metric_leaves: list,
+        spec: "_Spec",
+    ):
+        objective = eqx.combine(
+            jax.tree.unflatten(objective_def, objective_leaves), objective_static
+        )
+        metrics = spec.metrics(metric_leaves)
+        with ids_checked_on_host(spec.checked_on_host):
+            artifact = objective.evaluate(
+                jax.tree.unflatten(spec.params_def, params), batch, scoring_key(key, index)
+            )
+        state = metrics.update(jax.tree.unflatten(spec.accumulator_def, accumulator), artifact)
+        leaves = jax.tree.leaves(state)
+        if spec.replicate:  # every process holds the whole accumulator, to finalize locally
+            leaves = jax.lax.with_sharding_constraint(leaves, replicated_sharding())
+        return leaves, (artifact if spec.keep else None)
+
+    @functools.lru_cache(maxsize=64)
+    def specialised(spec: "_Spec") -> Callable[..., Any]:
+        return jax.jit(functools.partial(update, spec=spec), donate_argnums=0)
+
+    return specialised
+
+
+_shared_update = functools.lru_cache(maxsize=32)(_update_function)
+# Each objective object's compiled calls and array leaves, found by identity: an
+# objective is immutable, and partitioning a model and hashing its static structure on
+# every pass would cost more than the pass's dispatches.
+_updates: dict[int, tuple[weakref.ref, Callable[..., Any], list]] = {}
+# (The weakref callbacks below hold their dict: one that fires while the interpreter shuts
+# down, after this module's globals were cleared, still finds it.)
+
+
+def _update_for(objective: Objective) -> tuple[Callable[..., Any], list]:
+    """The objective's compiled updates (a function of a `_Spec`) and its array leaves."""
+    entry = _updates.get(id(objective))
+    if entry is not None and entry[0]() is objective:
+        return entry[1], entry[2]
+    arrays, static = eqx.partition(objective, eqx.is_array)
+    leaves, objective_def = jax.tree.flatten(arrays)
+    try:  # objectives of one structure share their compiled calls
+        update = _shared_update(objective_def, static)
+    except TypeError:  # an unhashable static field: compile for this objective alone
+        update = _update_function(objective_def, static)
+    identity = id(objective)
+    try:
+        reference = weakref.ref(objective, lambda _, found=_updates: found.pop(identity, None))
+    except TypeError:  # not weakly referenceable: look it up by structure each time
+        return update, leaves
+    _updates[identity] = (reference, update, leaves)
+    return update, leaves
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """The static half of a pass: structures of the accumulator, params and metrics."""
+
+    accumulator_def: Any
+    params_def: Any
+    metrics_def: Any
+    metrics_static: Any
+    keep: bool
+    checked_on_host: bool = False
+    replicate: bool = False
+
+    def metrics(self, leaves: list) -> MetricSet:
+        return eqx.combine(jax.tree.unflatten(self.metrics_def, leaves), self.metrics_static)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _init(metric_leaves: list, metrics_def: Any, metrics_static: Any) -> Any:
+    return eqx.combine(jax.tree.unflatten(metrics_def, metric_leaves), metrics_static).init()
+
+
+def _finalize(accumulator: list, metric_leaves: list, spec: _Spec) -> dict[str, Any]:
+    metrics = spec.metrics(metric_leaves)
+    return metrics.finalize(jax.tree.unflatten(spec.accumulator_def, accumulator))
+
+
+@functools.lru_cache(maxsize=64)
+def _finalizer(spec: _Spec) -> Callable[..., Any]:
+    """The compiled finalize of one spec, bound (not a static argument hashed per call)."""
+    return jax.jit(functools.partial(_finalize, spec=spec))
+
+
+@jax.jit
+def _fresh(leaves: list) -> list:
+    """New buffers holding `leaves` (a pass's accumulator is donated call by call)."""
+    return [leaf.copy() for leaf in leaves]
+
+
+class _Plan:
+    """What every pass of one (objective, device metric set, params structure) reuses:
+    the compiled calls, the objective's and metrics' leaves, the empty accumulator."""
+
+    def __init__(self, objective: Objective, metrics: MetricSet, params_def: Any) -> None:
+        self.updates, self.objective_leaves = _update_for(objective)
+        metric_arrays, metrics_static = eqx.partition(metrics, eqx.is_array)
+        self.metric_leaves, metrics_def = jax.tree.flatten(metric_arrays)
+        initial = _init(self.metric_leaves, metrics_def, metrics_static)
+        self.initial, accumulator_def = jax.tree.flatten(initial)
+        self.spec = _Spec(accumulator_def, params_def, metrics_def, metrics_static, keep=False)
+        self.finalize = _finalizer(self.spec)
+        self.variants: dict[tuple[bool, bool | str], Callable[..., Any]] = {}
+        # Bound once: looking a method up on an Equinox module costs ~30 us, a quarter
+        # of a small batch's whole call.
+        self.check_batch = objective.check_batch
+        self.global_leaves: tuple[list, list] | None = None  # under jax.distributed
+
+    def variant(self, keep: bool, checked_on_host: bool) -> Callable[..., Any]:
+        variant = self.variants.get((keep, checked_on_host))
+        if variant is None:
+            spec = dataclasses.replace(self.spec, keep=keep, checked_on_host=checked_on_host)
+            variant = self.variants[keep, checked_on_host] = self.updates(spec)
+        return variant
+
+    def global_variant(self, keep: bool) -> Callable[..., Any]:
+        """The call over global arrays (batches checked on the host, the accumulator
+        replicated), under `jax.distributed`."""
+        variant = self.variants.get((keep, "global"))
+        if variant is None:
+            spec = dataclasses.replace(self.spec, keep=keep, checked_on_host=True, replicate=True)
+            variant = self.variants[keep, "global"] = self.updates(spec)
+        return variant
+
+    def replicated_leaves(self) -> tuple[list, list]:
+        """The objective's and the metrics' array leaves replicated over the data mesh."""
+        if self.global_leaves is None:
+            self.global_leaves = (
+                _everywhere(self.objective_leaves),
+                _everywhere(self.metric_leaves),
+            )
+        return self.global_leaves
+
+
+# Plans and host/device splits found by the identity of their (immutable) objective and
+# metric set, as `_updates` finds compiled calls: building them costs a small pass's time.
+_plans: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, dict[Any, _Plan]]] = {}
+_splits: dict[int, tuple[weakref.ref, tuple[MetricSet, MetricSet]]] = {}
+
+
+def _plan_for(objective: Objective, metrics: MetricSet, params_def: Any) -> _Plan:
+    identity = (id(objective), id(metrics))
+    entry = _plans.get(identity)
+    if entry is None or entry[0]() is not objective or entry[1]() is not metrics:
+        try:
+            forget = lambda _, found=_plans: found.pop(identity, None)  # noqa: E731
+            entry = (weakref.ref(objective, forget), weakref.ref(metrics, forget), {})
+        except TypeError:  # not weakly referenceable: plan this pass alone
+            return _Plan(objective, metrics, params_def)
+        _plans[identity] = entry
+    plan = entry[2].get(params_def)
+    if plan is None:
+        plan = entry[2][params_def] = _Plan(objective, metrics, params_def)
+    return plan
+
+
+def _split(metrics: MetricSet) -> tuple[MetricSet, MetricSet]:
+    """`metrics.split_by_host()`, remembered for the metric set's lifetime."""
+    entry = _splits.get(id(metrics))
+    if entry is not None and entry[0]() is metrics:
+        return entry[1]
+    split = metrics.split_by_host()
+    identity = id(metrics)
+    try:
+        reference = weakref.ref(metrics, lambda _, found=_splits: found.pop(identity, None))
+    except TypeError:
+        return split
+    _splits[identity] = (reference, split)
+    return split
+
+
+class _Reducer:
+    """One pass's accumulator over the compiled calls of its plan."""
+
+    def __init__(
+        self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
+    ) -> None:
+        self.metrics = metrics
+        self.key = key
+        self.params, params_def = jax.tree.flatten(params)
+        plan = _plan_for(objective, metrics, params_def)
+        self.plan = plan
+        self.objective_leaves, self.metric_leaves = plan.objective_leaves, plan.metric_leaves
+        self.spec, self.check_batch = plan.spec, plan.check_batch
+        self.accumulator = _fresh(plan.initial)
+
+    def _variant(self, keep: bool, checked_on_host: bool) -> Callable[..., Any]:
+        return self.plan.variant(keep, checked_on_host)
+
+    def add(self, batch: Mapping[str, Any], index: int, keep: bool) -> Artifact | None:
+        """Score `batch` and merge its statistics; the artifact when `keep`."""
+        # Host batches are checked on the host by the objective's own checks, and scored
+        # by a variant compiled without the traced ID checks.
+        checked = _on_host(batch)
+        if checked:
+            self.check_batch(batch)  # raises the objective's own ValueError
+        self.accumulator, artifact = self._variant(keep, checked)(
+            self.accumulator,
+            batch,
+            index,
+            self.key,
+            self.params,
+            self.objective_leaves,
+            self.metric_leaves,
+        )
+        return artifact
+
+    def finalize(self) -> dict[str, Any]:
+        if not self.metrics.metrics:
+            return {}
+        return self.plan.finalize(self.accumulator, self.metric_leaves)

@@ -1,0 +1,49 @@
+"""A pass's result, the key each batch of a pass is scored with, and a batch's rows."""
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jaxtyping import ArrayLike, Int, PRNGKeyArray
+
+from dew._domains import SCORING_DOMAIN
+from dew.artifacts import Artifact
+
+
+@dataclasses.dataclass(frozen=True)
+class PassResult:
+    """What one pass produced.
+
+    - `scores`: bare metric name to value (empty for an empty pass or no metrics).
+    - `batches`: how many batches the pass consumed (the coordinated batches); `records`:
+      the rows they held, counted on the placed global batch (every process's rows).
+    - `first_artifact`: the first batch's scoring artifact when it was asked for (a
+      preview reuses it) or when there were host metrics, else `None`.
+    - `first_batch`: the first batch itself (`None` for an empty pass); under
+      `jax.distributed`, the placed global batch.
+    - `uneven_shards`: whether some process still had a batch when another's shard had
+      ended (its remaining rows never entered the metrics); always `False` in one process.
+    """
+
+    scores: dict[str, float]
+    batches: int
+    records: int
+    first_artifact: Artifact | None
+    first_batch: Mapping[str, Any] | None
+    uneven_shards: bool = False
+
+
+def scoring_key(key: PRNGKeyArray, batch_index: int | Int[ArrayLike, ""]) -> PRNGKeyArray:
+    """The key batch `batch_index` of a pass is scored with, in the scoring domain."""
+    return jax.random.fold_in(jax.random.fold_in(key, SCORING_DOMAIN), batch_index)
+
+
+def _rows(batch: Mapping[str, Any]) -> int:
+    """The rows of a batch: the leading axis of its arrays (scalar metadata adds none)."""
+    for leaf in jax.tree.leaves(batch):
+        shape = np.shape(leaf)
+        if shape:
+            return int(shape[0])
+    raise ValueError("an evaluation batch holds no arrays with a row axis.")

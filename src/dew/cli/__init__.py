@@ -1,0 +1,142 @@
+"""The `dew` command: `dew train`, `dew sweep`, `dew eval` and `dew runs`.
+
+- `dew train [--config] [CONFIG]`: train a run configuration, a TOML file or a built-in
+  name (`dew.config.BUILTIN_CONFIGS`: `tiny_lm`, the default, `tiny_diffusion`, ...), as
+  an ordinary recipe run under `<trainer.checkpoint_dir>/<trainer.name>`.
+- `dew sweep [--config] CONFIG SPACE.toml`: one trial per point of the space, with a
+  ledger; several `dew sweep --search optuna --storage URL` workers share one study.
+- `dew eval RUN_DIR`: score a run's latest checkpoint on its validation data.
+- `dew runs [FOLDER]`: a table of the runs under a folder with their final metrics.
+
+`dew train`, `dew sweep` and `dew eval` run as several processes of one `jax.distributed`
+run: `--processes N` starts N local processes (`dew._launch`); on a cluster each process
+runs the command itself with `--coordinator-address`, `--num-processes` and `--process-id`,
+the `JAX_COORDINATOR_ADDRESS` family of variables, or `--distributed` (JAX's detection of
+SLURM, Cloud TPU, Open MPI). Only process zero prints and writes.
+
+The package: `_parser` (the arguments), `_inputs` (reading the config and its overrides),
+`_commands` (the four commands), `_cluster` (joining a multi-process run), `_errors` (which
+errors are the user's, as one line); `main` here runs a command or launches its processes.
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from dew.cli._cluster import _check_processes, _join, cluster_settings
+from dew.cli._commands import _eval, _runs, _sweep, _sweep_inputs, _train, _train_config
+from dew.cli._commands import _space as _space  # tests read a space file with it
+from dew.cli._errors import _caused_by_user, _message
+from dew.cli._inputs import _config_arguments
+from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
+from dew.cli._parser import _parser
+
+__all__ = ["main"]
+
+_RESUMABLE = ("train", "sweep")  # a run or sweep Ctrl-C stops resumes when run again
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `dew` console script.
+
+    A user-caused failure (a missing, misplaced or unwritable path, a bad value or file) is
+    one line `dew <command>: <message>` on stderr and exit status 2; Ctrl-C is one line and
+    exit status 130, and a run or sweep it stops resumes when the command runs again. Other
+    errors are bugs and keep their traceback.
+
+    `--processes N` runs the command as N local processes (`dew._launch.launch`); the
+    cluster flags and variables (`cluster_settings`) join this process to a multi-process
+    run (`dew.distributed.initialize`) before any other JAX work.
+    """
+    from dew._launch import LAUNCHED_ENV
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command in _RESUMABLE:
+        _config_arguments(args.command_parser, args)
+    for option in ("steps", "trials"):
+        value = getattr(args, option, None)
+        if value is not None and value < 1:
+            parser.error(f"--{option} must be >= 1, got {value}")
+    launched = bool(os.environ.get(LAUNCHED_ENV))
+    if hasattr(args, "processes"):
+        _check_processes(args.command_parser, args)
+        if args.processes is not None and not launched:
+            from dew._launch import child_command, launch
+
+            checked = _outcome(args, launched, lambda: _preflight(args))
+            if checked != 0:  # one line here rather than the same error from every process
+                return checked
+            return launch(
+                child_command(argv),
+                args.processes,
+                label=f"dew {args.command}",
+                timeout=args.process_timeout,
+            )
+    joined = False
+
+    def run() -> int:
+        nonlocal joined
+        if hasattr(args, "processes"):
+            settings = cluster_settings(args, os.environ)
+            if settings is not None:
+                _join(settings)
+                joined = True
+        commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
+        return commands[args.command](args)
+
+    try:
+        code = _outcome(args, launched, run)
+    except BaseException:
+        if joined:  # a bug's traceback, then out at once (see below)
+            traceback.print_exc()
+            _leave(1)
+        raise
+    if joined and code != 0:
+        # A failing process of a multi-process run leaves without jax.distributed's
+        # shutdown barrier, which would hold it until every peer arrives (and a peer
+        # blocked in a collective never does): its launcher then sees it fail.
+        _leave(code)
+    return code
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    """Before starting local processes, the checks of the user's input that need no JAX
+    (the config, the sweep's space, the run folder's run.json); 0 when they pass."""
+    if args.command == "train":
+        _train_config(args)
+    elif args.command == "sweep":
+        _sweep_inputs(args)
+    else:
+        from dew.config import RunConfig
+
+        RunConfig.from_run_record(pathlib.Path(args.run_dir) / "run.json")
+    return 0
+
+
+def _outcome(args: argparse.Namespace, launched: bool, run: Callable[[], int]) -> int:
+    """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        if not launched:  # a launched process leaves the one line to its launcher
+            resume = "; run the same command again to resume" if args.command in _RESUMABLE else ""
+            print(f"dew {args.command}: interrupted{resume}", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if not _caused_by_user(error):
+            raise
+        print(f"dew {args.command}: {_message(error)}", file=sys.stderr)
+        return 2
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit now with `code`, output flushed, skipping the interpreter's exit handlers."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,47 @@
+"""The `dew` command's errors: which are the user's to fix, and each as one line."""
+
+import errno
+import os
+import pathlib
+
+
+def _message(error: BaseException) -> str:
+    """`error` as one line, its notes included; an OSError names its path first and, when a
+    file stands where a folder should, which one."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        path = os.fsdecode(error.filename)
+        text = f"{path}: {error.strerror}"
+        if error.filename2 is not None:
+            text = f"{path} -> {os.fsdecode(error.filename2)}: {error.strerror}"
+        blocking = _file_in_the_way(path) if error.errno in (errno.ENOTDIR, errno.EEXIST) else None
+        if blocking is not None:
+            text += f" ({blocking} is a file, not a folder)"
+    elif isinstance(error, KeyError) and error.args:
+        text = str(error.args[0])
+    else:
+        text = str(error) or type(error).__name__
+    parts = [text, *getattr(error, "__notes__", ())]
+    return " ".join(line.strip() for part in parts for line in part.splitlines() if line.strip())
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The first existing component of `path` (itself included) that is not a folder."""
+    candidate = pathlib.Path(path)
+    for folder in [*reversed(candidate.parents), candidate]:
+        if folder.exists() and not folder.is_dir():
+            return str(folder)
+        if not folder.exists():
+            return None
+    return None
+
+
+def _caused_by_user(error: BaseException) -> bool:
+    """Whether `error` is the user's to fix (a path, a value, a file, a missing extra)
+    rather than a bug in dew, which keeps its traceback."""
+    if isinstance(error, OSError | ValueError):
+        return True
+    if isinstance(error, KeyError):  # dew's lookups: undeclared paths, unregistered names
+        return type(error).__module__.split(".")[0] == "dew"
+    if isinstance(error, ImportError):  # a missing optional dependency, not a broken import
+        return error.name is not None and error.name.split(".")[0] != "dew"
+    return False

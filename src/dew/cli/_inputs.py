@@ -1,0 +1,99 @@
+"""Reading the user's input: the config and its overrides, errors naming the file they came
+from, and printing on process zero alone."""
+
+import argparse
+import contextlib
+import tomllib
+from collections.abc import Iterator
+from typing import Any
+
+from dew.cli._errors import _message
+
+
+def _say(*values: Any, **options: Any) -> None:
+    """`print` on process zero only: the other processes of a run stay quiet."""
+    from dew._processes import is_process_zero
+
+    if is_process_zero():
+        print(*values, **options)
+
+
+class _BadInputError(ValueError):
+    """A TypeError or KeyError dew's validation raised while reading the user's files and
+    options: user-caused, unlike the same types raised while training (bugs)."""
+
+
+@contextlib.contextmanager
+def _reading(path: str | None = None) -> Iterator[None]:
+    """Turn dew's TypeError and KeyError about the user's input into `_BadInputError`, naming
+    the file `path` it came from."""
+    try:
+        yield
+    except (TypeError, KeyError, ValueError) as error:
+        if path is not None and path not in _message(error):
+            error.add_note(f"(in {path})")
+        if isinstance(error, ValueError):
+            raise
+        raise _BadInputError(_message(error)) from error
+
+
+def _toml_value(text: str, where: str) -> Any:
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string: --set optim.optimizer=sgd
+
+
+def _config_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Settle `args.config` (and a sweep's `args.space`) from the positional arguments and
+    `--config`, which names the config instead of the first positional one."""
+    option = getattr(args, "config_option", None)
+    if args.command == "sweep":
+        given = [value for value in (option, args.config, args.space) if value is not None]
+        if len(given) != 2:
+            parser.error(
+                "dew sweep takes a CONFIG (a TOML file or a built-in name, as the first "
+                f"argument or --config) and a SPACE file, got {given}"
+            )
+        args.config, args.space = given
+    elif option is not None:
+        if args.config is not None:
+            parser.error(f"give the config once, not both {args.config!r} and --config {option!r}")
+        args.config = option
+
+
+def _run_config(value: str) -> Any:
+    """The run configuration `value` names: a built-in configuration's name, else a TOML
+    file; a missing file says that `value` is no built-in name either, and lists them."""
+    from dew.config import BUILTIN_CONFIGS, RunConfig, builtin
+
+    if value in BUILTIN_CONFIGS:
+        return builtin(value)
+    try:
+        return RunConfig.load(value)
+    except FileNotFoundError as error:
+        error.add_note(
+            f"(the config {value!r} is neither a file nor a built-in configuration's name; "
+            f"the built-in ones are {', '.join(BUILTIN_CONFIGS)})"
+        )
+        raise
+
+
+def _configure(args: argparse.Namespace) -> Any:
+    from dew.config import override
+
+    with _reading():
+        config = _run_config("tiny_lm" if args.config is None else args.config)
+        point: dict[str, Any] = {}
+        for item in args.set:
+            path, separator, text = item.partition("=")
+            if not separator or not path:
+                raise ValueError(f"--set takes PATH=VALUE, got {item!r}.")
+            point[path.strip()] = _toml_value(text.strip(), path)
+        if args.name is not None:
+            point["trainer.name"] = args.name
+        if args.steps is not None:
+            point["trainer.steps"] = args.steps
+        if args.checkpoint_dir is not None:
+            point["trainer.checkpoint_dir"] = args.checkpoint_dir
+        return override(config, point) if point else config
