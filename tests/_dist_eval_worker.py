@@ -296,6 +296,14 @@ def _main() -> None:
     if rank == 1:
         bad[1]["text"][2, 3] = VOCAB + 1
     results["bad_batch"] = outcome(lambda: lm_evaluate(bad))
+
+    # A shard that fails to open on process 1 (the Partition's callable raises).
+    def shard_failing_on_one(partition):
+        if partition.index == 1:
+            raise ValueError("shard 1 of the validation split is missing")
+        return iter(text_shard(partition.index, 2))
+
+    results["shard_fails_to_open"] = outcome(lambda: lm_evaluate(shard_failing_on_one))
     # Batches of another row count on process 1.
     results["layout"] = outcome(lambda: lm_evaluate(text_shard(rank, 1, rows=2 + 2 * rank)))
     # No counted target anywhere (every target is the pad ID).

@@ -242,6 +242,36 @@ def test_dew_sweep_processes_2_keeps_one_ledger(tmp_path):
     assert "best trial" in out
 
 
+def test_dew_sweep_processes_2_with_optuna_on_a_sqlite_storage(tmp_path):
+    """A multi-process sweep on a real database: process zero alone talks to the Optuna
+    storage; Optuna's own client reads the study back with the ledger's trials and values."""
+    optuna = pytest.importorskip("optuna")
+    space = tmp_path / "space.toml"
+    space.write_text('"optim.learning_rate" = {low = 0.001, high = 0.03, log = true}\n')
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    argv = ["sweep", "tiny_lm", space, "--trials", "2", "--search", "optuna", "--processes", "2"]
+    code, _, err = dew(
+        *argv,
+        "--storage", storage,
+        "--study-name", "rates",
+        "--steps", "3",
+        "--checkpoint-dir", tmp_path / "runs",
+        "--name", "rate",
+        *SMALL,
+    )  # fmt: skip
+    assert code == 0, err
+    ledger = json.loads((tmp_path / "runs" / "rate" / "ledger.json").read_text())
+    assert [entry["index"] for entry in ledger["trials"]] == [0, 1]
+    study = optuna.load_study(study_name="rates", storage=storage)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert [t.number for t in complete] == [0, 1]
+    for trial, entry in zip(complete, ledger["trials"], strict=True):
+        assert trial.value == pytest.approx(entry["value"], rel=1e-12)
+        assert trial.params["optim.learning_rate"] == pytest.approx(
+            entry["overrides"]["optim.learning_rate"], rel=1e-12
+        )
+
+
 def _running_with(text):
     """The pids of running processes whose command line mentions `text`."""
     pids = []

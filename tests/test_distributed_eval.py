@@ -135,6 +135,14 @@ def test_a_bad_batch_on_one_process_raises_the_same_value_error_on_every_process
     assert "holds token ID 9 at row 2, position 3" in outcome["message"]
 
 
+def test_a_shard_failing_to_open_on_one_process_raises_on_every_process(ranks):
+    assert same_everywhere(ranks, "shard_fails_to_open") == {
+        "error": "ValueError",
+        "message": "reading a validation batch failed on process 1 of 2: shard 1 of the "
+        "validation split is missing",
+    }
+
+
 def test_batches_of_different_row_counts_raise_on_every_process(ranks):
     outcome = same_everywhere(ranks, "layout")
     assert outcome["error"] == "ValueError"

@@ -82,3 +82,10 @@ class Dataset:
                 f"Dataset.batch={self.batch} is more than Dataset.records={self.records}: "
                 "one pass over the training data must hold at least one batch."
             )
+
+
+def _lazily(batches: Batches, partition: Partition) -> Iterator[Mapping[str, Any]]:
+    """`batches(partition)`'s batches, the call itself deferred to the first draw: under
+    `jax.distributed` the first draw is agreed by every process, so a shard that fails to
+    open raises on every process instead of on its own, leaving the others blocked."""
+    yield from batches(partition)

@@ -7,7 +7,7 @@ from typing import Any
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._pass import SCORING_DOMAIN, PassResult, run_pass, scoring_key
-from dew.data import Partition
+from dew.data import Partition, _lazily
 from dew.metrics import Metric, MetricSet
 from dew.objectives.base import Objective
 
@@ -77,7 +77,7 @@ def evaluate(
     """
     metric_set = MetricSet(metrics)
     if callable(batches):
-        batches = batches(Partition.current())
+        batches = _lazily(batches, Partition.current())
     result = run_pass(objective, params, batches, metric_set, key)
     return Evaluation(
         result.scores,

@@ -13,7 +13,6 @@ from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
 from dew.checkpoints import Checkpointer
 from dew.config._config import RunConfig
 from dew.config._recipe import build_objective, is_uri, run_folder
-from dew.data import Partition
 from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
 from dew.steps import TrainState, generation_params
@@ -86,7 +85,7 @@ def evaluate_run(
     return evaluate(
         objective,
         generation_params(objective, state),
-        data.val(Partition.current()),
+        data.val,  # evaluate reads this process's partition
         metrics=objective.default_metrics() if metrics is None else metrics,
         key=jax.random.fold_in(run_key, step),  # the evaluation event's key at `step`
         step=step,

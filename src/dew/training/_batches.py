@@ -55,3 +55,20 @@ def _skip(batches: Iterator[Any], count: int) -> Iterator[Any]:
                 f"replayed first, but Dataset.train ended after {index}."
             ) from None
     return batches
+
+
+def _opened(open_batches: Any, skip: int, agreed: bool) -> Iterator[Any]:
+    """`open_batches()`'s iterator with its first `skip` batches drawn and discarded. With
+    `agreed` (a multi-process fit, whose every draw is agreed), a failure to open it is
+    raised by the first draw instead, so every process raises it together."""
+    try:
+        return _skip(iter(open_batches()), skip)
+    except Exception as error:
+        if not agreed:
+            raise
+        return _raising(error)
+
+
+def _raising(error: Exception) -> Iterator[Any]:
+    raise error
+    yield  # pragma: no cover - a generator that raises at its first draw

@@ -21,7 +21,7 @@ from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew._pass import preview_on_process_zero
 from dew._processes import is_multiprocess
-from dew.data import Dataset, Partition
+from dew.data import Dataset, Partition, _lazily
 from dew.evaluation import run_pass
 from dew.events import STEP_END, VALIDATION_END, EventSink, TrackerEventSink
 from dew.metrics import Metric, MetricSet
@@ -31,7 +31,7 @@ from dew.profiling import Profile
 from dew.steps import EMPTY_HISTORY, TrainState, generation_params
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
-from dew.training._batches import _draw_block, _skip, _stack
+from dew.training._batches import _draw_block, _opened, _stack
 from dew.training._compiled_step import compiled_steps
 from dew.training._placement import ParamSharding, Placement, fit_setup
 from dew.training._profile_window import ProfileWindowTracer
@@ -378,7 +378,8 @@ class Trainer:
                 engine.record(SAMPLING_RECORD, record, start)
             try:
                 if step < steps and not done_before:  # a finished run draws no batch
-                    batches = _skip(iter(data.train(Partition.current())), start - data_start)
+                    opened = functools.partial(data.train, Partition.current())
+                    batches = _opened(opened, start - data_start, draw is not _draw_block)
                 while step < steps and not done_before:
                     aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
                     block = steps_per_call if aligned else 1
@@ -441,7 +442,7 @@ class Trainer:
         """One evaluation event at `step`; returns whether the early stopper says stop."""
         state = engine.current()
         event_key = jax.random.fold_in(self.key, step)
-        batches: Iterable[Any] = data.val(Partition.current())
+        batches: Iterable[Any] = _lazily(data.val, Partition.current())
         if progress and sys.stderr.isatty():
             batches = tqdm(
                 batches,
