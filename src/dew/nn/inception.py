@@ -34,11 +34,17 @@ WEIGHTS_ENVIRONMENT_VARIABLE = "DEW_FID_WEIGHTS"
 _DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 _BN_EPS = 1e-3  # pytorch-fid's BasicConv2d: BatchNorm2d(eps=0.001)
 _SIZE = 299
-_IGNORED = (".bn.num_batches_tracked", "fc.weight", "fc.bias")  # the classifier is unused
+_IGNORED = (
+    ".bn.num_batches_tracked",
+    "fc.weight",
+    "fc.bias",
+)  # the classifier is unused
 _PAIR = tuple[int, int]
 
 
-def _candidate(weights: str | os.PathLike[str] | None) -> tuple[pathlib.Path, str | None]:
+def _candidate(
+    weights: str | os.PathLike[str] | None,
+) -> tuple[pathlib.Path, str | None]:
     """The weights file `default_weights_path` reads, and what chose it (None: the cache)."""
     if weights is not None:
         path, source = pathlib.Path(weights), "the weights path given"
@@ -46,7 +52,10 @@ def _candidate(weights: str | os.PathLike[str] | None) -> tuple[pathlib.Path, st
         path = pathlib.Path(os.environ[WEIGHTS_ENVIRONMENT_VARIABLE])
         source = f"${WEIGHTS_ENVIRONMENT_VARIABLE}"
     else:
-        path, source = pathlib.Path.home() / ".cache" / "dew" / FID_WEIGHTS_FILENAME, None
+        path, source = (
+            pathlib.Path.home() / ".cache" / "dew" / FID_WEIGHTS_FILENAME,
+            None,
+        )
     return path.expanduser(), source
 
 
@@ -87,20 +96,29 @@ def missing_weights(weights: str | os.PathLike[str] | None = None) -> str | None
 
 
 class _Conv(eqx.Module):
-    """pytorch-fid's BasicConv2d: a bias-free convolution, inference batch norm, ReLU."""
+    """pytorch-fid's BasicConv2d: a bias-free convolution, inference batch norm, ReLU, with
+    the batch norm folded into the convolution's weights and a bias at load."""
 
     weight: Float[Array, "kernel_height kernel_width inputs outputs"]
-    scale: Float[Array, " outputs"]
-    shift: Float[Array, " outputs"]
+    bias: Float[Array, " outputs"]
     stride: int = eqx.field(static=True)
     padding: _PAIR = eqx.field(static=True)
 
     def __call__(self, x: Float[Array, "rows height width inputs"]) -> Float[Array, "..."]:
         (ph, pw), s = self.padding, self.stride
+        kh, kw = self.weight.shape[:2]
+        pads = ((ph, ph), (pw, pw))
+        if (ph, pw) == (0, 0) and (kh, kw) != (1, 1):
+            # XLA's CPU convolution without any padding takes a path two to four times
+            # slower; a row and a column of zeros after the image change no valid window,
+            # and the windows that reach them are cropped (the result is bitwise the same).
+            pads = ((0, 1), (0, 1))
         y = lax.conv_general_dilated(
-            x, self.weight, (s, s), ((ph, ph), (pw, pw)), dimension_numbers=("NHWC", "HWIO", "NHWC")
+            x, self.weight, (s, s), pads, dimension_numbers=("NHWC", "HWIO", "NHWC")
         )
-        return jax.nn.relu(y * self.scale[None, None, None] + self.shift[None, None, None])
+        rows = (x.shape[1] + 2 * ph - kh) // s + 1
+        columns = (x.shape[2] + 2 * pw - kw) // s + 1
+        return jax.nn.relu(y[:, :rows, :columns] + self.bias[None, None, None])
 
 
 class _Weights:
@@ -141,10 +159,9 @@ class _Weights:
             self._array(f"{name}.bn.{field}", (outputs,))
             for field in ("weight", "bias", "running_mean", "running_var")
         )
-        scale = gamma / np.sqrt(variance + _BN_EPS)
+        scale = gamma / np.sqrt(variance + _BN_EPS)  # folded in float64, then cast
         return _Conv(
-            jnp.asarray(weight.transpose(2, 3, 1, 0), self.dtype),  # OIHW -> HWIO
-            jnp.asarray(scale, self.dtype),
+            jnp.asarray(weight.transpose(2, 3, 1, 0) * scale, self.dtype),  # OIHW -> HWIO
             jnp.asarray(beta - mean * scale, self.dtype),
             stride,
             padding,
@@ -172,7 +189,12 @@ class _Weights:
 def _max_pool(x: Array, stride: int = 2, padding: int = 0) -> Array:
     pad = ((0, 0), (padding, padding), (padding, padding), (0, 0))
     return lax.reduce_window(
-        x, jnp.array(-jnp.inf, x.dtype), lax.max, (1, 3, 3, 1), (1, stride, stride, 1), pad
+        x,
+        jnp.array(-jnp.inf, x.dtype),
+        lax.max,
+        (1, 3, 3, 1),
+        (1, stride, stride, 1),
+        pad,
     )
 
 
@@ -205,31 +227,64 @@ def _concatenate(*branches: Array) -> Array:
     return jnp.concatenate(branches, axis=-1)
 
 
+class _Pointwise(eqx.Module):
+    """Several 1x1 `_Conv`s of one input as one convolution (one wide matrix product), split
+    back into their outputs. `pooled`'s output is average pooled before its bias and ReLU:
+    a 1x1 convolution and an average pool commute, and the pool then runs over the few
+    output channels instead of the many input ones."""
+
+    weight: Float[Array, "inputs outputs"]
+    bias: Float[Array, " outputs"]
+    widths: tuple[int, ...] = eqx.field(static=True)
+    pooled: bool = eqx.field(static=True)
+
+    def __init__(self, convs: tuple[_Conv, ...], pooled: _Conv | None = None):
+        layers = (*convs, *(() if pooled is None else (pooled,)))
+        self.weight = jnp.concatenate([layer.weight[0, 0] for layer in layers], axis=-1)
+        self.bias = jnp.concatenate([layer.bias for layer in layers])
+        self.widths = tuple(layer.bias.shape[0] for layer in layers)
+        self.pooled = pooled is not None
+
+    def __call__(self, x: Float[Array, "rows height width inputs"]) -> tuple[Array, ...]:
+        y = x @ self.weight
+        ends = np.cumsum(self.widths)
+        parts = [y[..., end - width : end] for end, width in zip(ends, self.widths, strict=True)]
+        biases = [
+            self.bias[end - width : end] for end, width in zip(ends, self.widths, strict=True)
+        ]
+        if self.pooled:
+            parts[-1] = _average_pool(parts[-1])
+        pairs = zip(parts, biases, strict=True)
+        return tuple(jax.nn.relu(part + bias[None, None, None]) for part, bias in pairs)
+
+
 class _InceptionA(eqx.Module):  # FIDInceptionA: its pool excludes the padding
-    branch1x1: _Conv
-    branch5x5: tuple[_Conv, _Conv]
-    branch3x3dbl: tuple[_Conv, _Conv, _Conv]
-    branch_pool: _Conv
+    heads: _Pointwise  # branch1x1, branch5x5_1, branch3x3dbl_1 and the pool's branch_pool
+    branch5x5: _Conv
+    branch3x3dbl: tuple[_Conv, _Conv]
 
     def __init__(self, w: _Weights, name: str, inputs: int, pool_features: int):
-        self.branch1x1 = w.conv(f"{name}.branch1x1", inputs, 64)
-        self.branch5x5 = (
-            w.conv(f"{name}.branch5x5_1", inputs, 48),
-            w.conv(f"{name}.branch5x5_2", 48, 64, 5, padding=2),
+        self.heads = _Pointwise(
+            (
+                w.conv(f"{name}.branch1x1", inputs, 64),
+                w.conv(f"{name}.branch5x5_1", inputs, 48),
+                w.conv(f"{name}.branch3x3dbl_1", inputs, 64),
+            ),
+            pooled=w.conv(f"{name}.branch_pool", inputs, pool_features),
         )
+        self.branch5x5 = w.conv(f"{name}.branch5x5_2", 48, 64, 5, padding=2)
         self.branch3x3dbl = (
-            w.conv(f"{name}.branch3x3dbl_1", inputs, 64),
             w.conv(f"{name}.branch3x3dbl_2", 64, 96, 3, padding=1),
             w.conv(f"{name}.branch3x3dbl_3", 96, 96, 3, padding=1),
         )
-        self.branch_pool = w.conv(f"{name}.branch_pool", inputs, pool_features)
 
     def __call__(self, x: Array) -> Array:
+        branch1x1, branch5x5, branch3x3dbl, branch_pool = self.heads(x)
         return _concatenate(
-            self.branch1x1(x),
-            _chain(self.branch5x5, x),
-            _chain(self.branch3x3dbl, x),
-            self.branch_pool(_average_pool(x)),
+            branch1x1,
+            self.branch5x5(branch5x5),
+            _chain(self.branch3x3dbl, branch3x3dbl),
+            branch_pool,
         )
 
 
@@ -250,98 +305,116 @@ class _InceptionB(eqx.Module):  # Mixed_6a, torchvision's InceptionB
 
 
 class _InceptionC(eqx.Module):  # FIDInceptionC: factorised 7x7 convolutions
-    branch1x1: _Conv
-    branch7x7: tuple[_Conv, _Conv, _Conv]
-    branch7x7dbl: tuple[_Conv, _Conv, _Conv, _Conv, _Conv]
-    branch_pool: _Conv
+    heads: _Pointwise  # branch1x1, branch7x7_1, branch7x7dbl_1 and the pool's branch_pool
+    branch7x7: tuple[_Conv, _Conv]
+    branch7x7dbl: tuple[_Conv, _Conv, _Conv, _Conv]
 
     def __init__(self, w: _Weights, name: str, inputs: int, c7: int):
-        row, column = {"kernel": (1, 7), "padding": (0, 3)}, {"kernel": (7, 1), "padding": (3, 0)}
-        self.branch1x1 = w.conv(f"{name}.branch1x1", inputs, 192)
+        row, column = (
+            {"kernel": (1, 7), "padding": (0, 3)},
+            {"kernel": (7, 1), "padding": (3, 0)},
+        )
+        self.heads = _Pointwise(
+            (
+                w.conv(f"{name}.branch1x1", inputs, 192),
+                w.conv(f"{name}.branch7x7_1", inputs, c7),
+                w.conv(f"{name}.branch7x7dbl_1", inputs, c7),
+            ),
+            pooled=w.conv(f"{name}.branch_pool", inputs, 192),
+        )
         self.branch7x7 = (
-            w.conv(f"{name}.branch7x7_1", inputs, c7),
             w.conv(f"{name}.branch7x7_2", c7, c7, **row),
             w.conv(f"{name}.branch7x7_3", c7, 192, **column),
         )
         self.branch7x7dbl = (
-            w.conv(f"{name}.branch7x7dbl_1", inputs, c7),
             w.conv(f"{name}.branch7x7dbl_2", c7, c7, **column),
             w.conv(f"{name}.branch7x7dbl_3", c7, c7, **row),
             w.conv(f"{name}.branch7x7dbl_4", c7, c7, **column),
             w.conv(f"{name}.branch7x7dbl_5", c7, 192, **row),
         )
-        self.branch_pool = w.conv(f"{name}.branch_pool", inputs, 192)
 
     def __call__(self, x: Array) -> Array:
+        branch1x1, branch7x7, branch7x7dbl, branch_pool = self.heads(x)
         return _concatenate(
-            self.branch1x1(x),
-            _chain(self.branch7x7, x),
-            _chain(self.branch7x7dbl, x),
-            self.branch_pool(_average_pool(x)),
+            branch1x1,
+            _chain(self.branch7x7, branch7x7),
+            _chain(self.branch7x7dbl, branch7x7dbl),
+            branch_pool,
         )
 
 
 class _InceptionD(eqx.Module):  # Mixed_7a, torchvision's InceptionD
-    branch3x3: tuple[_Conv, _Conv]
-    branch7x7x3: tuple[_Conv, _Conv, _Conv, _Conv]
+    heads: _Pointwise  # branch3x3_1 and branch7x7x3_1
+    branch3x3: _Conv
+    branch7x7x3: tuple[_Conv, _Conv, _Conv]
 
     def __init__(self, w: _Weights, name: str, inputs: int):
-        self.branch3x3 = (
-            w.conv(f"{name}.branch3x3_1", inputs, 192),
-            w.conv(f"{name}.branch3x3_2", 192, 320, 3, stride=2),
+        self.heads = _Pointwise(
+            (
+                w.conv(f"{name}.branch3x3_1", inputs, 192),
+                w.conv(f"{name}.branch7x7x3_1", inputs, 192),
+            )
         )
+        self.branch3x3 = w.conv(f"{name}.branch3x3_2", 192, 320, 3, stride=2)
         self.branch7x7x3 = (
-            w.conv(f"{name}.branch7x7x3_1", inputs, 192),
             w.conv(f"{name}.branch7x7x3_2", 192, 192, (1, 7), padding=(0, 3)),
             w.conv(f"{name}.branch7x7x3_3", 192, 192, (7, 1), padding=(3, 0)),
             w.conv(f"{name}.branch7x7x3_4", 192, 192, 3, stride=2),
         )
 
     def __call__(self, x: Array) -> Array:
-        return _concatenate(_chain(self.branch3x3, x), _chain(self.branch7x7x3, x), _max_pool(x))
+        branch3x3, branch7x7x3 = self.heads(x)
+        return _concatenate(
+            self.branch3x3(branch3x3),
+            _chain(self.branch7x7x3, branch7x7x3),
+            _max_pool(x),
+        )
 
 
 class _InceptionE(eqx.Module):
     """FIDInceptionE_1 (Mixed_7b: average pool excluding the padding) and FIDInceptionE_2
     (Mixed_7c: pytorch-fid's port of the TF graph's max pool)."""
 
-    branch1x1: _Conv
-    branch3x3: tuple[_Conv, _Conv, _Conv]
-    branch3x3dbl: tuple[_Conv, _Conv, _Conv, _Conv]
-    branch_pool: _Conv
+    heads: _Pointwise  # branch1x1, branch3x3_1, branch3x3dbl_1 (and 7b's branch_pool)
+    branch3x3: tuple[_Conv, _Conv]
+    branch3x3dbl: tuple[_Conv, _Conv, _Conv]
+    branch_pool: _Conv | None  # Mixed_7c's, after its max pool
     pool: str = eqx.field(static=True)
 
     def __init__(self, w: _Weights, name: str, inputs: int, pool: str):
-        row, column = {"kernel": (1, 3), "padding": (0, 1)}, {"kernel": (3, 1), "padding": (1, 0)}
-        self.branch1x1 = w.conv(f"{name}.branch1x1", inputs, 320)
-        self.branch3x3 = (
+        row, column = (
+            {"kernel": (1, 3), "padding": (0, 1)},
+            {"kernel": (3, 1), "padding": (1, 0)},
+        )
+        heads = (
+            w.conv(f"{name}.branch1x1", inputs, 320),
             w.conv(f"{name}.branch3x3_1", inputs, 384),
+            w.conv(f"{name}.branch3x3dbl_1", inputs, 448),
+        )
+        self.branch3x3 = (
             w.conv(f"{name}.branch3x3_2a", 384, 384, **row),
             w.conv(f"{name}.branch3x3_2b", 384, 384, **column),
         )
         self.branch3x3dbl = (
-            w.conv(f"{name}.branch3x3dbl_1", inputs, 448),
             w.conv(f"{name}.branch3x3dbl_2", 448, 384, 3, padding=1),
             w.conv(f"{name}.branch3x3dbl_3a", 384, 384, **row),
             w.conv(f"{name}.branch3x3dbl_3b", 384, 384, **column),
         )
-        self.branch_pool = w.conv(f"{name}.branch_pool", inputs, 192)
+        branch_pool = w.conv(f"{name}.branch_pool", inputs, 192)
+        if pool == "average":  # the pool commutes with the 1x1 convolution
+            self.heads, self.branch_pool = _Pointwise(heads, pooled=branch_pool), None
+        else:
+            self.heads, self.branch_pool = _Pointwise(heads), branch_pool
         self.pool = pool
 
     def __call__(self, x: Array) -> Array:
-        first, wide, tall = self.branch3x3
-        b3 = first(x)
-        d1, d2, dwide, dtall = self.branch3x3dbl
-        d = d2(d1(x))
-        pooled = _average_pool(x) if self.pool == "average" else _max_pool(x, 1, 1)
-        return _concatenate(
-            self.branch1x1(x),
-            wide(b3),
-            tall(b3),
-            dwide(d),
-            dtall(d),
-            self.branch_pool(pooled),
-        )
+        branch1x1, b3, d, *pooled = self.heads(x)
+        wide, tall = self.branch3x3
+        d2, dwide, dtall = self.branch3x3dbl
+        d = d2(d)
+        if self.branch_pool is not None:
+            pooled = [self.branch_pool(_max_pool(x, 1, 1))]
+        return _concatenate(branch1x1, wide(b3), tall(b3), dwide(d), dtall(d), *pooled)
 
 
 def _chain(layers: tuple[Callable[[Array], Array], ...], x: Array) -> Array:
