@@ -93,40 +93,50 @@ def _override_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-EXAMPLES: dict[str, str] = {
-    "": """\
-  dew train                          # the built-in tiny_lm, as the run runs/quickstart
-  dew runs                           # the runs under runs/ and their final metrics
-  dew config show runs/quickstart    # the configuration a run trained, as TOML""",
-    "train": """\
-  dew train                          # the built-in tiny_lm, as the run runs/quickstart
-  dew train --config tiny_diffusion --steps 200
-  dew train run.toml --set optim.learning_rate=0.01 --name lr-0.01""",
-    "sweep": """\
-  dew sweep tiny_lm space.toml --trials 8
-  dew sweep run.toml space.toml --trials 8 --search grid --name lr-grid
-  dew sweep run.toml space.toml --trials 16 --search optuna --storage sqlite:///lr.db --study-name lr""",
-    "eval": """\
-  dew eval runs/quickstart           # score the run's latest checkpoint again
-  dew eval runs/lr-grid/trial-0""",
-    "runs": """\
-  dew runs                           # the runs under runs/
-  dew runs runs/lr-grid              # a sweep's trials""",
-    "config": """\
-  dew config show tiny_diffusion     # a built-in configuration
-  dew config show runs/quickstart > run.toml
-  dew train run.toml --name quickstart-copy""",
-    "config show": """\
-  dew config show                    # tiny_lm, what a bare dew train trains
-  dew config show runs/quickstart > run.toml
-  dew config show tiny_lm --set optim.learning_rate=0.01 --name lr-0.01""",
-    "plot": """\
-  dew plot runs/quickstart
-  dew plot runs/lr-grid/trial-0""",
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "": (
+        "dew train                          # the built-in tiny_lm, as the run runs/quickstart",
+        "dew runs                           # the runs under runs/ and their final metrics",
+        "dew config show runs/quickstart    # the configuration a run trained, as TOML",
+    ),
+    "train": (
+        "dew train                          # the built-in tiny_lm, as the run runs/quickstart",
+        "dew train --config tiny_diffusion --steps 200",
+        "dew train run.toml --set optim.learning_rate=0.01 --name lr-0.01",
+    ),
+    "sweep": (
+        "dew sweep tiny_lm space.toml --trials 8",
+        "dew sweep run.toml space.toml --trials 8 --search grid --name lr-grid",
+        "dew sweep run.toml space.toml --trials 16 --search optuna "
+        "--storage sqlite:///lr.db --study-name lr",
+    ),
+    "eval": (
+        "dew eval runs/quickstart           # score the run's latest checkpoint again",
+        "dew eval runs/lr-grid/trial-0",
+    ),
+    "runs": (
+        "dew runs                           # the runs under runs/",
+        "dew runs runs/lr-grid              # a sweep's trials",
+    ),
+    "config": (
+        "dew config show tiny_diffusion     # a built-in configuration",
+        "dew config show runs/quickstart > run.toml",
+        "dew train run.toml --name quickstart-copy",
+    ),
+    "config show": (
+        "dew config show                    # tiny_lm, what a bare dew train trains",
+        "dew config show runs/quickstart > run.toml",
+        "dew config show tiny_lm --set optim.learning_rate=0.01 --name lr-0.01",
+    ),
+    "plot": (
+        "dew plot runs/quickstart",
+        "dew plot runs/lr-grid/trial-0",
+    ),
 }
 """Each command's `--help` examples (the key: the command's words after `dew`, `""` for `dew`
-itself): two or three command lines, with a comment where it helps; a command added to the
-parser adds its entry here, and `tests/test_cli_help.py` fails for one without."""
+itself): two or three command lines, one per string, with a comment where it helps. A command
+added to the parser adds its entry here; `tests/test_cli_help.py` fails for one without, and
+for an example the parser refuses."""
 
 
 class _ExamplesFormatter(argparse.HelpFormatter):
@@ -145,7 +155,7 @@ def _add_examples(parser: argparse.ArgumentParser, words: str = "") -> None:
     """Give `parser` and each of its subcommands, recursively, their `EXAMPLES` as the
     epilog of their `--help`."""
     if words in EXAMPLES:
-        parser.epilog = _EXAMPLES_HEADING + EXAMPLES[words]
+        parser.epilog = _EXAMPLES_HEADING + "\n".join(f"  {line}" for line in EXAMPLES[words])
         parser.formatter_class = _ExamplesFormatter
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
