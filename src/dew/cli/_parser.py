@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("folder", nargs="?", default="runs", help="where to look (default runs)")
 
     config = commands.add_parser("config", help="show a run configuration as TOML")
-    config_actions = config.add_subparsers(dest="config_action", required=True)
+    config_actions = config.add_subparsers(dest="config_action", metavar="ACTION", required=True)
     show = config_actions.add_parser(
         "show", help="print a resolved run configuration as TOML that dew train reads"
     )
