@@ -47,9 +47,10 @@ class RunConfig:
 
     `to_dict` gives `{"model": {...}, "data": {...}, "optim": {...}, "trainer": {...}}`
     and `from_dict` reads it back equal; `to_toml`/`dump_toml` write a TOML file that
-    `load`/`from_toml` read back equal. TOML has no null, so a missing key means the
-    field's default and `None` fields are left out; a `None` inside `kwargs` cannot be
-    written to TOML and raises (leave the key out instead).
+    `load`/`from_toml` read back equal (`dew config show` prints it). TOML has no null, so
+    a missing key means the field's default and a `None` field whose default is `None` is
+    left out; a `None` inside `kwargs` cannot be written to TOML and raises (leave the key
+    out instead; decision 0021). `load` also reads a run folder or its `run.json`.
 
     ```python
     >>> from dew.registry import datasets
