@@ -324,7 +324,7 @@ SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid",
     [
         # dew train: the config file, the checkpoint dir, the run folder and what it holds
         (None, ["train", "missing.toml"], "missing.toml: No such file or directory"),
-        (None, ["train", "adir"], "adir: Is a directory"),
+        (None, ["train", "adir"], "no run.json at 'adir/run.json': is this a run folder?"),
         (None, ["train", "afile/run.toml"], "afile/run.toml: Not a directory (afile is a file"),
         (None, ["train", "run.toml", "--checkpoint-dir", "afile"], "(afile is a file, not a"),
         (None, ["train", "run.toml", "--checkpoint-dir", "afile/sub"], "afile/sub/tiny: Not a"),

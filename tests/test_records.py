@@ -43,7 +43,7 @@ records = st.one_of(
         RunRecord,
         model=mappings,
         data=mappings,
-        optimizer=mappings,
+        optim=mappings,
         trainer=mappings,
         packages=st.dictionaries(texts, texts, max_size=3),
     ),
@@ -144,7 +144,7 @@ def test_values_are_normalised_to_json_types():
 
 
 def test_run_record_holds_package_versions():
-    record = RunRecord(model={"name": "linear"}, data={}, optimizer={"name": "sgd"})
+    record = RunRecord(model={"name": "linear"}, data={}, optim={"name": "sgd"})
     assert "jax" in record.packages and "numpy" in record.packages
     assert record.packages == package_versions()
     assert record_from_json(record.to_json()) == record
@@ -190,7 +190,7 @@ def test_run_record_holds_package_versions():
             "overrides",
         ),
         (
-            lambda: RunRecord(model={"f": object()}, data={}, optimizer={}),
+            lambda: RunRecord(model={"f": object()}, data={}, optim={}),
             TypeError,
             r"run_record.model\['f'\] is <object object at .*> of type object",
             "model",

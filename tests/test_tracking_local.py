@@ -77,8 +77,8 @@ def test_a_malformed_line_in_the_middle_raises_naming_it(tmp_path):
 
 
 def test_run_json_is_written_once_and_never_overwritten(tmp_path):
-    first = RunRecord(model={"name": "a"}, data={}, optimizer={"learning_rate": 0.1})
-    second = RunRecord(model={"name": "b"}, data={}, optimizer={"learning_rate": 0.2})
+    first = RunRecord(model={"name": "a"}, data={}, optim={"learning_rate": 0.1})
+    second = RunRecord(model={"name": "b"}, data={}, optim={"learning_rate": 0.2})
     with LocalTracker(tmp_path) as tracker:
         tracker.log_artifact("run_record", first)
         tracker.log_artifact("run_record", second)
@@ -432,7 +432,7 @@ def test_a_run_json_cut_short_by_a_full_disk_is_never_left_torn(tmp_path):
     import resource
     import signal
 
-    record = RunRecord(model={"name": "a" * 400}, data={}, optimizer={})
+    record = RunRecord(model={"name": "a" * 400}, data={}, optim={})
     tracker = LocalTracker(tmp_path)
     previous_signal = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     previous = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -455,7 +455,7 @@ def test_a_torn_run_json_is_named_by_the_recipe_and_by_from_run_record(tmp_path)
     from dew.config._recipe import _check_same_run
 
     (tmp_path / "run.json").write_text('{\n  "data": {},\n  "model": {"name": ')
-    record = RunRecord(model={"name": "a"}, data={}, optimizer={})
+    record = RunRecord(model={"name": "a"}, data={}, optim={})
     for call in (
         lambda: _check_same_run(tmp_path, record),
         lambda: RunConfig.from_run_record(tmp_path),

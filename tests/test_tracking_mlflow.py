@@ -167,7 +167,7 @@ def test_a_changed_param_raises_before_anything_is_sent_and_the_run_goes_on(trac
 
 
 def test_records_are_json_artifacts_named_by_type_and_step(tracker, tmp_path):
-    run_record = RunRecord(model={"name": "mlp"}, data={}, optimizer={"learning_rate": 0.1})
+    run_record = RunRecord(model={"name": "mlp"}, data={}, optim={"learning_rate": 0.1})
     started = FitStarted(stage="lm", start_step=0, steps=10)
     restarted = FitStarted(stage="dpo", start_step=0, steps=4)
     trial = TrialFinished(trial=2, overrides={"optim.lr": 0.01}, value=float("inf"))

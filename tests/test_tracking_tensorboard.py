@@ -193,7 +193,7 @@ def test_bad_parameter_keys_raise_before_anything_is_written(tmp_path):
 
 
 def test_records_are_text_summaries_under_reporting_type_holding_their_json(tmp_path):
-    run = RunRecord(model={"name": "mlp", "widths": [64, 32]}, data={}, optimizer={"lr": 0.1})
+    run = RunRecord(model={"name": "mlp", "widths": [64, 32]}, data={}, optim={"lr": 0.1})
     started = FitStarted(stage="lm", start_step=0, steps=20)
     trials = [
         TrialFinished(trial=0, overrides={"optim.lr": 0.01}, value=float("inf")),

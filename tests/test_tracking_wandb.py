@@ -126,7 +126,7 @@ IMAGES = Images(jnp.asarray(RNG.random((3, 6, 5, 3)), jnp.float32), prompts=("a"
 CLIPS = Clips(jnp.asarray(RNG.random((2, 4, 9, 7, 3)), jnp.float32))
 TOKENS = TokenRows(jnp.asarray([[1, 2, 3], [4, 5, 6]]), jnp.asarray([[True, True, False]] * 2))
 FEATURES = Representations(jnp.asarray(RNG.standard_normal((10, 4)), jnp.float32))
-RUN_RECORD = RunRecord(model={"name": "mlp"}, data={}, optimizer={"learning_rate": 0.1})
+RUN_RECORD = RunRecord(model={"name": "mlp"}, data={}, optim={"learning_rate": 0.1})
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@
   ledger; several `dew sweep --search optuna --storage URL` workers share one study.
 - `dew eval RUN_DIR`: score a run's latest checkpoint on its validation data.
 - `dew runs [FOLDER]`: a table of the runs under a folder with their final metrics.
+- `dew config show [CONFIG]`: a configuration (a built-in name, a TOML file, a run folder)
+  as the TOML `dew train` reads; `dew --version` prints dew's version.
 
 `dew train`, `dew sweep` and `dew eval` run as several processes of one `jax.distributed`
 run: `--processes N` starts N local processes (`dew._launch`); on a cluster each process
@@ -30,6 +32,7 @@ from typing import NoReturn
 from dew.cli._cluster import _check_processes, _join, cluster_settings
 from dew.cli._commands import _eval, _runs, _sweep, _sweep_inputs, _train, _train_config
 from dew.cli._commands import _space as _space  # tests read a space file with it
+from dew.cli._config_command import _config
 from dew.cli._errors import _caused_by_user, _message
 from dew.cli._inputs import _config_arguments
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
@@ -88,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _join(settings)
                 joined = True
         commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
+        commands["config"] = _config
         return commands[args.command](args)
 
     try:

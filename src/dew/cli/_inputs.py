@@ -3,6 +3,7 @@ from, and printing on process zero alone."""
 
 import argparse
 import contextlib
+import os
 import tomllib
 from collections.abc import Iterator
 from typing import Any
@@ -64,7 +65,8 @@ def _config_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 def _run_config(value: str) -> Any:
     """The run configuration `value` names: a built-in configuration's name, else a TOML
-    file; a missing file says that `value` is no built-in name either, and lists them."""
+    file, a run folder or its run.json (`RunConfig.load`); a missing file says that `value`
+    is no built-in name either, and lists them."""
     from dew.config import BUILTIN_CONFIGS, RunConfig, builtin
 
     if value in BUILTIN_CONFIGS:
@@ -72,6 +74,8 @@ def _run_config(value: str) -> Any:
     try:
         return RunConfig.load(value)
     except FileNotFoundError as error:
+        if os.path.isdir(value):  # a folder is read as a run folder: the error says so
+            raise
         error.add_note(
             f"(the config {value!r} is neither a file nor a built-in configuration's name; "
             f"the built-in ones are {', '.join(BUILTIN_CONFIGS)})"

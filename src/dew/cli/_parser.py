@@ -2,9 +2,12 @@
 
 import argparse
 
+import dew
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dew", description="Train, evaluate and track models.")
+    parser.add_argument("--version", action="version", version=f"dew {dew.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a run configuration (default: tiny_lm)")
@@ -37,6 +40,20 @@ def _parser() -> argparse.ArgumentParser:
 
     runs = commands.add_parser("runs", help="list runs and their final metrics")
     runs.add_argument("folder", nargs="?", default="runs", help="where to look (default runs)")
+
+    config = commands.add_parser("config", help="show a run configuration as TOML")
+    config_actions = config.add_subparsers(dest="config_action", metavar="ACTION", required=True)
+    show = config_actions.add_parser(
+        "show", help="print a resolved run configuration as TOML that dew train reads"
+    )
+    show.add_argument(
+        "config",
+        nargs="?",
+        help=f"{_CONFIG_HELP}, or a run folder or its run.json (default: tiny_lm)",
+    )
+    _override_options(show)
+
+    _add_examples(parser)  # last: every command above gets its EXAMPLES
     return parser
 
 
@@ -59,6 +76,91 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         help="override a dotted path with a TOML value, e.g. --set optim.learning_rate=0.01",
     )
     parser.add_argument("--quiet", action="store_true", help="no per-step lines or progress bar")
+
+
+def _override_options(parser: argparse.ArgumentParser) -> None:
+    """`dew train`'s overrides, for a command that resolves a configuration without training
+    it (`dew config show`)."""
+    parser.add_argument("--name", help="the run name (overrides trainer.name)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (overrides trainer.steps)")
+    parser.add_argument("--checkpoint-dir", help="overrides trainer.checkpoint_dir")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a dotted path with a TOML value, e.g. --set optim.learning_rate=0.01",
+    )
+
+
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "": (
+        "dew train                          # the built-in tiny_lm, as the run runs/quickstart",
+        "dew runs                           # the runs under runs/ and their final metrics",
+        "dew config show runs/quickstart    # the configuration a run trained, as TOML",
+    ),
+    "train": (
+        "dew train                          # the built-in tiny_lm, as the run runs/quickstart",
+        "dew train --config tiny_diffusion --steps 200",
+        "dew train run.toml --set optim.learning_rate=0.01 --name lr-0.01",
+    ),
+    "sweep": (
+        "dew sweep tiny_lm space.toml --trials 8",
+        "dew sweep run.toml space.toml --trials 8 --search grid --name lr-grid",
+        "dew sweep run.toml space.toml --trials 16 --search optuna "
+        "--storage sqlite:///lr.db --study-name lr",
+    ),
+    "eval": (
+        "dew eval runs/quickstart           # score the run's latest checkpoint again",
+        "dew eval runs/lr-grid/trial-0",
+    ),
+    "runs": (
+        "dew runs                           # the runs under runs/",
+        "dew runs runs/lr-grid              # a sweep's trials",
+    ),
+    "config": (
+        "dew config show tiny_diffusion     # a built-in configuration",
+        "dew config show runs/quickstart > run.toml",
+        "dew train run.toml --name quickstart-copy",
+    ),
+    "config show": (
+        "dew config show                    # tiny_lm, what a bare dew train trains",
+        "dew config show runs/quickstart > run.toml",
+        "dew config show tiny_lm --set optim.learning_rate=0.01 --name lr-0.01",
+    ),
+    "plot": (
+        "dew plot runs/quickstart",
+        "dew plot runs/lr-grid/trial-0",
+    ),
+}
+"""Each command's `--help` examples (the key: the command's words after `dew`, `""` for `dew`
+itself): two or three command lines, one per string, with a comment where it helps. A command
+added to the parser adds its entry here; `tests/test_cli_help.py` fails for one without, and
+for an example the parser refuses."""
+
+
+class _ExamplesFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that the examples epilog keeps its lines as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith(_EXAMPLES_HEADING):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+_EXAMPLES_HEADING = "examples:\n"
+
+
+def _add_examples(parser: argparse.ArgumentParser, words: str = "") -> None:
+    """Give `parser` and each of its subcommands, recursively, their `EXAMPLES` as the
+    epilog of their `--help`."""
+    if words in EXAMPLES:
+        parser.epilog = _EXAMPLES_HEADING + "\n".join(f"  {line}" for line in EXAMPLES[words])
+        parser.formatter_class = _ExamplesFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, command in action.choices.items():
+                _add_examples(command, f"{words} {name}".strip())
 
 
 PROCESS_TIMEOUT = 86400.0

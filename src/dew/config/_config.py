@@ -33,6 +33,13 @@ _SECTIONS: dict[str, type[_Section]] = {
 }
 
 
+# Each section's field defaults: `to_toml` leaves out a None only where None is the default.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    section: {field.name: field.default for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for section, cls in _SECTIONS.items()
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Everything a run is built from, as plain data: the model, the data, the optimizer
@@ -40,9 +47,10 @@ class RunConfig:
 
     `to_dict` gives `{"model": {...}, "data": {...}, "optim": {...}, "trainer": {...}}`
     and `from_dict` reads it back equal; `to_toml`/`dump_toml` write a TOML file that
-    `load`/`from_toml` read back equal. TOML has no null, so a missing key means the
-    field's default and `None` fields are left out; a `None` inside `kwargs` cannot be
-    written to TOML and raises (leave the key out instead).
+    `load`/`from_toml` read back equal (`dew config show` prints it). TOML has no null, so
+    a missing key means the field's default and a `None` field whose default is `None` is
+    left out; a `None` inside `kwargs` cannot be written to TOML and raises (leave the key
+    out instead; decision 0021). `load` also reads a run folder or its `run.json`.
 
     ```python
     >>> from dew.registry import datasets
@@ -135,7 +143,22 @@ class RunConfig:
     @classmethod
     def from_run_record(cls, path: str | os.PathLike) -> "RunConfig":
         """The configuration a run folder's `run.json` records (`path`: the folder or
-        the file)."""
+        the file): the resolved configuration the run trained, its `trainer.name` the
+        run's name. A run.json written before the `optimizer` section became `optim`
+        reads the same. `load` does this for a folder or a `.json` file.
+
+        ```python
+        >>> import pathlib, tempfile
+        >>> from dew.config import builtin
+        >>> from dew.telemetry.records import RunRecord
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> config = builtin("tiny_lm")
+        >>> _ = (folder / "run.json").write_text(RunRecord(**config.to_dict()).to_json())
+        >>> RunConfig.from_run_record(folder) == config == RunConfig.load(folder)
+        True
+
+        ```
+        """
         return cls.from_dict(_recipe.run_record_sections(path))
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,7 +199,8 @@ class RunConfig:
             for key, value in values.items():
                 if isinstance(value, dict):
                     tables[key] = value
-                elif value is not None:
+                elif value is not None or _DEFAULTS[section].get(key, ...) is not None:
+                    # None is left out where it is the default (TOML has no null): decision 0021
                     lines.append(f"{_toml_key(key)} = {_toml_value(value, f'{section}.{key}')}")
             for key, table in tables.items():
                 if table:
@@ -201,7 +225,10 @@ class RunConfig:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "RunConfig":
-        """The config in the TOML file at `path`."""
+        """The config at `path`: a TOML file (`dump_toml`, `dew config show`), or a run
+        folder or its `run.json` (a file named `*.json`), read by `from_run_record`."""
+        if os.path.isdir(path) or os.fspath(path).endswith(".json"):
+            return cls.from_run_record(path)
         with open(path, "rb") as file:
             try:
                 values = tomllib.load(file)

@@ -62,23 +62,20 @@ def run_folder(config: "RunConfig", name: str) -> tuple[str, pathlib.Path]:
 
 
 def _record(config: "RunConfig") -> RunRecord:
-    plain = config.to_dict()
-    return RunRecord(
-        model=plain["model"],
-        data=plain["data"],
-        optimizer=plain["optim"],
-        trainer=plain["trainer"],
-        objective=plain.get("objective", {}),
-    )
+    return RunRecord(**config.to_dict())  # one field per section, under the section's name
 
 
 def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
-    """The `run_record` mapping in a run folder's run.json; errors name the file."""
+    """The `run_record` mapping in a run folder's run.json, its sections under `RunConfig`'s
+    names (a run.json written before `optimizer` became `optim` reads as `optim`); errors
+    name the file."""
     saved = read_json(path, "run.json (a RunRecord's JSON)")
     if not isinstance(saved, dict) or saved.get("type") != "run_record":
         kind = saved.get("type") if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"{path} holds a {kind!r} record, not a run_record.")
-    missing = [key for key in ("model", "data", "optimizer", "trainer") if key not in saved]
+    old = {key: new for key, new in RunRecord.renamed.items() if key in saved and new not in saved}
+    saved = {old.get(key, key): value for key, value in saved.items()}
+    missing = [key for key in ("model", "data", "optim", "trainer") if key not in saved]
     if missing:
         raise ValueError(f"{path} is not a whole run_record: it lacks {', '.join(missing)}.")
     return saved
@@ -99,7 +96,7 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> None:
     fresh = record.to_dict()
     differing = [
         field
-        for field in ("model", "data", "optimizer", "trainer", "objective")
+        for field in ("model", "data", "optim", "trainer", "objective")
         if saved.get(field, {}) != fresh.get(field, {})
     ]
     if differing:
@@ -220,12 +217,7 @@ def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(f"no run.json at {str(path)!r}: is this a run folder?")
     saved = _read_run_record(path)
-    plain = {
-        "model": saved["model"],
-        "data": saved["data"],
-        "optim": saved["optimizer"],
-        "trainer": saved["trainer"],
-    }
+    plain = {section: saved[section] for section in ("model", "data", "optim", "trainer")}
     if saved.get("objective"):
         plain["objective"] = saved["objective"]
     return plain

@@ -82,6 +82,8 @@ class Record:
     """Base of the typed run records. `type` is the record's stable JSON name."""
 
     type: ClassVar[str]
+    renamed: ClassVar[Mapping[str, str]] = {}
+    """Old field names a record's JSON may still use, and the fields they now are."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -119,6 +121,8 @@ def record_from_dict(data: Mapping[str, Any]) -> Record:
         allowed = ", ".join(repr(name) for name in sorted(_RECORD_TYPES))
         raise ValueError(f"unknown record type {kind!r}; known types are {allowed}.")
     cls = _RECORD_TYPES[kind]
+    old = {key: new for key, new in cls.renamed.items() if key in data and new not in data}
+    data = {old.get(key, key): value for key, value in data.items()}
     names = {field.name for field in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names - {"type"})
     if unknown:
@@ -146,12 +150,15 @@ def package_versions(
 
 @dataclasses.dataclass(frozen=True)
 class RunRecord(Record):
-    """The resolved configuration of a run and the package versions it ran with."""
+    """The resolved configuration of a run and the package versions it ran with: one field
+    per `RunConfig` section, under the section's name (`optim`; records written before it
+    was renamed say `optimizer`, which `record_from_dict` still reads)."""
 
     type: ClassVar[str] = "run_record"
+    renamed: ClassVar[Mapping[str, str]] = {"optimizer": "optim"}
     model: Mapping[str, Any]
     data: Mapping[str, Any]
-    optimizer: Mapping[str, Any]
+    optim: Mapping[str, Any]
     trainer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     packages: Mapping[str, str] = dataclasses.field(default_factory=package_versions)
     objective: Mapping[str, Any] = dataclasses.field(default_factory=dict)
