@@ -34,6 +34,7 @@ from dew.cli._errors import _caused_by_user, _message
 from dew.cli._inputs import _config_arguments
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
+from dew.cli._plot import _plot
 
 __all__ = ["main"]
 
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if settings is not None:
                 _join(settings)
                 joined = True
-        commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
+        commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs, "plot": _plot}
         return commands[args.command](args)
 
     try:

@@ -21,27 +21,31 @@ def _matplotlib():
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError as error:
         raise ImportError(
-            "plots need matplotlib: install dew-ml[plots] (pip install 'dew-ml[plots]')."
+            "plots need matplotlib: install dew-ml[plots] (pip install 'dew-ml[plots]').",
+            name="matplotlib",
         ) from error
-    return Figure, FigureCanvasAgg
+    return Figure, FigureCanvasAgg, MaxNLocator
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def plot_journal(path: str | os.PathLike[str]) -> list[pathlib.Path]:
+def plot_journal(path: str | os.PathLike[str], *, run: str | None = None) -> list[pathlib.Path]:
     """Render `plots/<metric>.png` for every bare metric in a LocalTracker folder.
 
-    Each `(stage, split)` that reported the metric is its own series. Non-finite
-    values are left out of the line segments (the line breaks there) and marked
-    with a labelled marker at the edge of the plot; their exact values stay in
-    the journal. Returns the files written.
+    Each `(stage, split)` that reported the metric is its own series. Each chart is
+    titled `<run>: <metric>` (`run` defaults to the folder's name) and its step axis has
+    integer ticks. Non-finite values are left out of the line segments (the line breaks
+    there) and marked with a labelled marker at the edge of the plot; their exact values
+    stay in the journal. Returns the files written, sorted by metric.
     """
-    figure_class, canvas_class = _matplotlib()
+    figure_class, canvas_class, locator = _matplotlib()
     path = pathlib.Path(path)
+    run = path.resolve().name if run is None else run
     journal = read_journal(path)
     by_metric: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for tag, series in journal.scalars.items():
@@ -81,7 +85,8 @@ def plot_journal(path: str | os.PathLike[str]) -> list[pathlib.Path]:
                     fontsize=7,
                     color=colour,
                 )
-        axes.set_title(metric)
+        axes.set_title(f"{run}: {metric}")
+        axes.xaxis.set_major_locator(locator(integer=True))
         axes.set_xlabel("step")
         axes.set_ylabel(metric)
         axes.grid(alpha=0.3)
