@@ -19,7 +19,7 @@ def _run_name(folder: pathlib.Path) -> str:
 def _plot(args: argparse.Namespace) -> int:
     """Render `<run>/plots/<metric>.png` for every bare metric of a run's journal and say
     where they went; a folder without a journal is the user's error."""
-    from dew.tracking.plots import plot_journal
+    from dew.tracking import plots
 
     folder = pathlib.Path(args.run_dir)
     if not folder.is_dir():
@@ -29,7 +29,7 @@ def _plot(args: argparse.Namespace) -> int:
             f"{str(folder)!r} has no journal (scalars.jsonl): give a run folder, one that "
             "dew train wrote (dew runs lists them)."
         )
-    written = plot_journal(folder, run=_run_name(folder))
+    written = plots.plot_journal(folder, run=_run_name(folder))
     if not written:
         _say(f"nothing to plot: {folder / 'scalars.jsonl'} holds no metrics yet")
         return 0

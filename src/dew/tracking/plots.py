@@ -8,13 +8,14 @@ import math
 import os
 import pathlib
 import re
+from typing import Any
 
 import numpy as np
 
 from dew.naming import parse_metric_tag
 from dew.tracking._journal import read_journal
 
-__all__ = ["plot_journal"]
+__all__ = ["journal_figures", "plot_journal"]
 
 
 def _matplotlib():
@@ -34,14 +35,15 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def plot_journal(path: str | os.PathLike[str], *, run: str | None = None) -> list[pathlib.Path]:
-    """Render `plots/<metric>.png` for every bare metric in a LocalTracker folder.
+def journal_figures(path: str | os.PathLike[str], *, run: str | None = None) -> dict[str, Any]:
+    """One matplotlib `Figure` (on an Agg canvas) per bare metric of a LocalTracker
+    folder's journal, keyed by the metric and sorted; what `plot_journal` saves.
 
     Each `(stage, split)` that reported the metric is its own series. Each chart is
     titled `<run>: <metric>` (`run` defaults to the folder's name) and its step axis has
     integer ticks. Non-finite values are left out of the line segments (the line breaks
     there) and marked with a labelled marker at the edge of the plot; their exact values
-    stay in the journal. Returns the files written, sorted by metric.
+    stay in the journal.
     """
     figure_class, canvas_class, locator = _matplotlib()
     path = pathlib.Path(path)
@@ -52,9 +54,7 @@ def plot_journal(path: str | os.PathLike[str], *, run: str | None = None) -> lis
         parsed = parse_metric_tag(tag)
         label = f"{parsed.stage}/{parsed.split.value}"
         by_metric.setdefault(parsed.metric, {})[label] = series
-    out = path / "plots"
-    out.mkdir(exist_ok=True)
-    written = []
+    figures = {}
     for metric, series_by_label in sorted(by_metric.items()):
         figure = figure_class(figsize=(6.4, 4.0), dpi=100)
         canvas_class(figure)
@@ -87,11 +87,29 @@ def plot_journal(path: str | os.PathLike[str], *, run: str | None = None) -> lis
                 )
         axes.set_title(f"{run}: {metric}")
         axes.xaxis.set_major_locator(locator(integer=True))
+        low, high = axes.get_xlim()
+        if high - low < 2.0:  # a metric of one or two steps: room for integer ticks
+            left = max((low + high) / 2.0 - 1.0, -0.5)
+            axes.set_xlim(left, left + 2.0)
         axes.set_xlabel("step")
         axes.set_ylabel(metric)
         axes.grid(alpha=0.3)
         axes.legend()
         figure.tight_layout()
+        figures[metric] = figure
+    return figures
+
+
+def plot_journal(path: str | os.PathLike[str], *, run: str | None = None) -> list[pathlib.Path]:
+    """Render `plots/<metric>.png` for every bare metric in a LocalTracker folder (the
+    figures of `journal_figures`, titled `<run>: <metric>`, `run` defaulting to the
+    folder's name). Returns the files written, sorted by metric.
+    """
+    figures = journal_figures(path, run=run)
+    out = pathlib.Path(path) / "plots"
+    out.mkdir(exist_ok=True)
+    written = []
+    for metric, figure in figures.items():
         target = out / f"{_safe(metric)}.png"
         figure.savefig(target)
         written.append(target)
