@@ -263,3 +263,14 @@ def test_dew_sweep_gives_each_trial_its_trackers_and_one_hint(tmp_path, capsys):
         events.Reload()
         journal = read_journal(sweep / trial)
         assert sorted(events.Tags()["scalars"]) == sorted(journal.scalars)
+
+
+@pytest.mark.slow
+def test_a_store_mlflow_cannot_open_is_one_line_and_exit_2(tmp_path, capsys):
+    pytest.importorskip("mlflow")
+    config = _write_config(tmp_path)
+    arguments = ["train", str(config), "--tracker", "mlflow", "--mlflow-uri", "bogus://x"]
+    assert main([*arguments, "--quiet"]) == 2
+    (error,) = capsys.readouterr().err.splitlines()
+    assert error.startswith("dew train: MLflow cannot open the store 'bogus://x': ")
+    assert "unsupported URI 'bogus://x'" in error

@@ -7,6 +7,10 @@
   ledger; several `dew sweep --search optuna --storage URL` workers share one study.
 - `dew eval RUN_DIR`: score a run's latest checkpoint on its validation data.
 - `dew runs [FOLDER]`: a table of the runs under a folder with their final metrics.
+- `dew plot RUN_DIR`: render a run's plots from its local journal (`_plot`).
+
+`dew train` and `dew sweep` take `--tracker local,tensorboard,mlflow,wandb` (`_trackers`):
+the trackers added to the run folder's local journal, which is always written.
 
 `dew train`, `dew sweep` and `dew eval` run as several processes of one `jax.distributed`
 run: `--processes N` starts N local processes (`dew._launch`); on a cluster each process

@@ -116,12 +116,24 @@ def _build(name: str, args: argparse.Namespace, config: Any, folder: pathlib.Pat
 
         return TensorBoardTracker(folder / TENSORBOARD_FOLDER)
     if name == "mlflow":
+        from mlflow.exceptions import MlflowException
+
         from dew.tracking.mlflow import MLflowTracker
 
-        return MLflowTracker(group, run, uri=_store(args, config))
+        store = _store(args, config)
+        try:
+            return MLflowTracker(group, run, uri=store)
+        except MlflowException as error:  # a store MLflow cannot open is the user's to fix
+            message = error.message.strip()
+            raise ValueError(f"MLflow cannot open the store {store!r}: {message}") from error
+    import wandb.errors
+
     from dew.tracking.wandb import WandbTracker
 
-    return WandbTracker(group, run, offline=bool(args.wandb_offline), dir=folder)
+    try:
+        return WandbTracker(group, run, offline=bool(args.wandb_offline), dir=folder)
+    except wandb.errors.Error as error:  # not logged in, a bad project name, ...
+        raise ValueError(f"W&B cannot start the run: {error}") from error
 
 
 class _OnFirstReport(AbstractRunTracker):
