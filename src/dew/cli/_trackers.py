@@ -141,12 +141,15 @@ class _OnFirstReport(AbstractRunTracker):
     run folder, so a run it refuses leaves no event file or MLflow or W&B run behind."""
 
     def __init__(self, build: Callable[[], Tracker]) -> None:
-        self._build = build
+        self._build: Callable[[], Tracker] | None = build
         self._tracker: Tracker | None = None
 
     def _open(self) -> Tracker:
         if self._tracker is None:
-            self._tracker = self._build()
+            build, self._build = self._build, None  # built once: a failed build is not retried
+            if build is None:
+                raise RuntimeError("the --tracker trackers failed to open; they record nothing.")
+            self._tracker = build()
         return self._tracker
 
     def _describe(self) -> str:
