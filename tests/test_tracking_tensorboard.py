@@ -107,12 +107,14 @@ def test_one_event_per_report_and_plugin_metadata_only_on_a_tags_first_value(tmp
     events = _summary_events(tmp_path)
     assert [event.step for event in events] == [0, 1, 2]
     for index, event in enumerate(events):
+        layout = ["custom_scalars__config__"] if index == 0 else []  # new tags: a new layout
         assert [value.tag for value in event.summary.value] == [
             "lm/train/loss",
             "lm/train/accuracy",
+            *layout,
         ]
         plugins = {value.metadata.plugin_data.plugin_name for value in event.summary.value}
-        assert plugins == ({"scalars"} if index == 0 else {""})
+        assert plugins == ({"scalars", "custom_scalars"} if index == 0 else {""})
 
 
 def test_params_become_a_markdown_table_and_hparams_with_unstorable_values_as_strings(tmp_path):
@@ -373,6 +375,7 @@ def test_every_kind_goes_to_one_event_file_flushed_before_each_call_returns(tmp_
     assert sorted(tags["tensors"]) == [
         "_hparams_/session_start_info",
         "artifacts/notes",
+        "custom_scalars__config__",
         "params",
         "reporting/fit_ended",
         "validation/text/tokens",

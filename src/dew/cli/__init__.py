@@ -9,6 +9,10 @@
 - `dew runs [FOLDER]`: a table of the runs under a folder with their final metrics.
 - `dew config show [CONFIG]`: a configuration (a built-in name, a TOML file, a run folder)
   as the TOML `dew train` reads; `dew --version` prints dew's version.
+- `dew plot RUN_DIR`: render a run's plots from its local journal (`_plot`).
+
+`dew train` and `dew sweep` take `--tracker local,tensorboard,mlflow,wandb` (`_trackers`):
+the trackers added to the run folder's local journal, which is always written.
 
 `dew train`, `dew sweep` and `dew eval` run as several processes of one `jax.distributed`
 run: `--processes N` starts N local processes (`dew._launch`); on a cluster each process
@@ -37,6 +41,7 @@ from dew.cli._errors import _caused_by_user, _message
 from dew.cli._inputs import _config_arguments
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
+from dew.cli._plot import _plot
 
 __all__ = ["main"]
 
@@ -90,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if settings is not None:
                 _join(settings)
                 joined = True
-        commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs}
+        commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs, "plot": _plot}
         commands["config"] = _config
         return commands[args.command](args)
 

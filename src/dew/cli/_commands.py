@@ -37,12 +37,16 @@ def _train_config(args: argparse.Namespace) -> Any:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from dew.cli._trackers import open_trackers, tensorboard_hint
     from dew.config._recipe import run_folder
 
     config = _train_config(args)
     name = config.trainer.name
     _, metrics, _ = _default_metrics(config)
-    state = config.train(metrics=metrics, progress=not args.quiet)
+    with open_trackers(
+        args, config, announce=lambda logdir: _say(tensorboard_hint(logdir))
+    ) as tracker:
+        state = config.train(metrics=metrics, progress=not args.quiet, tracker=tracker)
     _, folder = run_folder(config, name)
     _say(f"step {int(state.step)}  {_summary(state.metric_history)}")
     _say(f"run folder {folder}")
@@ -136,22 +140,32 @@ def _sweep_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 def _sweep(args: argparse.Namespace) -> int:
     from dew._processes import is_process_zero
+    from dew.cli._trackers import checked_trackers, open_trackers, tensorboard_hint
     from dew.config._recipe import run_folder
     from dew.config.sweep import sweep
     from dew.tracking import LocalTracker
 
     config, space = _sweep_inputs(args)
+    checked_trackers(args)  # --mlflow-uri without mlflow is the user's before anything is written
     _, metrics, _ = _default_metrics(config)
     metric = args.metric or (metrics[0].name if metrics else "loss")
     _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
     ledger = args.ledger or str(local / "ledger.json")
     search = _search(args)
 
+    hinted: list[pathlib.Path] = []  # the trials' event files: one line for all of them
+
+    def announce(logdir: pathlib.Path) -> None:
+        if not hinted:
+            hinted.append(logdir)
+            _say(tensorboard_hint(local))
+
     def trial(run: Any) -> float:
         from dew.training import NonFiniteTrainingError
 
         try:
-            state = run.train(metrics=metrics, progress=not args.quiet)
+            with open_trackers(args, run, announce=announce) as tracker:
+                state = run.train(metrics=metrics, progress=not args.quiet, tracker=tracker)
         except NonFiniteTrainingError as error:  # a diverging trial is data, not the end
             _say(f"{run.trainer.name}: {error}", file=sys.stderr)
             return math.nan

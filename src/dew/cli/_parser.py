@@ -13,6 +13,7 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a run configuration (default: tiny_lm)")
     train.add_argument("config", nargs="?", help=f"{_CONFIG_HELP} (default: tiny_lm)")
     _run_options(train)
+    _tracker_options(train)
     _process_options(train)
 
     sweep = commands.add_parser(
@@ -31,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--study-name", help="the Optuna study (needed with --storage)")
     sweep.add_argument("--metric", help="the score: a validation (else training) metric")
     sweep.add_argument("--direction", choices=("minimize", "maximize"), default="minimize")
+    _tracker_options(sweep)
     _process_options(sweep)
 
     evaluate = commands.add_parser("eval", help="score a run's latest checkpoint")
@@ -40,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
 
     runs = commands.add_parser("runs", help="list runs and their final metrics")
     runs.add_argument("folder", nargs="?", default="runs", help="where to look (default runs)")
+
+    plot = commands.add_parser("plot", help="render a run's plots from its local journal")
+    plot.add_argument("run_dir", help="a run folder (it holds scalars.jsonl)")
 
     config = commands.add_parser("config", help="show a run configuration as TOML")
     config_actions = config.add_subparsers(dest="config_action", metavar="ACTION", required=True)
@@ -161,6 +166,33 @@ def _add_examples(parser: argparse.ArgumentParser, words: str = "") -> None:
         if isinstance(action, argparse._SubParsersAction):
             for name, command in action.choices.items():
                 _add_examples(command, f"{words} {name}".strip())
+
+
+def _tracker_options(parser: argparse.ArgumentParser) -> None:
+    from dew.cli._trackers import TRACKERS, tracker_names
+
+    group = parser.add_argument_group(
+        "trackers",
+        "The run folder's local journal is always written; --tracker adds other trackers. "
+        "A sweep gives each trial trackers of its own.",
+    )
+    group.add_argument(
+        "--tracker",
+        type=tracker_names,
+        default="local",
+        metavar="NAMES",
+        help=f"comma-separated, any of {','.join(TRACKERS)} (default local); tensorboard "
+        "writes <run folder>/tensorboard",
+    )
+    group.add_argument(
+        "--mlflow-uri",
+        metavar="URI",
+        help="the MLflow store (default: MLFLOW_TRACKING_URI, else sqlite:///<checkpoint "
+        "dir>/mlflow.db)",
+    )
+    group.add_argument(
+        "--wandb-offline", action="store_true", help="W&B writes the run offline (wandb sync)"
+    )
 
 
 PROCESS_TIMEOUT = 86400.0

@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import pathlib
+import re
 import time
 import types
 from collections.abc import Mapping
@@ -24,12 +25,13 @@ from dew.naming import (
     check_index,
     check_path_segment,
     flatten_parameters,
+    parse_metric_tag,
 )
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._base import AbstractRunTracker
 from dew.tracking._preview import Animation, Picture, Piece, Refusal, TokenTable, render_preview
 
-__all__ = ["TensorBoardTracker"]
+__all__ = ["TensorBoardTracker", "scalars_layout"]
 
 PARAMS_TAG = "params"
 _REFUSAL = Refusal(
@@ -44,6 +46,8 @@ def _tensorboard() -> types.SimpleNamespace:
     """TensorBoard's writer, protos and plugin metadata, imported on first use."""
     try:
         from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.plugins.custom_scalar import layout_pb2
+        from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
         from tensorboard.plugins.histogram import metadata as histogram_metadata
         from tensorboard.plugins.hparams import summary_v2 as hparams_summary
         from tensorboard.plugins.image import metadata as image_metadata
@@ -64,6 +68,9 @@ def _tensorboard() -> types.SimpleNamespace:
         HistogramProto=summary_pb2.HistogramProto,
         make_tensor_proto=tensor_util.make_tensor_proto,
         hparams_pb=hparams_summary.hparams_pb,
+        layout_pb2=layout_pb2,
+        layout_tag=custom_scalar_metadata.CONFIG_SUMMARY_TAG,
+        layout_metadata=custom_scalar_metadata.create_summary_metadata(),
         metadata={
             "scalars": scalar_metadata.create_summary_metadata("", ""),
             "text": text_metadata.create_summary_metadata("", ""),
@@ -71,6 +78,49 @@ def _tensorboard() -> types.SimpleNamespace:
             "histograms": histogram_metadata.create_summary_metadata("", ""),
         },
     )
+
+
+def _is_metric_tag(tag: Any) -> bool:
+    try:
+        parse_metric_tag(tag)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def scalars_layout(tags: Any) -> Any:
+    """The custom_scalars layout (a `tensorboard.plugins.custom_scalar.layout_pb2.Layout`)
+    that draws every split of a stage's metric on one chart.
+
+    One category per stage (its title the stage), one multiline chart per bare metric (its
+    title the metric), whose one tag regex matches exactly that stage's and metric's tags:
+    `^lm/(train|validation)/loss$` for `lm/train/loss` and `lm/validation/loss`, every
+    segment escaped with `re.escape`. Tags that are not metric tags (`stage/split/metric`)
+    are left out. Needs TensorBoard (extra `tensorboard`).
+
+    ```python
+    >>> layout = scalars_layout(["lm/validation/loss", "lm/train/loss", "lm/train/lr"])
+    >>> for category in layout.category:
+    ...     for chart in category.chart:
+    ...         print(category.title, chart.title, list(chart.multiline.tag))
+    lm loss ['^lm/(train|validation)/loss$']
+    lm lr ['^lm/(train)/lr$']
+
+    ```
+    """
+    layout_pb2 = _tensorboard().layout_pb2
+    charts: dict[str, dict[str, set[str]]] = {}
+    for tag in filter(_is_metric_tag, tags):
+        parsed = parse_metric_tag(tag)
+        charts.setdefault(parsed.stage, {}).setdefault(parsed.metric, set()).add(parsed.split)
+    layout = layout_pb2.Layout()
+    for stage, metrics in sorted(charts.items()):
+        category = layout.category.add(title=stage)
+        for metric, splits in sorted(metrics.items()):
+            alternatives = "|".join(re.escape(split) for split in sorted(splits))
+            regex = f"^{re.escape(stage)}/({alternatives})/{re.escape(metric)}$"
+            category.chart.add(title=metric).multiline.tag.append(regex)
+    return layout
 
 
 def _check_step(step: Any) -> int:
@@ -113,6 +163,10 @@ class TensorBoardTracker(AbstractRunTracker):
 
     - `log_metrics`: one event per call at `step`, one scalar summary per metric
       tag (TensorBoard stores scalars as float32; NaN and infinities as they are).
+      Each call that reports a metric tag not seen before also writes TensorBoard's
+      custom_scalars layout (`scalars_layout` of every metric tag so far, under
+      `custom_scalars__config__`), so the Custom Scalars dashboard draws
+      `lm/train/loss` and `lm/validation/loss` as two lines of one chart.
     - `log_params`: a text summary `params` at step 0, a markdown table of the
       flattened parameters logged so far, and the HParams plugin's session
       start info. HParams reads one set of hyperparameters per run, so it is
@@ -160,6 +214,7 @@ class TensorBoardTracker(AbstractRunTracker):
         self._new_tags: list[str] = []  # tags the event being built describes
         self._params: dict[str, Any] = {}
         self._hparams_written = False
+        self._charted: set[str] = set()  # the metric tags the latest layout draws
 
     def _describe(self) -> str:
         return f"TensorBoardTracker({str(self.logdir)!r})"
@@ -222,7 +277,21 @@ class TensorBoardTracker(AbstractRunTracker):
                     f"{type(value).__name__}."
                 ) from None
             self._value(event, tag, "scalars", simple_value=number)
+        charted = {tag for tag in values if tag not in self._charted and _is_metric_tag(tag)}
+        if charted:
+            self._layout(event, self._charted | charted)
         self._write(event)
+        self._charted |= charted
+
+    def _layout(self, event: Any, tags: set[str]) -> None:
+        """Add the custom_scalars layout of `tags` to `event`: TensorBoard reads a run's
+        latest layout, so each rewrite replaces the one before."""
+        encoded = scalars_layout(tags).SerializeToString()
+        event.summary.value.add(
+            tag=self._tb.layout_tag,
+            metadata=self._tb.layout_metadata,
+            tensor=self._tb.make_tensor_proto(encoded, dtype=np.object_),
+        )
 
     def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_path_segment("artifact name", name)

@@ -1,0 +1,205 @@
+"""`--tracker`, `--mlflow-uri` and `--wandb-offline`: the trackers a `dew train` or `dew sweep`
+run reports to beside its local journal.
+
+The local journal (`LocalTracker` in the run folder) is always written: `dew runs`, `dew eval`
+and `dew plot` read it, and run.json comes with it. `--tracker` names the trackers added to it
+(`local` may be named and changes nothing); see docs/decisions/0022-cli-trackers.md. Each run
+(a `dew train` run, each trial of a sweep) gets trackers of its own:
+
+- `tensorboard`: an event file in `<run folder>/tensorboard`;
+- `mlflow`: a run named after the run in the MLflow experiment named after its top-level name
+  (a sweep's trials share the sweep's experiment), in the store `--mlflow-uri`, else
+  `MLFLOW_TRACKING_URI`, else the SQLite database `mlflow.db` beside the run folders;
+- `wandb`: a run of the W&B project named the same way, written under the run folder,
+  offline with `--wandb-offline`.
+
+They are built at the run's first report, once the recipe has checked the run folder; only
+process zero of a multi-process run builds them, the others report to none.
+"""
+
+import argparse
+import contextlib
+import importlib
+import os
+import pathlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from dew.tracking import Tracker
+from dew.tracking._base import AbstractRunTracker
+
+__all__ = [
+    "TRACKERS",
+    "checked_trackers",
+    "open_trackers",
+    "tensorboard_hint",
+    "tracker_names",
+]
+
+TRACKERS = ("local", "tensorboard", "mlflow", "wandb")
+"""The names `--tracker` takes."""
+
+_PACKAGES = {  # a tracker's module, the library's name and the extra that installs it
+    "tensorboard": ("tensorboard", "TensorBoard", "tensorboard"),
+    "mlflow": ("mlflow", "MLflow", "mlflow"),
+    "wandb": ("wandb", "W&B", "wandb"),
+}
+TENSORBOARD_FOLDER = "tensorboard"
+"""The folder of a run's TensorBoard event files, inside its run folder."""
+MLFLOW_DATABASE = "mlflow.db"
+
+
+def tracker_names(text: str) -> tuple[str, ...]:
+    """`--tracker`'s value: a comma-separated list of `TRACKERS`, each once, in order.
+
+    An unknown name, or a tracker whose library is not installed, is an argument error
+    (exit status 2) naming it and what is allowed or which extra installs it.
+    """
+    names: list[str] = []
+    for name in (part.strip() for part in text.split(",")):
+        if name not in TRACKERS:
+            shown = f"unknown tracker {name!r}" if name else "an empty tracker name"
+            raise argparse.ArgumentTypeError(
+                f"{shown} in {text!r}; choose from {', '.join(TRACKERS)} "
+                "(a comma-separated list, e.g. local,tensorboard)"
+            )
+        if name not in names:
+            names.append(name)
+    for name in names:
+        if name in _PACKAGES:
+            module, library, extra = _PACKAGES[name]
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                raise argparse.ArgumentTypeError(
+                    f"--tracker {name} needs {library}, which is not installed: install "
+                    f"dew-ml[{extra}] (pip install 'dew-ml[{extra}]')"
+                ) from None
+    return tuple(names)
+
+
+def checked_trackers(args: argparse.Namespace) -> tuple[str, ...]:
+    """The trackers `args` add to the local journal; an option for a tracker not asked
+    for raises `ValueError`."""
+    names = tuple(getattr(args, "tracker", None) or ("local",))
+    if getattr(args, "mlflow_uri", None) is not None and "mlflow" not in names:
+        raise ValueError(
+            f"--mlflow-uri is for the MLflow tracker; add mlflow to --tracker (got "
+            f"--tracker {','.join(names)})."
+        )
+    if getattr(args, "wandb_offline", False) and "wandb" not in names:
+        raise ValueError(
+            f"--wandb-offline is for the W&B tracker; add wandb to --tracker (got "
+            f"--tracker {','.join(names)})."
+        )
+    return tuple(name for name in names if name != "local")
+
+
+def _store(args: argparse.Namespace, config: Any) -> str:
+    """`--mlflow-uri`, else `MLFLOW_TRACKING_URI`, else `<runs root>/mlflow.db` (SQLite)."""
+    from dew.config._recipe import LOCAL_ROOT, is_uri
+
+    if args.mlflow_uri is not None:
+        return args.mlflow_uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    root = config.trainer.checkpoint_dir
+    folder = pathlib.Path(LOCAL_ROOT if is_uri(root) else root)
+    return f"sqlite:///{(folder / MLFLOW_DATABASE).resolve()}"
+
+
+def _build(name: str, args: argparse.Namespace, config: Any, folder: pathlib.Path) -> Any:
+    run = config.trainer.name
+    group = run.split("/")[0]  # a sweep's trials `<sweep>/trial-<i>` share the sweep's
+    if name == "tensorboard":
+        from dew.tracking.tensorboard import TensorBoardTracker
+
+        return TensorBoardTracker(folder / TENSORBOARD_FOLDER)
+    if name == "mlflow":
+        from mlflow.exceptions import MlflowException
+
+        from dew.tracking.mlflow import MLflowTracker
+
+        store = _store(args, config)
+        try:
+            return MLflowTracker(group, run, uri=store)
+        except MlflowException as error:  # a store MLflow cannot open is the user's to fix
+            message = error.message.strip()
+            raise ValueError(f"MLflow cannot open the store {store!r}: {message}") from error
+    import wandb.errors
+
+    from dew.tracking.wandb import WandbTracker
+
+    try:
+        return WandbTracker(group, run, offline=bool(args.wandb_offline), dir=folder)
+    except wandb.errors.Error as error:  # not logged in, a bad project name, ...
+        raise ValueError(f"W&B cannot start the run: {error}") from error
+
+
+class _OnFirstReport(AbstractRunTracker):
+    """A tracker built when the run first reports to it: after the recipe has checked the
+    run folder, so a run it refuses leaves no event file or MLflow or W&B run behind."""
+
+    def __init__(self, build: Callable[[], Tracker]) -> None:
+        self._build: Callable[[], Tracker] | None = build
+        self._tracker: Tracker | None = None
+
+    def _open(self) -> Tracker:
+        if self._tracker is None:
+            build, self._build = self._build, None  # built once: a failed build is not retried
+            if build is None:
+                raise RuntimeError("the --tracker trackers failed to open; they record nothing.")
+            self._tracker = build()
+        return self._tracker
+
+    def _describe(self) -> str:
+        return "the --tracker trackers"
+
+    def _log_params(self, values: Mapping[str, Any]) -> None:
+        self._open().log_params(values)
+
+    def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
+        self._open().log_metrics(values, step=step)
+
+    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
+        self._open().log_artifact(name, value, step=step)
+
+    def _close(self) -> None:  # what it built is closed by `open_trackers`
+        pass
+
+
+@contextlib.contextmanager
+def open_trackers(
+    args: argparse.Namespace,
+    config: Any,
+    *,
+    announce: Callable[[pathlib.Path], None] | None = None,
+) -> Iterator[Tracker | None]:
+    """The trackers `--tracker` adds for the run `config.trainer.name`, as one tracker for
+    `RunConfig.train(tracker=...)`: `None` when there are none, and on every process but
+    zero. They are built at the run's first report (`announce` is then called with the
+    TensorBoard event folder) and closed when the block ends; a block that raises ends the
+    MLflow and W&B runs failed."""
+    from dew._processes import is_process_zero
+    from dew.config._recipe import run_folder
+    from dew.tracking import Trackers
+
+    names = checked_trackers(args)
+    if not names or not is_process_zero():
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+
+        def build() -> Tracker:
+            _, folder = run_folder(config, config.trainer.name)
+            built = [stack.enter_context(_build(name, args, config, folder)) for name in names]
+            if "tensorboard" in names and announce is not None:
+                announce(folder / TENSORBOARD_FOLDER)
+            return built[0] if len(built) == 1 else Trackers(*built)
+
+        yield _OnFirstReport(build)
+
+
+def tensorboard_hint(folder: str | os.PathLike[str]) -> str:
+    """The line that tells how to view the event files under `folder`."""
+    return f"TensorBoard: tensorboard --logdir {folder}"
