@@ -18,7 +18,7 @@ from dew.tracking.plots import journal_figures
 def _journal(folder, name="my-run"):
     """A run folder as `dew train` leaves it: run.json and a journal of three steps."""
     with LocalTracker(folder) as tracker:
-        record = RunRecord(model={}, data={}, optimizer={}, trainer={"name": name})
+        record = RunRecord(model={}, data={}, optim={}, trainer={"name": name})
         tracker.log_artifact("run_record", record)
         for step, loss in enumerate([2.0, 1.5, float("nan")]):
             tracker.log_metrics({"lm/train/loss": loss}, step=step)
