@@ -318,8 +318,8 @@ def test_a_run_json_written_before_trainer_preview_existed_still_resumes(tmp_pat
     saved = json.loads(record.read_text())
     del saved["trainer"]["preview"]  # as an earlier dew wrote it
     record.write_text(json.dumps(saved))
-    longer = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, steps=3))
+    other = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, log_every=2))
     with pytest.raises(ValueError, match="sections that differ: trainer"):
-        longer.train(progress=False)  # a real difference is still refused
+        other.train(progress=False)  # a real difference is still refused (steps is none)
     state = config.train(progress=False)  # the same run: resumes
     assert int(state.step) == 2

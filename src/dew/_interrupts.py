@@ -4,14 +4,40 @@ Python raises `KeyboardInterrupt` wherever the main thread is when SIGINT arrive
 is a finalizer (a `__del__` or a weakref callback, which JAX, orbax and dew's caches all
 have), Python prints "Exception ignored in ..." and carries on, and a training run that was
 told to stop keeps going. `InterruptLatch` keeps the default behaviour (raise at once) and
-also remembers the signal, so the loop raises it at its next step if it was lost.
+also remembers the signal, so the loop raises it at its next step if it was lost, and it can
+hold the signal back while a compiled step is dispatched (`deferred`), so an interrupt never
+leaves the loop with a step's donated input and no output. `FitInterrupted` is the
+`KeyboardInterrupt` a fit raises: it names the last completed step and whether a checkpoint of
+it was saved.
 """
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType, TracebackType
 
-__all__ = ["InterruptLatch"]
+__all__ = ["FitInterrupted", "InterruptLatch"]
+
+
+class FitInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a fit: a `KeyboardInterrupt` (every `except KeyboardInterrupt` still
+    catches it) that says where.
+
+    - `step`: the last step that completed.
+    - `saved`: the step of the checkpoint a new fit with the same `checkpoint_dir` resumes
+      from, when one was saved or found (`None`: no checkpoint directory, or a second
+      Ctrl-C stopped the save of `step`, so the latest complete checkpoint is unknown).
+    """
+
+    def __init__(self, step: int, saved: int | None) -> None:
+        super().__init__(step, saved)
+        self.step = step
+        self.saved = saved
+
+    def __str__(self) -> str:
+        where = "no checkpoint saved" if self.saved is None else f"resumes from step {self.saved}"
+        return f"interrupted at step {self.step}; {where}"
 
 
 class InterruptLatch:
@@ -39,10 +65,24 @@ class InterruptLatch:
         self.pending = False
         self._previous: object = None
         self._installed = False
+        self._holding = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.pending = True
-        raise KeyboardInterrupt
+        if not self._holding:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Inside, SIGINT is only latched; it is raised on leaving (a swallowed or held
+        signal alike). A Ctrl-C during a compiled step's dispatch thus lands after the
+        step's outputs are bound, never between its input's donation and its return."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        self.check()
 
     def check(self) -> None:
         """Raise `KeyboardInterrupt` if SIGINT arrived and was swallowed."""

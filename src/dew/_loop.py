@@ -153,6 +153,10 @@ class LoopEngine:
         else:
             self.bar.write(line)
 
+    def deferred(self) -> contextlib.AbstractContextManager[None]:
+        """Hold a Ctrl-C back while inside (a compiled step's dispatch); raise it on leaving."""
+        return self._latch.deferred()
+
     def advance(self, units: int = 1) -> None:
         """Move the progress bar; raise a Ctrl-C that arrived during the step and was lost."""
         self._latch.check()

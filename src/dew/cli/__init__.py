@@ -54,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     A user-caused failure (a missing, misplaced or unwritable path, a bad value or file) is
     one line `dew <command>: <message>` on stderr and exit status 2; Ctrl-C is one line and
     exit status 130, and a run or sweep it stops resumes when the command runs again. Other
-    errors are bugs and keep their traceback.
+    errors are bugs and keep their traceback. `dew train`'s Ctrl-C line names the step the
+    fit stopped at (a checkpoint of it is saved) and the step the same command resumes from.
 
     `--processes N` runs the command as N local processes (`dew._launch.launch`); the
     cluster flags and variables (`cluster_settings`) join this process to a multi-process
@@ -132,16 +133,33 @@ def _outcome(args: argparse.Namespace, launched: bool, run: Callable[[], int]) -
     """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status."""
     try:
         return run()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if not launched:  # a launched process leaves the one line to its launcher
-            resume = "; run the same command again to resume" if args.command in _RESUMABLE else ""
-            print(f"dew {args.command}: interrupted{resume}", file=sys.stderr)
+            print(f"dew {args.command}: {_interrupted(args.command, interrupt)}", file=sys.stderr)
         return 130
     except Exception as error:
         if not _caused_by_user(error):
             raise
         print(f"dew {args.command}: {_message(error)}", file=sys.stderr)
         return 2
+
+
+def _interrupted(command: str, interrupt: KeyboardInterrupt) -> str:
+    """The one line after Ctrl-C: the step a `dew train` fit stopped at and the step the
+    same command resumes from, when the fit said (`dew.training.FitInterrupted`)."""
+    from dew._interrupts import FitInterrupted
+
+    if command not in _RESUMABLE:
+        return "interrupted"
+    if command != "train" or not isinstance(interrupt, FitInterrupted):
+        return "interrupted; run the same command again to resume"
+    if interrupt.saved is not None:
+        resume = f"the same command resumes from step {interrupt.saved}"
+    elif interrupt.step == 0:
+        resume = "the same command starts the run"
+    else:  # a second Ctrl-C cut the save short
+        resume = "the same command resumes from the latest complete checkpoint"
+    return f"interrupted at step {interrupt.step}; {resume}"
 
 
 def _leave(code: int) -> NoReturn:

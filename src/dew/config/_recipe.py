@@ -4,7 +4,9 @@ Layout of a run named `name` with `trainer.checkpoint_dir = root`:
 
 - `root/name/run.json`: the `RunRecord` (the resolved configuration and the package
   versions), written when the run first starts and never overwritten;
-- `root/name/checkpoints/<step>/`: orbax checkpoints; a run started again resumes here;
+- `root/name/checkpoints/<step>/`: orbax checkpoints; a run started again resumes here,
+  to its new `trainer.steps` when that is larger (the step budget is no part of a run's
+  identity: a `step_budget` line in records.jsonl notes the change; decision 0020);
 - `root/name/scalars.jsonl`, `records.jsonl`, `params.json`: the `LocalTracker` journals.
 
 When `root` is a URI (`gs://bucket/runs`), the checkpoints go there and the local
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["run_folder", "train_run"]
 
 LOCAL_ROOT = "runs"
+STEP_BUDGET = "step_budget"
+"""The journal artifact noting a run continued to another step total (decision 0020)."""
 
 
 def is_uri(path: str) -> bool:
@@ -81,11 +85,13 @@ def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
     return saved
 
 
-def _check_same_run(folder: pathlib.Path, record: RunRecord) -> None:
-    """A run folder's existing run.json must describe the same configuration."""
+def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] | None:
+    """A run folder's existing run.json must describe the same configuration, but for
+    `trainer.steps`: the step budget is no part of a run's identity (a larger one extends
+    the run). Returns the saved record (`None`: a new run)."""
     path = folder / "run.json"
     if not path.exists():
-        return
+        return None
     saved = _read_run_record(path)
     # A trainer field added since the record was written reads as its default there.
     defaults = {
@@ -94,10 +100,17 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> None:
     if isinstance(saved.get("trainer"), dict):
         saved = {**saved, "trainer": {**defaults, **saved["trainer"]}}
     fresh = record.to_dict()
+
+    def identity(section: str, plain: dict[str, Any]) -> Any:
+        value = plain.get(section, {})
+        if section == "trainer" and isinstance(value, dict):
+            return {key: item for key, item in value.items() if key != "steps"}
+        return value
+
     differing = [
         field
         for field in ("model", "data", "optim", "trainer", "objective")
-        if saved.get(field, {}) != fresh.get(field, {})
+        if identity(field, saved) != identity(field, fresh)
     ]
     if differing:
         raise ValueError(
@@ -105,6 +118,38 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> None:
             f"{', '.join(differing)}), and a run's run.json is never overwritten: give this "
             "run another trainer.name (or name=), or remove that folder to start it over."
         )
+    return saved
+
+
+def _step_budget(
+    folder: pathlib.Path, checkpoints: str, saved: dict[str, Any] | None, steps: int
+) -> dict[str, int] | None:
+    """An existing run asked for another step total: the note the journal keeps of it
+    (`None`: a new run, or the same total). A total below the run's latest checkpoint
+    raises, naming both."""
+    if saved is None:
+        return None
+    from dew.checkpoints import _orbax
+    from dew.tracking import read_journal
+
+    # The finished steps, read from the folder by this process alone (a CheckpointManager
+    # would wait for the other processes of a multi-process run).
+    latest = max(_orbax().utils.checkpoint_steps(checkpoints), default=None)
+    if latest is not None and latest > steps:
+        raise ValueError(
+            f"the run at {folder} is at step {latest} (its latest checkpoint), past "
+            f"trainer.steps={steps} (--steps): a run is extended, never shortened; train it "
+            f"to {latest} steps or more (it continues from step {latest}), or give this run "
+            "another trainer.name."
+        )
+    previous = saved["trainer"].get("steps")  # the total of the latest fit, else run.json's
+    if (folder / "records.jsonl").exists():
+        for _, _, entry in read_journal(folder).records:
+            if entry.type == "fit_started":
+                previous = entry.steps
+    if previous == steps:
+        return None
+    return {"from_step": latest or 0, "steps": steps, "previous_steps": previous}
 
 
 def build_objective(
@@ -164,9 +209,12 @@ def train_run(
     checkpoints, folder = run_folder(config, name)
     record = _record(config)
     writing = is_process_zero()  # the other processes of a multi-process run write nothing
+    budget = None
     if writing:
         try:
-            _check_same_run(folder, record)
+            budget = _step_budget(
+                folder, checkpoints, _check_same_run(folder, record), settings.steps
+            )
             # A file where a folder goes fails here, before training, not in orbax's threads.
             for needed in (folder, *(() if is_uri(checkpoints) else (pathlib.Path(checkpoints),))):
                 needed.mkdir(parents=True, exist_ok=True)
@@ -204,6 +252,8 @@ def train_run(
     with LocalTracker(folder) as local:
         reporting = local if tracker is None else Trackers(local, tracker)
         reporting.log_artifact("run_record", record)  # the local one writes run.json if absent
+        if budget is not None:  # run.json keeps the first total; the journal, each change
+            reporting.log_artifact(STEP_BUDGET, budget, step=budget["from_step"])
         reporting.log_params({"config": config.to_dict()})
         return fit(tracker=reporting)
 

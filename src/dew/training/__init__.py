@@ -1,5 +1,6 @@
 """The trainer, and the names the dew guide imports from `dew.training`: the trackers."""
 
+from dew._interrupts import FitInterrupted as FitInterrupted
 from dew._nonfinite import NonFiniteTrainingError as NonFiniteTrainingError
 from dew.tracking import InMemoryTracker as InMemoryTracker
 from dew.tracking import LocalTracker as LocalTracker
@@ -11,6 +12,7 @@ from dew.training._trainer import Trainer as Trainer
 from dew.training._trainer import key_text as key_text
 
 __all__ = [
+    "FitInterrupted",
     "InMemoryTracker",
     "LocalTracker",
     "MLflowTracker",

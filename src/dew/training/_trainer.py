@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from dew._checks import batch_error, check_integer, failed_check
 from dew._domains import PREVIEW_DOMAIN
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
+from dew._interrupts import FitInterrupted
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew._pass import preview_on_process_zero
@@ -35,6 +36,7 @@ from dew.training._batches import _draw_block, _opened, _stack
 from dew.training._compiled_step import compiled_steps
 from dew.training._placement import ParamSharding, Placement, fit_setup
 from dew.training._profile_window import ProfileWindowTracer
+from dew.training._resume import closed_after_interrupt, last_completed, starting_state
 
 __all__ = ["Trainer"]
 
@@ -117,6 +119,7 @@ class Trainer:
         progress: bool = True,
         steps_per_call: int = 1,
         on_nonfinite: str = "raise",
+        final_eval: bool = True,
     ) -> TrainState:
         """Train to `steps` optimizer steps and return the final state.
 
@@ -125,7 +128,9 @@ class Trainer:
           stay on the device.
         - Evaluation runs every `eval_every` steps only when `data.val` and
           `eval_every` are given and there is something to do: `metrics` to score
-          (`validation_end` events, `<stage>/validation/<metric>`) or a preview.
+          (`validation_end` events, `<stage>/validation/<metric>`) or a preview; and
+          once more at the fit's last step (`steps`, or an early stop) when the cadence
+          missed it, unless `final_eval=False`.
         - Previews (`tracker.log_artifact("samples", ...)`) only with `preview=True`
           and a tracker; the base preview reuses the first scoring artifact. An
           objective that declares no metrics (diffusion) still previews.
@@ -143,7 +148,10 @@ class Trainer:
           save before it returns or raises. When the directory already holds a
           checkpoint, `fit` resumes from the latest one: its state, metric history
           and early-stopping state, and it draws and discards the training batches
-          the saved run had consumed, so the data order continues where it was.
+          the saved run had consumed, so the data order continues where it was. A
+          larger `steps` than the saved fit's continues the run to it; a checkpoint past
+          `steps` raises. Ctrl-C saves the last completed step, then raises
+          `FitInterrupted` (a `KeyboardInterrupt`).
         - `profile`: a `dew.profiling.Profile` window traced with `jax.profiler`; the
           `ProfileWindow` record is reported once the trace has stopped.
         - `steps_per_call` (fused mode, opt-in): run this many steps in one compiled
@@ -204,37 +212,14 @@ class Trainer:
         sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
 
         checkpoints = None
-        stopping: EarlyStoppingState | None = None
-        data_start = None
         if self.checkpoint_dir is not None:
             from dew.checkpoints import Checkpointer
 
             checkpoints = Checkpointer(self.checkpoint_dir)
         try:
-            if checkpoints is not None and checkpoints.latest_step() is not None:
-                if state is not None:
-                    raise ValueError(
-                        f"fit was given state= and checkpoint_dir {self.checkpoint_dir!r} "
-                        f"already holds checkpoints (steps {checkpoints.all_steps()}); resume "
-                        "from the checkpoints without state=, or use a new checkpoint_dir."
-                    )
-                template = self._initial_state()
-                if placement is not None:  # restored straight into the global arrays
-                    template = placement.state(template)
-                state, extra = checkpoints.restore(template)
-                data_start = int(extra.get("data_start", 0))
-                saved = extra.get("early_stopping")
-                if early_stopper is not None and saved is not None:
-                    stopping = EarlyStoppingState(**saved)
-            elif state is None:
-                state = self._initial_state()
-            else:  # the step donates its input: never let fit delete the caller's arrays
-                generation_params(self.objective, state)  # raises when EMA params are missing
-                state = jax.tree.map(
-                    lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state
-                )
-            if placement is not None:
-                state = placement.state(state)
+            state, data_start, stopping = starting_state(
+                self, checkpoints, steps, state, placement, early_stopper
+            )
             return self._run(
                 data,
                 steps,
@@ -255,10 +240,11 @@ class Trainer:
                 steps_per_call=steps_per_call,
                 raising=raising,
                 placement=placement,
+                final_eval=final_eval,
             )
         finally:
-            if checkpoints is not None:
-                checkpoints.close()  # every submitted save is durable before fit returns
+            if checkpoints is not None:  # every submitted save is durable before fit returns
+                closed_after_interrupt(checkpoints)
 
     def _initial_state(self) -> TrainState:
         """The state before the first step, with EMA params when the objective keeps them."""
@@ -287,6 +273,7 @@ class Trainer:
         steps_per_call: int,
         raising: bool,
         placement: Placement | None,
+        final_eval: bool,
     ) -> TrainState:
         # The jitted step sees the empty history only, so a growing history never
         # changes its static fields (and never recompiles it).
@@ -324,6 +311,7 @@ class Trainer:
             unit="step",
         )
         saved_step = start if checkpoints is not None and start > 0 else None
+        saving = saved_step  # the step of the last save begun (a Ctrl-C may cut it short)
         if progress and resumed:
             engine.print(f"resuming at step {start} from {checkpoints.directory}")
 
@@ -350,8 +338,9 @@ class Trainer:
             verified = step
 
         def checkpoint(step: int, outputs: dict[str, jax.Array] | None) -> None:
-            nonlocal saved_step
+            nonlocal saved_step, saving
             verify(step, outputs)
+            saving = step
             extra: dict[str, Any] = {"data_start": data_start}
             if engine.stopping is not None:
                 extra["early_stopping"] = dataclasses.asdict(engine.stopping)
@@ -363,6 +352,17 @@ class Trainer:
                 step,
             )
 
+        def interrupted() -> FitInterrupted:
+            """Ctrl-C: save the last completed step (one process: several cannot agree on
+            a step without a collective that may hang), then say where a new fit resumes."""
+            if checkpoints is None or saving == step or is_multiprocess() or step == 0:
+                return FitInterrupted(step, None if saving != saved_step else saved_step)
+            try:
+                checkpoint(step, outputs)
+            except KeyboardInterrupt:  # a second Ctrl-C: leave without this save
+                return FitInterrupted(step, None)
+            return FitInterrupted(step, step)
+
         window = ProfileWindowTracer(profile, engine)
         step = start  # the last completed step
         outputs = None  # the last call's training metrics, still on the device
@@ -371,7 +371,7 @@ class Trainer:
         # compiled step fails asynchronously, so its error may surface a few calls later.
         unsynced: list[Any] = []
         with engine.reporting_fit(
-            start=start, steps=steps, completed=lambda: _completed(current(), step)
+            start=start, steps=steps, completed=lambda: last_completed(current(), step)
         ):
             if isinstance(self.objective, ReportsSampling):  # its protocol, once per fit
                 record = self.objective.sampling_record(0, event_key=None)
@@ -386,14 +386,15 @@ class Trainer:
                     drawn = draw(batches, step, block, steps, data.batch)
                     unsynced.extend(drawn)
                     window.before(step + 1)
-                    if block == 1:
-                        batch = drawn[0] if placement is None else placement.batch(drawn[0])
-                        leaves, outputs = step_call(leaves, batch, objective_leaves, state_def)
-                    else:
-                        leaves, outputs = fused_call(
-                            leaves, place_block(drawn), objective_leaves, state_def
-                        )
-                    step += block
+                    with engine.deferred():  # a Ctrl-C lands between steps, never inside one
+                        if block == 1:
+                            batch = drawn[0] if placement is None else placement.batch(drawn[0])
+                            leaves, outputs = step_call(leaves, batch, objective_leaves, state_def)
+                        else:
+                            leaves, outputs = fused_call(
+                                leaves, place_block(drawn), objective_leaves, state_def
+                            )
+                        step += block
                     engine.advance(block)
                     window.after(step, leaves, block)
                     stop = False
@@ -405,7 +406,8 @@ class Trainer:
                         engine.report(STEP_END, Split.TRAIN, step, values)
                         look(step, values)  # a non-finite loss is reported, then raises
                         stop = engine.update_early_stopping(Split.TRAIN, step, values)
-                    if eval_every is not None and step % eval_every == 0:
+                    last = final_eval and (step >= steps or stop)  # the cadence may miss it
+                    if eval_every is not None and (step % eval_every == 0 or last):
                         stop = (
                             self._evaluate(
                                 engine, data, metric_set, step, tracker, preview, progress
@@ -417,6 +419,8 @@ class Trainer:
                     if stop:
                         break
                 jax.block_until_ready(leaves)  # a failure of the last steps surfaces here
+            except KeyboardInterrupt:
+                raise interrupted() from None
             except Exception as error:
                 explained = batch_error(self.objective, unsynced) or failed_check(error)
                 if explained is None:  # the batches are fine: a real error, unchanged
@@ -489,12 +493,3 @@ class Trainer:
             return False
         engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=f"\n  {counts}")
         return engine.update_early_stopping(Split.VALIDATION, step, scores)
-
-
-def _completed(state: TrainState, step: int) -> int:
-    """The last completed step: the state's, or `step` when a failed call had already
-    donated the state's buffers."""
-    try:
-        return int(state.step)
-    except RuntimeError:
-        return step

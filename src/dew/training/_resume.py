@@ -1,0 +1,88 @@
+"""Where a fit starts (a fresh state, the caller's `state=`, or the latest checkpoint), and
+how its checkpoints close after Ctrl-C."""
+
+import sys
+from typing import TYPE_CHECKING
+
+import equinox as eqx
+import jax
+
+from dew._early_stopping import EarlyStopper, EarlyStoppingState
+from dew._interrupts import FitInterrupted
+from dew.steps import TrainState, generation_params
+from dew.training._placement import Placement
+
+if TYPE_CHECKING:
+    from dew.checkpoints import Checkpointer
+    from dew.training._trainer import Trainer
+
+__all__ = ["closed_after_interrupt", "last_completed", "starting_state"]
+
+
+def starting_state(
+    trainer: "Trainer",
+    checkpoints: "Checkpointer | None",
+    steps: int,
+    state: TrainState | None,
+    placement: Placement | None,
+    early_stopper: EarlyStopper | None,
+) -> tuple[TrainState, int | None, EarlyStoppingState | None]:
+    """The state a fit of `steps` steps starts from, the step its saved data iterator had
+    started at (`None`: not restored) and the early stopper's saved state.
+
+    A checkpoint past `steps` is refused (a fit never goes back); one before it is
+    continued to `steps`, however many steps the fit that saved it was asked for.
+    """
+    latest = None if checkpoints is None else checkpoints.latest_step()
+    if latest is None:
+        if state is None:
+            state = trainer._initial_state()
+        else:  # the step donates its input: never let fit delete the caller's arrays
+            generation_params(trainer.objective, state)  # raises when EMA params are missing
+            state = jax.tree.map(lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state)
+        return state if placement is None else placement.state(state), None, None
+    if state is not None:
+        raise ValueError(
+            f"fit was given state= and checkpoint_dir {trainer.checkpoint_dir!r} already holds "
+            f"checkpoints (steps {checkpoints.all_steps()}); resume from the checkpoints "
+            "without state=, or use a new checkpoint_dir."
+        )
+    if latest > steps:
+        raise ValueError(
+            f"checkpoint_dir {trainer.checkpoint_dir!r} holds a checkpoint at step {latest}, "
+            f"past steps={steps}: a fit continues a run, it never goes back; fit to steps >= "
+            f"{latest} (it continues from step {latest}), or use a new checkpoint_dir."
+        )
+    template = trainer._initial_state()
+    if placement is not None:  # restored straight into the global arrays
+        template = placement.state(template)
+    restored, extra = checkpoints.restore(template)
+    saved = extra.get("early_stopping")
+    stopping = None
+    if early_stopper is not None and saved is not None:
+        stopping = EarlyStoppingState(**saved)
+    restored = restored if placement is None else placement.state(restored)
+    return restored, int(extra.get("data_start", 0)), stopping
+
+
+def closed_after_interrupt(checkpoints: "Checkpointer") -> None:
+    """Close `checkpoints`, waiting for every submitted save. Called in a `finally`: a
+    second Ctrl-C during the wait, while a `FitInterrupted` is on its way out, stops the
+    wait and raises a `FitInterrupted` that names no saved step (the save it cut short
+    never became a checkpoint; the latest complete one is where a new fit resumes)."""
+    in_flight = sys.exc_info()[1]
+    try:
+        checkpoints.close()
+    except KeyboardInterrupt:
+        if isinstance(in_flight, FitInterrupted):
+            raise FitInterrupted(in_flight.step, None) from None
+        raise
+
+
+def last_completed(state: TrainState, step: int) -> int:
+    """The last completed step: the state's, or `step` when a failed call had already
+    donated the state's buffers."""
+    try:
+        return int(state.step)
+    except RuntimeError:
+        return step
