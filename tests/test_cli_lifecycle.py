@@ -107,6 +107,15 @@ def test_dew_train_with_a_larger_steps_extends_the_finished_run(tmp_path, capsys
     assert "sections that differ: trainer" in capsys.readouterr().err
     assert _starts(folder) == [(0, 4), (4, 8)]  # neither refused command started a fit
 
+    # The configuration read back from the folder is the extended run's: its TOML trains
+    # (resumes at its last step) rather than being refused as a smaller total.
+    assert RunConfig.load(folder).trainer.steps == 8
+    assert main(["config", "show", str(folder)]) == 0
+    shown = tmp_path / "shown.toml"
+    shown.write_text(capsys.readouterr().out)
+    assert main(["train", str(shown), "--quiet"]) == 0, capsys.readouterr().err
+    assert _starts(folder) == [(0, 4), (4, 8), (8, 8)]
+
 
 @pytest.mark.slow
 def test_a_short_run_ends_with_validation_scores_that_runs_and_sweep_see(tmp_path, capsys):

@@ -144,8 +144,10 @@ class RunConfig:
     def from_run_record(cls, path: str | os.PathLike) -> "RunConfig":
         """The configuration a run folder's `run.json` records (`path`: the folder or
         the file): the resolved configuration the run trained, its `trainer.name` the
-        run's name. A run.json written before the `optimizer` section became `optim`
-        reads the same. `load` does this for a folder or a `.json` file.
+        run's name, and its `trainer.steps` the total of the run's latest fit (an extended
+        run's larger one, from the journal's `FitStarted`). A run.json written before the
+        `optimizer` section became `optim` reads the same. `load` does this for a folder or
+        a `.json` file.
 
         ```python
         >>> import pathlib, tempfile

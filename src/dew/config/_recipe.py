@@ -270,4 +270,22 @@ def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
     plain = {section: saved[section] for section in ("model", "data", "optim", "trainer")}
     if saved.get("objective"):
         plain["objective"] = saved["objective"]
+    total = _latest_total(path.parent)
+    if total is not None and isinstance(plain["trainer"], dict):  # an extended run's total
+        plain["trainer"] = {**plain["trainer"], "steps": total}
     return plain
+
+
+def _latest_total(folder: pathlib.Path) -> int | None:
+    """The step total of the latest fit a run folder's journal records (`None`: no journal,
+    or one that cannot be read: run.json's total stands)."""
+    from dew.tracking import read_journal
+
+    if not (folder / "records.jsonl").exists():
+        return None
+    try:
+        records = read_journal(folder).records
+    except (OSError, ValueError):
+        return None
+    totals = [entry.steps for _, _, entry in records if entry.type == "fit_started"]
+    return totals[-1] if totals else None
