@@ -176,7 +176,8 @@ def test_an_extended_recipe_run_rebuilds_the_schedule_over_the_new_total(tmp_pat
     assert [step for step, _ in journal.scalars["lm/train/loss"]] == [2, 4, 6, 8]
     from dew.config import RunConfig
 
-    assert RunConfig.from_run_record(tmp_path / "quickstart").trainer.steps == 4
+    # Read back, the run's configuration carries its latest total, not run.json's first.
+    assert RunConfig.from_run_record(tmp_path / "quickstart").trainer.steps == 8
     # Another trainer change is still refused; a smaller total names both numbers.
     other = override(_linear_run(tmp_path, 8), {"trainer.log_every": 4})
     with pytest.raises(ValueError, match="sections that differ: trainer"):
