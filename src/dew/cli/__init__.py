@@ -15,7 +15,8 @@ the `JAX_COORDINATOR_ADDRESS` family of variables, or `--distributed` (JAX's det
 SLURM, Cloud TPU, Open MPI). Only process zero prints and writes.
 
 The package: `_parser` (the arguments), `_inputs` (reading the config and its overrides),
-`_commands` (the four commands), `_cluster` (joining a multi-process run), `_errors` (which
+`_commands` (train, sweep, eval), `_runs` (`dew runs`), `_console` (what
+the commands print around a run), `_cluster` (joining a multi-process run), `_errors` (which
 errors are the user's, as one line); `main` here runs a command or launches its processes.
 """
 
@@ -28,12 +29,13 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from dew.cli._cluster import _check_processes, _join, cluster_settings
-from dew.cli._commands import _eval, _runs, _sweep, _sweep_inputs, _train, _train_config
+from dew.cli._commands import _eval, _sweep, _sweep_inputs, _train, _train_config
 from dew.cli._commands import _space as _space  # tests read a space file with it
 from dew.cli._errors import _caused_by_user, _message
 from dew.cli._inputs import _config_arguments
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
+from dew.cli._runs import _runs
 
 __all__ = ["main"]
 
