@@ -41,8 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     runs = commands.add_parser("runs", help="list runs and their final metrics")
     runs.add_argument("folder", nargs="?", default="runs", help="where to look (default runs)")
     runs.add_argument(
-        "--sort", metavar="METRIC", help="best first by a metric (bare name or tag; -METRIC: worst)"
+        "--sort", metavar="METRIC", help="best first by a metric (a bare name or a full tag)"
     )
+    runs.add_argument("--reverse", action="store_true", help="with --sort: worst first")
     runs.add_argument(
         "--filter",
         action="append",

@@ -43,13 +43,13 @@ def _direction(folder: pathlib.Path) -> str:
 
 
 def _row(name: str, folder: pathlib.Path, journal: Any) -> _Row:
-    status = "-"
+    status, ended = "-", None
     trials = []
     for _, _, record in journal.records:  # the latest fit decides: a resumed one runs
         if record.type == "fit_started":
-            status = "running or killed"
+            status, ended = "running or killed", None
         elif record.type == "fit_ended":
-            status = record.status
+            status, ended = record.status, record.step
         elif record.type == "trial_finished":
             trials.append(record)
     params = {
@@ -59,6 +59,8 @@ def _row(name: str, folder: pathlib.Path, journal: Any) -> _Row:
     }
     metrics = {tag: series[-1] for tag, series in journal.scalars.items() if series}
     last = max((step for series in journal.scalars.values() for step, _ in series), default=None)
+    if ended is not None:  # the step the fit ended at, logged or not
+        last = ended if last is None else max(last, ended)
     row = _Row(name, status, last, metrics, params)
     if trials:  # a sweep's journal: its best trial, not its last
         direction = _direction(folder)
@@ -176,17 +178,17 @@ def _filtered(rows: list[_Row], filters: list[str]) -> list[_Row]:
     return rows
 
 
-def _sorted(rows: list[_Row], sort: str) -> list[_Row]:
-    descending = sort.startswith("-")
-    tag = _tag(rows, sort.removeprefix("-"))
+def _sorted(rows: list[_Row], sort: str, reverse: bool = False) -> list[_Row]:
+    """Best first by `sort`'s direction (`reverse`: worst first); runs without it last."""
+    tag = _tag(rows, sort)
     if tag is None:
         tags = sorted({tag for row in rows for tag in row.metrics})
         raise ValueError(
             f"--sort {sort!r}: no listed run has that metric; their metrics are "
-            f"{', '.join(tags) or 'none'} (a bare name or a full tag, '-' first to reverse)."
+            f"{', '.join(tags) or 'none'} (a bare name or a full tag)."
         )
     sign = -1.0 if higher_is_better(tag) else 1.0  # best first
-    if descending:
+    if reverse:
         sign = -sign
     having = [row for row in rows if tag in row.metrics and not math.isnan(row.metrics[tag][1])]
     rest = [row for row in rows if row not in having]
@@ -282,7 +284,7 @@ def _runs(args: argparse.Namespace) -> int:
     rows, unreadable = _collect(root)
     rows = _filtered(rows, args.filter)
     if args.sort is not None:
-        rows = _sorted(rows, args.sort)
+        rows = _sorted(rows, args.sort, args.reverse)
     if args.json:
         print(json.dumps(_json_rows(rows), indent=1, allow_nan=False))
     elif not rows:
