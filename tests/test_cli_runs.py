@@ -188,3 +188,33 @@ def test_dew_eval_a_given_step_and_metrics(swept, capsys):
     error = capsys.readouterr().err
     assert "--metrics names 'bleu'" in error
     assert "its metrics are perplexity, token_accuracy" in error
+
+
+def test_the_ledger_records_the_direction_and_refuses_the_other(tmp_path):
+    from dew.config.sweep import grid_search, sweep
+
+    config = RunConfig(
+        model=ModelConfig("causal_transformer", TINY),
+        data=datasets["token_windows"](seq_len=8, num_tokens=2048),
+        trainer=TrainerConfig(name="s", checkpoint_dir=str(tmp_path)),
+    )
+    space = {"optim.learning_rate": [0.1, 0.2]}
+    ledger = tmp_path / "ledger.json"
+
+    def run(direction):
+        return sweep(
+            config,
+            space,
+            train=lambda trial: trial.optim.learning_rate,
+            trials=2,
+            ledger=ledger,
+            search=grid_search,
+            direction=direction,
+        )
+
+    assert [trial.value for trial in run("maximize")] == [0.1, 0.2]
+    assert json.loads(ledger.read_text())["direction"] == "maximize"
+    with pytest.raises(ValueError, match="'maximize' its score, but this sweep would 'minimize'"):
+        run("minimize")
+    with pytest.raises(ValueError, match="direction must be 'minimize' or 'maximize', got 'up'"):
+        run("up")
