@@ -156,7 +156,35 @@ def test_runs_sort_and_filter(swept, capsys):
     assert [row["run"] for row in small] == ["tiny/trial-1"]
 
 
-@pytest.mark.slow
+@pytest.fixture
+def journals(tmp_path):
+    """Two runs' journals written by a LocalTracker, no training: a folder to list."""
+    for name, rate, loss in (("a", 0.1, 2.0), ("b", 0.01, 1.5)):
+        with LocalTracker(tmp_path / "runs" / name) as tracker:
+            tracker.log_params({"config": {"optim": {"learning_rate": rate}}})
+            tracker.log_metrics({"lm/validation/loss": loss}, step=3)
+    return tmp_path / "runs"
+
+
+def test_runs_of_journals_sort_filter_and_columns(journals, capsys):
+    table = _rows(capsys, str(journals), "--sort", "loss")
+    assert table[0].split() == [
+        "run",
+        "status",
+        "step",
+        "optim.learning_rate",
+        "lm/validation/loss",
+    ]
+    assert [line.split() for line in table[1:]] == [
+        ["b", "-", "3", "0.01", "1.5000"],
+        ["a", "-", "3", "0.1", "2.0000"],
+    ]
+    assert [line.split()[0] for line in _rows(capsys, str(journals), "--filter", "loss>1.7")] == [
+        "run",
+        "a",
+    ]
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
@@ -165,11 +193,11 @@ def test_runs_sort_and_filter(swept, capsys):
         (["--filter", "step<many"], "< needs a number, got 'many'"),
         (["--filter", "run~("], "'(' is no regex"),
         (["--sort", "bleu"], "--sort 'bleu': no listed run has that metric; their metrics are "),
+        (["--reverse"], "--reverse reverses --sort METRIC; give one"),
     ],
 )
-def test_runs_bad_sort_or_filter_names_what_is_allowed(swept, capsys, arguments, message):
-    root, _ = swept
-    assert main(["runs", str(root / "runs"), *arguments]) == 2
+def test_runs_bad_sort_or_filter_names_what_is_allowed(journals, capsys, arguments, message):
+    assert main(["runs", str(journals), *arguments]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -281,6 +281,8 @@ def _runs(args: argparse.Namespace) -> int:
     root = pathlib.Path(args.folder)
     if not root.is_dir():
         raise FileNotFoundError(f"no folder {str(root)!r} to list runs from.")
+    if args.reverse and args.sort is None:
+        raise ValueError("--reverse reverses --sort METRIC; give one, e.g. --sort loss --reverse.")
     rows, unreadable = _collect(root)
     rows = _filtered(rows, args.filter)
     if args.sort is not None:
