@@ -5,8 +5,10 @@
   an ordinary recipe run under `<trainer.checkpoint_dir>/<trainer.name>`.
 - `dew sweep [--config] CONFIG SPACE.toml`: one trial per point of the space, with a
   ledger; several `dew sweep --search optuna --storage URL` workers share one study.
-- `dew eval RUN_DIR`: score a run's latest checkpoint on its validation data.
-- `dew runs [FOLDER]`: a table of the runs under a folder with their final metrics.
+- `dew eval RUN_DIR`: score a run's latest checkpoint (`--step N`: that one; `--metrics a,b`:
+  those metrics) on its validation data.
+- `dew runs [FOLDER]`: a table of the runs under a folder, the hyperparameters that differ
+  and their final metrics (a sweep: its best trial); `--sort`, `--filter`, `--json`.
 
 `dew train`, `dew sweep` and `dew eval` run as several processes of one `jax.distributed`
 run: `--processes N` starts N local processes (`dew._launch`); on a cluster each process

@@ -28,12 +28,20 @@ def best(series: Sequence[tuple[int, float]], metric: str) -> tuple[int, float] 
 
 
 def value_text(value: float) -> str:
+    """A metric value as the console prints it (four decimals; `nan`, `inf` as Python's)."""
     return f"{value:.4f}"
 
 
 def summary(history: Mapping[str, Sequence[tuple[int, float]]], step: int | None = None) -> str:
     """Each tag's last value; `(step M)` after one logged at another step than `step`
-    (default: the latest step any tag was logged at)."""
+    (default: the latest step any tag was logged at).
+
+    ```python
+    >>> summary({"lm/train/loss": [(2, 3.0), (6, 2.5)], "lm/validation/loss": [(4, 2.75)]})
+    'lm/train/loss 2.5000  lm/validation/loss 2.7500 (step 4)'
+
+    ```
+    """
     if step is None:
         step = max((series[-1][0] for series in history.values() if series), default=0)
     parts = []
