@@ -10,7 +10,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dew.cli._console import config_lines, end_lines, model_lines
+from dew.cli._console import config_lines, end_lines, model_lines, point_value
 from dew.cli._inputs import _configure, _reading, _say
 
 
@@ -218,8 +218,6 @@ def _sweep(args: argparse.Namespace) -> int:
 def _trial_line(run: Any, space: Mapping[str, Any], trials: int) -> str:
     """`trial I/N  path=value ...`: the trial starting (its index, as in its folder
     `trial-I`, of the budget N) and its point, read back from its configuration."""
-    from dew.cli._console import point_value
-
     index = run.trainer.name.rsplit("trial-", 1)[-1]
     point = "  ".join(f"{path}={point_value(run, path)}" for path in space)
     return f"trial {index}/{trials}  {point}"
