@@ -80,6 +80,8 @@ def test_the_end_of_run_summary_gives_speed_and_each_validation_metrics_last_and
     lines = end_lines(history, step=10, trained=6, seconds=2.0)
     assert lines[0] == f"step 10  {summary(history, 10)}"
     assert lines[1] == "  6 steps in 2.0 s (3.00 steps/s)"
+    again = end_lines(history, step=10, trained=0, seconds=0.5)[1]
+    assert again == "  nothing to train: the run was at step 10 (0.5 s)"
     perplexity, accuracy = lines[2].split(), lines[3].split()
     assert perplexity[:4] == ["lm/validation/perplexity", "last", "7.5000", "(step"]
     assert perplexity[5:8] == ["best", "7.0000", "(step"] and "lower" in lines[2]

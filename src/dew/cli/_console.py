@@ -137,11 +137,11 @@ def end_lines(
     and each validation metric's last and best value with their steps."""
     from dew.naming import Split, parse_metric_tag
 
-    rate = f"{trained / seconds:.2f} steps/s" if seconds > 0 and trained else "no steps trained"
-    lines = [
-        f"step {step}  {summary(history, step)}",
-        f"  {trained} steps in {seconds:.1f} s ({rate})",
-    ]
+    if trained > 0 and seconds > 0:
+        speed = f"  {trained} steps in {seconds:.1f} s ({trained / seconds:.2f} steps/s)"
+    else:
+        speed = f"  nothing to train: the run was at step {step} ({seconds:.1f} s)"
+    lines = [f"step {step}  {summary(history, step)}", speed]
     validation = {
         tag: series
         for tag, series in history.items()
