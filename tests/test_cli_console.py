@@ -11,6 +11,7 @@ import jax
 import pytest
 
 from dew._loop import LoopEngine, telling, verbose_console
+from dew.cli import main
 from dew.cli._console import (
     best,
     config_lines,
@@ -140,6 +141,17 @@ def test_the_trainers_counts_note_is_empty_unless_it_says_something():
             6, 164, False, "ab12"
         )
     engine.bar.close()
+
+
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_quiet_and_verbose_together_are_refused(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)  # tiny_lm's runs/ would be here
+    space = tmp_path / "space.toml"
+    space.write_text('"optim.learning_rate" = [0.1]\n')
+    arguments = [command, "tiny_lm", *([str(space), "--trials", "1"] * (command == "sweep"))]
+    assert main([*arguments, "--quiet", "--verbose"]) == 2
+    assert "--quiet prints no evaluation lines for --verbose" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow

@@ -27,7 +27,15 @@ def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]
     return objective, tuple(objective.default_metrics()), skipped
 
 
+def _check_verbosity(args: argparse.Namespace) -> None:
+    if args.quiet and args.verbose:
+        raise ValueError(
+            "--quiet prints no evaluation lines for --verbose to add to; pass one or the other."
+        )
+
+
 def _train_config(args: argparse.Namespace) -> Any:
+    _check_verbosity(args)
     config = _configure(args)
     if config.trainer.name is None:
         raise ValueError("dew train needs a run name: set trainer.name or pass --name.")
@@ -154,6 +162,7 @@ def _sweep_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The sweep's base configuration and its checked space."""
     from dew.config.sweep import _checked_space
 
+    _check_verbosity(args)
     config = _configure(args)
     if config.trainer.name is None:
         raise ValueError("dew sweep needs trainer.name (or --name): it names every trial.")
