@@ -121,7 +121,7 @@ def test_dew_train_config_writes_the_run_folder_and_its_previews(trained, missin
 def test_dew_eval_rescores_the_last_checkpoint(trained, missing_fid_weights):
     name, folder, (status, _, err) = trained
     assert status == 0, err
-    status, out, err = _run(["eval", str(folder)])
+    status, out, err = _run(["eval", str(folder), "--verbose"])  # the counts too
     assert status == 0, err
     lines = out.splitlines()
     if name == "tiny_jepa":  # the probes of the EMA encoder: what the last event scored

@@ -77,17 +77,18 @@ def test_dew_train_a_file_with_overrides_then_eval_and_runs(tmp_path, capsys):
     perplexity = journal.scalars["lm/validation/perplexity"][-1][1]
     assert f"lm/validation/perplexity {perplexity:.4f}" in printed
 
-    assert main(["eval", str(folder)]) == 0
+    assert main(["eval", str(folder), "--verbose"]) == 0
     scored = capsys.readouterr().out.splitlines()
     # The latest checkpoint scores what the trainer's last evaluation event reported.
     assert scored[0].startswith(f"step 6  perplexity {perplexity:.4f}  token_accuracy ")
-    assert "evaluation/coordinated_batches" in scored[1]
+    assert "evaluation/coordinated_batches" in scored[1]  # --verbose asks for the counts
 
     assert main(["runs", str(tmp_path / "runs")]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["run", "status", "step"]
     assert table[1].split()[:3] == ["tiny", "completed", "6"]
-    assert f"lm/validation/perplexity {perplexity:.4f}" in table[1]
+    column = table[0].split().index("lm/validation/perplexity")  # one column per metric
+    assert table[1].split()[column] == f"{perplexity:.4f}"
 
 
 def test_dew_sweep_trains_each_point_and_prints_the_best(tmp_path, capsys):

@@ -218,6 +218,7 @@ def test_sweep_trains_one_named_run_per_point_and_returns_the_ledger(tmp_path):
         },
         "search": "random(seed=0)",
         "config": config().to_dict(),
+        "direction": "minimize",
         "trials": [
             {"index": trial.index, "overrides": trial.overrides, "value": trial.value}
             for trial in trials

@@ -311,8 +311,9 @@ def test_dew_runs_shows_a_resumed_fit_as_running_and_its_last_step(tmp_path, cap
         tracker.log_metrics({"lm/train/loss": 0.4}, step=6)
         tracker.log_metrics({"lm/train/loss": 0.3}, step=8)
     assert main(["runs", str(tmp_path)]) == 0
-    row = capsys.readouterr().out.splitlines()[1].split()
-    assert row[:6] == ["run", "running", "or", "killed", "8", "lm/train/loss"]
+    header, row = (line.split() for line in capsys.readouterr().out.splitlines())
+    assert header == ["run", "status", "step", "lm/train/loss"]  # one column per metric
+    assert row == ["run", "running", "or", "killed", "8", "0.3000"]
 
 
 # -- resume boundaries --------------------------------------------------------------------

@@ -9,6 +9,7 @@ differs from the other only in what a step is, never in how a run is observed.
 """
 
 import contextlib
+import contextvars
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -16,6 +17,7 @@ from tqdm.auto import tqdm
 
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._interrupts import InterruptLatch
+from dew._processes import is_multiprocess
 from dew.events import BEST_MODEL, EARLY_STOP, Decision, EventSink, TrainingEvent
 from dew.naming import Split, metric_tag
 from dew.steps import MetricHistory, TrainState
@@ -23,7 +25,35 @@ from dew.telemetry.records import FitEnded, FitStarted, Record
 from dew.tracking import Tracker
 from dew.tracking._protocol import add_note_once
 
-__all__ = ["LoopEngine", "with_history"]
+__all__ = ["LoopEngine", "verbose_console", "with_history"]
+
+_VERBOSE = contextvars.ContextVar("dew_verbose_console", default=False)
+
+
+@contextlib.contextmanager
+def verbose_console(verbose: bool = True) -> Iterator[None]:
+    """Within this block, a loop that prints (`progress=True`) also prints the lines that
+    say nothing in a one-process run with even shards (an evaluation's batch and record
+    counts and its event key); `dew train --verbose` sets it."""
+    token = _VERBOSE.set(verbose)
+    try:
+        yield
+    finally:
+        _VERBOSE.reset(token)
+
+
+def counts_line(batches: int, records: int, uneven_shards: bool, key: str) -> str:
+    """An evaluation's pass counts and event key, as `dew train` and `dew eval` print them."""
+    return (
+        f"evaluation/coordinated_batches {batches}  evaluation/records {records}  "
+        f"evaluation/uneven_shards {uneven_shards}  event key {key}"
+    )
+
+
+def telling(uneven_shards: bool) -> bool:
+    """Whether an evaluation's counts line is worth printing: its shards were uneven, the
+    run has several processes, or `verbose_console` asks for it."""
+    return bool(uneven_shards) or is_multiprocess() or _VERBOSE.get()
 
 
 def with_history(state: TrainState, history: MetricHistory) -> TrainState:
@@ -70,6 +100,7 @@ class LoopEngine:
             stopping = early_stopper.init()
         self.stopping = stopping
         self.progress = progress
+        self.postfix: dict[str, str] = {}  # the bar's: the latest loss and validation values
         self._latch = InterruptLatch()
         self.bar = tqdm(
             total=total,
@@ -115,8 +146,14 @@ class LoopEngine:
         """Record `values` (bare names) at `step`: history, printed line, then the event."""
         tags = {metric_tag(self.stage, split, metric): value for metric, value in values.items()}
         self.history = self.history.with_values(tags, step)
-        if "loss" in values and split is Split.TRAIN:
-            self.bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
+        if split is Split.VALIDATION:
+            self.postfix.update(
+                {f"val_{metric}": f"{value:.4f}" for metric, value in values.items()}
+            )
+        elif "loss" in values and split is Split.TRAIN:
+            self.postfix = {**self.postfix, "loss": f"{values['loss']:.4f}"}
+        if self.postfix:
+            self.bar.set_postfix(self.postfix, refresh=False)
         if self.progress:
             shown = "  ".join(f"{tag} {value:.4f}" for tag, value in tags.items())
             self.print(f"step {step}  {shown}{note}")
@@ -145,6 +182,15 @@ class LoopEngine:
         if self.stopping.stop:
             self.emit(EARLY_STOP, split, step, decision=decision)
         return self.stopping.stop
+
+    def counts_note(self, batches: int, records: int, uneven_shards: bool, key: str) -> str:
+        """An evaluation's counts (`counts_line`) as a note under its values, or `""` when
+        they say nothing (`telling`)."""
+        return (
+            f"\n  {counts_line(batches, records, uneven_shards, key)}"
+            if telling(uneven_shards)
+            else ""
+        )
 
     def print(self, line: str) -> None:
         """Print a line (above the progress bar when one is drawn)."""

@@ -5,8 +5,10 @@
   an ordinary recipe run under `<trainer.checkpoint_dir>/<trainer.name>`.
 - `dew sweep [--config] CONFIG SPACE.toml`: one trial per point of the space, with a
   ledger; several `dew sweep --search optuna --storage URL` workers share one study.
-- `dew eval RUN_DIR`: score a run's latest checkpoint on its validation data.
-- `dew runs [FOLDER]`: a table of the runs under a folder with their final metrics.
+- `dew eval RUN_DIR`: score a run's latest checkpoint (`--step N`: that one; `--metrics a,b`:
+  those metrics) on its validation data.
+- `dew runs [FOLDER]`: a table of the runs under a folder, the hyperparameters that differ
+  and their final metrics (a sweep: its best trial); `--sort`, `--filter`, `--json`.
 - `dew config show [CONFIG]`: a configuration (a built-in name, a TOML file, a run folder)
   as the TOML `dew train` reads; `dew --version` prints dew's version.
 - `dew plot RUN_DIR`: render a run's plots from its local journal (`_plot`).
@@ -21,7 +23,8 @@ the `JAX_COORDINATOR_ADDRESS` family of variables, or `--distributed` (JAX's det
 SLURM, Cloud TPU, Open MPI). Only process zero prints and writes.
 
 The package: `_parser` (the arguments), `_inputs` (reading the config and its overrides),
-`_commands` (the four commands), `_cluster` (joining a multi-process run), `_errors` (which
+`_commands` (train, sweep, eval), `_runs` (`dew runs`), `_console` (what
+the commands print around a run), `_cluster` (joining a multi-process run), `_errors` (which
 errors are the user's, as one line); `main` here runs a command or launches its processes.
 """
 
@@ -34,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from dew.cli._cluster import _check_processes, _join, cluster_settings
-from dew.cli._commands import _eval, _runs, _sweep, _sweep_inputs, _train, _train_config
+from dew.cli._commands import _eval, _sweep, _sweep_inputs, _train, _train_config
 from dew.cli._commands import _space as _space  # tests read a space file with it
 from dew.cli._config_command import _config
 from dew.cli._errors import _caused_by_user, _message
@@ -42,6 +45,7 @@ from dew.cli._inputs import _config_arguments
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
 from dew.cli._plot import _plot
+from dew.cli._runs import _runs
 
 __all__ = ["main"]
 

@@ -1,19 +1,17 @@
-"""The `dew` commands: `train`, `sweep`, `eval` and `runs`."""
+"""The `dew` commands `train`, `sweep` and `eval` (`runs` is `_runs`)."""
 
 import argparse
 import contextlib
 import math
 import pathlib
 import sys
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dew.cli._console import config_lines, end_lines, model_lines, point_value
 from dew.cli._inputs import _configure, _reading, _say
-
-
-def _summary(history: Mapping[str, Sequence[tuple[int, float]]]) -> str:
-    return "  ".join(f"{tag} {series[-1][1]:.4f}" for tag, series in history.items() if series)
 
 
 def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]:
@@ -29,26 +27,67 @@ def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]
     return objective, tuple(objective.default_metrics()), skipped
 
 
+def _check_verbosity(args: argparse.Namespace) -> None:
+    if args.quiet and args.verbose:
+        raise ValueError(
+            "--quiet prints no evaluation lines for --verbose to add to; pass one or the other."
+        )
+
+
 def _train_config(args: argparse.Namespace) -> Any:
+    _check_verbosity(args)
     config = _configure(args)
     if config.trainer.name is None:
         raise ValueError("dew train needs a run name: set trainer.name or pass --name.")
     return config
 
 
+def _introduce(args: argparse.Namespace, config: Any, objective: Any) -> None:
+    """Unless `--quiet`: the resolved configuration and the model's parameter counts."""
+    if not args.quiet:
+        for line in [*config_lines(config), *model_lines(getattr(objective, "model", objective))]:
+            _say(line)
+
+
+def _start_step(folder: pathlib.Path) -> int:
+    """The step the run folder's latest fit started from (its journal's last `FitStarted`);
+    0 when the journal cannot tell."""
+    from dew._processes import is_process_zero
+    from dew.tracking import read_journal
+
+    if not is_process_zero():  # only process zero writes the journal
+        return 0
+    try:
+        records = read_journal(folder).records
+    except (OSError, ValueError):
+        return 0
+    starts = [record.start_step for _, _, record in records if record.type == "fit_started"]
+    return starts[-1] if starts else 0
+
+
 def _train(args: argparse.Namespace) -> int:
+    from dew._loop import verbose_console
     from dew.cli._trackers import open_trackers, tensorboard_hint
     from dew.config._recipe import run_folder
 
     config = _train_config(args)
     name = config.trainer.name
-    _, metrics, _ = _default_metrics(config)
-    with open_trackers(
-        args, config, announce=lambda logdir: _say(tensorboard_hint(logdir))
-    ) as tracker:
+    objective, metrics, _ = _default_metrics(config)
+    _introduce(args, config, objective)
+    began = time.perf_counter()
+    with (
+        verbose_console(args.verbose),
+        open_trackers(
+            args, config, announce=lambda logdir: _say(tensorboard_hint(logdir))
+        ) as tracker,
+    ):
         state = config.train(metrics=metrics, progress=not args.quiet, tracker=tracker)
+    seconds = time.perf_counter() - began
     _, folder = run_folder(config, name)
-    _say(f"step {int(state.step)}  {_summary(state.metric_history)}")
+    step = int(state.step)
+    trained = step - _start_step(folder)
+    for line in end_lines(state.metric_history, step=step, trained=trained, seconds=seconds):
+        _say(line)
     _say(f"run folder {folder}")
     return 0
 
@@ -129,6 +168,7 @@ def _sweep_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The sweep's base configuration and its checked space."""
     from dew.config.sweep import _checked_space
 
+    _check_verbosity(args)
     config = _configure(args)
     if config.trainer.name is None:
         raise ValueError("dew sweep needs trainer.name (or --name): it names every trial.")
@@ -147,7 +187,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
     config, space = _sweep_inputs(args)
     checked_trackers(args)  # --mlflow-uri without mlflow is the user's before anything is written
-    _, metrics, _ = _default_metrics(config)
+    objective, metrics, _ = _default_metrics(config)
+    _introduce(args, config, objective)
     metric = args.metric or (metrics[0].name if metrics else "loss")
     _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
     ledger = args.ledger or str(local / "ledger.json")
@@ -161,10 +202,15 @@ def _sweep(args: argparse.Namespace) -> int:
             _say(tensorboard_hint(local))
 
     def trial(run: Any) -> float:
+        from dew._loop import verbose_console
         from dew.training import NonFiniteTrainingError
 
+        _say(_trial_line(run, space, args.trials))
         try:
-            with open_trackers(args, run, announce=announce) as tracker:
+            with (
+                verbose_console(args.verbose),
+                open_trackers(args, run, announce=announce) as tracker,
+            ):
                 state = run.train(metrics=metrics, progress=not args.quiet, tracker=tracker)
         except NonFiniteTrainingError as error:  # a diverging trial is data, not the end
             _say(f"{run.trainer.name}: {error}", file=sys.stderr)
@@ -184,6 +230,7 @@ def _sweep(args: argparse.Namespace) -> int:
             ledger=ledger,
             tracker=tracker,
             search=search,
+            direction=args.direction,
         )
     for finished in trials:
         _say(f"trial {finished.index}  {metric} {finished.value:.4f}  {finished.overrides}")
@@ -195,14 +242,39 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trial_line(run: Any, space: Mapping[str, Any], trials: int) -> str:
+    """`trial I/N  path=value ...`: the trial starting (its index, as in its folder
+    `trial-I`, of the budget N) and its point, read back from its configuration."""
+    index = run.trainer.name.rsplit("trial-", 1)[-1]
+    point = "  ".join(f"{path}={point_value(run, path)}" for path in space)
+    return f"trial {index}/{trials}  {point}"
+
+
+def _chosen_metrics(metrics: Sequence[Any], names: str | None) -> tuple[Any, ...]:
+    """The metrics `--metrics a,b` names, in its order; all of them without it."""
+    if names is None:
+        return tuple(metrics)
+    by_name = {metric.name: metric for metric in metrics}
+    asked = [name.strip() for name in names.split(",")]
+    unknown = [name for name in asked if name not in by_name]
+    if unknown or not asked:
+        raise ValueError(
+            f"--metrics names {', '.join(map(repr, unknown or [names]))}, which the run's "
+            f"objective does not score; its metrics are {', '.join(by_name) or 'none'}."
+        )
+    return tuple(by_name[name] for name in dict.fromkeys(asked))
+
+
 def _eval(args: argparse.Namespace) -> int:
+    from dew._loop import counts_line, telling, verbose_console
     from dew.config import RunConfig, evaluate_run
     from dew.training import key_text
 
     folder = pathlib.Path(args.run_dir)
     config = RunConfig.from_run_record(folder / "run.json")  # evaluate_run's own first read
     objective, metrics, skipped = _default_metrics(config)
-    result = evaluate_run(folder, metrics=metrics)
+    metrics = _chosen_metrics(metrics, args.metrics)
+    result = evaluate_run(folder, metrics=metrics, step=args.step)
     if result.scores:
         shown = "  ".join(f"{name} {value:.4f}" for name, value in result.scores.items())
         _say(f"step {result.step}  {shown}")
@@ -218,50 +290,8 @@ def _eval(args: argparse.Namespace) -> int:
             f"step {result.step}  no scores: {why} (restored the step-{result.step} "
             f"checkpoint's {weights})"
         )
-    _say(
-        f"  evaluation/coordinated_batches {result.coordinated_batches}  evaluation/records "
-        f"{result.records}  evaluation/uneven_shards {result.uneven_shards}  event key "
-        f"{key_text(result.key)}"
-    )
+    with verbose_console(args.verbose):
+        if telling(result.uneven_shards):
+            counts = (result.coordinated_batches, result.records, result.uneven_shards)
+            _say(f"  {counts_line(*counts, key_text(result.key))}")
     return 0
-
-
-def _runs(args: argparse.Namespace) -> int:
-    """List the runs under a folder. A run whose journal cannot be read is listed as
-    `unreadable`, its error printed to standard error, and the exit status is 1."""
-    from dew.tracking import read_journal
-
-    root = pathlib.Path(args.folder)
-    if not root.is_dir():
-        raise FileNotFoundError(f"no folder {str(root)!r} to list runs from.")
-    rows, unreadable = [], 0
-    for journal_file in sorted(root.rglob("scalars.jsonl")):
-        folder = journal_file.parent
-        name = str(folder.relative_to(root)) or "."
-        try:
-            journal = read_journal(folder)
-        except (OSError, ValueError) as error:
-            unreadable += 1
-            print(f"dew runs: {name}: {error}", file=sys.stderr)
-            rows.append((name, "unreadable", "-", "(see the error above)"))
-            continue
-        status = "-"
-        for _, _, record in journal.records:  # the latest fit decides: a resumed one runs
-            if record.type == "fit_started":
-                status = "running or killed"
-            elif record.type == "fit_ended":
-                status = record.status
-        last = max((step for series in journal.scalars.values() for step, _ in series), default=0)
-        rows.append((name, status, str(last), _summary(journal.scalars)))
-    if not rows:
-        print(f"no runs under {root}")
-        return 0
-    headers = ("run", "status", "step", "final metrics")
-    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(3)]
-    for row in [headers, *rows]:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
-            + "  "
-            + row[3]
-        )
-    return 1 if unreadable else 0

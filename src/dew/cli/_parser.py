@@ -38,10 +38,25 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="score a run's latest checkpoint")
     evaluate.set_defaults(command_parser=evaluate)
     evaluate.add_argument("run_dir", help="a run folder (it holds run.json)")
+    evaluate.add_argument("--step", type=int, help="the checkpoint step to score (default latest)")
+    evaluate.add_argument("--metrics", metavar="A,B", help="score only these metrics (bare names)")
+    evaluate.add_argument("--verbose", action="store_true", help="print the pass's counts too")
     _process_options(evaluate)
 
     runs = commands.add_parser("runs", help="list runs and their final metrics")
     runs.add_argument("folder", nargs="?", default="runs", help="where to look (default runs)")
+    runs.add_argument(
+        "--sort", metavar="METRIC", help="best first by a metric (a bare name or a full tag)"
+    )
+    runs.add_argument("--reverse", action="store_true", help="with --sort: worst first")
+    runs.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keep matching runs: KEY=VALUE, KEY~REGEX, KEY<NUMBER, KEY>NUMBER (repeatable)",
+    )
+    runs.add_argument("--json", action="store_true", help="a JSON list of the runs, for scripts")
 
     plot = commands.add_parser("plot", help="render a run's plots from its local journal")
     plot.add_argument("run_dir", help="a run folder (it holds scalars.jsonl)")
@@ -81,6 +96,9 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         help="override a dotted path with a TOML value, e.g. --set optim.learning_rate=0.01",
     )
     parser.add_argument("--quiet", action="store_true", help="no per-step lines or progress bar")
+    parser.add_argument(
+        "--verbose", action="store_true", help="also each evaluation's pass counts and event key"
+    )
 
 
 def _override_options(parser: argparse.ArgumentParser) -> None:

@@ -45,15 +45,20 @@ def default_metrics(config: RunConfig) -> tuple[Metric, ...]:
 
 
 def evaluate_run(
-    run_dir: str | os.PathLike[str], *, metrics: Sequence[Metric] | None = None
+    run_dir: str | os.PathLike[str],
+    *,
+    metrics: Sequence[Metric] | None = None,
+    step: int | None = None,
 ) -> Evaluation:
-    """Score a run folder's latest checkpoint on its configured validation data.
+    """Score a run folder's checkpoint at `step` (default: the latest) on its configured
+    validation data.
 
     The run is rebuilt from its `run.json`; its objective scores the checkpoint's
     params with `metrics` (default: the objective's `default_metrics()`) and the key
     of the evaluation event at the checkpoint's step, as the Trainer would. A folder
     without run.json or checkpoints, a damaged checkpoint, or a dataset without
-    validation data raises, naming the folder.
+    validation data raises, naming the folder; a `step` with no checkpoint raises naming
+    the steps there are.
     """
     folder = pathlib.Path(run_dir)
     config = RunConfig.from_run_record(folder / "run.json")
@@ -73,15 +78,14 @@ def evaluate_run(
         raise FileNotFoundError(f"{folder} has no checkpoints folder to evaluate.")
     try:
         with Checkpointer(checkpoints) as saved:
-            state, _ = saved.restore(template)
+            state, _ = saved.restore(template, step)
     except (OSError, ValueError, KeyError) as error:  # orbax's KeyError: a damaged checkpoint
-        raise ValueError(
-            f"cannot restore the latest checkpoint under {checkpoints}: {_detail(error)}"
-        ) from error
+        which = "the latest checkpoint" if step is None else f"the step-{step} checkpoint"
+        raise ValueError(f"cannot restore {which} under {checkpoints}: {_detail(error)}") from error
     data = config.data.build(batch_size=config.trainer.batch_size, seed=config.trainer.seed)
     if data.val is None:
         raise ValueError(f"the run's dataset {config.data.name!r} has no validation data.")
-    step = int(state.step)
+    step = int(state.step)  # the checkpoint's own
     return evaluate(
         objective,
         generation_params(objective, state),

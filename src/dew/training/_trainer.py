@@ -475,10 +475,8 @@ class Trainer:
             if tracker is not None and artifact is not None:
                 tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
         scores = result.scores
-        counts = (
-            f"evaluation/coordinated_batches {result.batches}  evaluation/records "
-            f"{result.records}  evaluation/uneven_shards {result.uneven_shards}  event key "
-            f"{key_text(event_key)}"
+        counts = engine.counts_note(
+            result.batches, result.records, result.uneven_shards, key_text(event_key)
         )
         if scores and isinstance(self.objective, ReportsSampling):  # it generated: report how
             record = self.objective.sampling_record(
@@ -489,7 +487,7 @@ class Trainer:
             if progress:
                 empty = not result.batches
                 what = "empty validation pass" if empty else "previewed (no metrics to score)"
-                engine.print(f"step {step}  {what}  {counts}")
+                engine.print(f"step {step}  {what}{counts}")
             return False
-        engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=f"\n  {counts}")
+        engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=counts)
         return engine.update_early_stopping(Split.VALIDATION, step, scores)

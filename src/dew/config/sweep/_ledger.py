@@ -47,14 +47,15 @@ class _Ledger:
         space: dict[str, Any],
         search: str,
         config: dict[str, Any],
+        direction: str = "minimize",
     ) -> None:
         self.path = pathlib.Path(path)
         self.owner = f"{socket.gethostname()}:{self.path.absolute()}"
-        self.space, self.search = space, search
+        self.space, self.search, self.direction = space, search, direction
         self.config = json.loads(_dumps(config))  # as the ledger's JSON reads back
         self._header = (
             f'"version": {LEDGER_VERSION},\n "space": {_dumps(space)},\n "search": {_dumps(search)}'
-            f',\n "config": {_dumps(config)}'
+            f',\n "config": {_dumps(config)},\n "direction": {_dumps(direction)}'
         )
         self.descriptor: int | None = None
         # The text last read or written and its state: a ledger no other process changed
@@ -147,6 +148,11 @@ class _Ledger:
             raise ValueError(
                 f"ledger {str(self.path)!r} was written by search {data['search']!r}, but this "
                 f"sweep uses {self.search!r}; use another ledger path for another search."
+            )
+        if data.get("direction", self.direction) != self.direction:  # older ledgers lack it
+            raise ValueError(
+                f"ledger {str(self.path)!r} was written by a sweep to {data['direction']!r} its "
+                f"score, but this sweep would {self.direction!r} it; use another ledger path."
             )
         if data["config"] != self.config:
             sections = sorted(

@@ -49,6 +49,7 @@ def sweep(
     ledger: str | os.PathLike[str],
     tracker: Tracker | None = None,
     search: Search = random_search,
+    direction: str = "minimize",
 ) -> list[Trial]:
     """Train one trial per point of `space` and return the ledger's finished trials.
 
@@ -69,6 +70,8 @@ def sweep(
       score as `VALUE_TAG` (`sweep/validation/value`) at step `index`, and its
       `TrialFinished` record as artifact `"trial_finished"` at step `index`.
     - `search`: `random_search` (default), `grid_search`, `optuna_search` or another `Search`.
+    - `direction`: `"minimize"` (default) or `"maximize"` the score: the ledger records it
+      (`dew runs` shows a sweep's best trial by it) and refuses a rerun with the other.
 
     **Returns:** the ledger's finished trials in index order (with a shared ledger, other
     workers' trials too), each with `overrides` and `value`.
@@ -109,6 +112,8 @@ def sweep(
         )
     if not callable(train):
         raise TypeError(f"train must be a callable taking a RunConfig, got {train!r}.")
+    if direction not in ("minimize", "maximize"):
+        raise ValueError(f"direction must be 'minimize' or 'maximize', got {direction!r}.")
     normalized = _checked_space(config, space)
     search.check(normalized)
 
@@ -117,7 +122,7 @@ def sweep(
     with contextlib.ExitStack() as stack:
         with _phase("opening the sweep's ledger and search"):
             book = stack.enter_context(
-                _Ledger(ledger, _space_json(normalized), search.name, config.to_dict())
+                _Ledger(ledger, _space_json(normalized), search.name, config.to_dict(), direction)
             )
             with book.locked():
                 book.clean()

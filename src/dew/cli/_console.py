@@ -1,0 +1,171 @@
+"""What `dew train` and `dew sweep` print around a run: the resolved configuration, a model
+summary, the end-of-run summary, and a metric's direction (decision 0023)."""
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+_HIGHER_IS_BETTER = ("accuracy", "psnr", "ssim", "clip_score", "auc", "f1", "precision", "recall")
+"""Bare metric names containing one of these are better higher; every other one (losses,
+perplexity, errors, FID, CRPS) is better lower. dew's `Metric` records no direction."""
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger value of `metric` (a bare name or a full tag) is better."""
+    bare = metric.rsplit("/", 1)[-1]
+    return any(word in bare for word in _HIGHER_IS_BETTER)
+
+
+def best(series: Sequence[tuple[int, float]], metric: str) -> tuple[int, float] | None:
+    """The best `(step, value)` of `series` by `metric`'s direction (the earliest of ties);
+    NaN never wins; `None` when nothing is finite or NaN-free to pick."""
+    scored = [(step, value) for step, value in series if not math.isnan(value)]
+    if not scored:
+        return None
+    sign = -1.0 if higher_is_better(metric) else 1.0
+    return min(scored, key=lambda point: sign * point[1])
+
+
+def value_text(value: float) -> str:
+    """A metric value as the console prints it (four decimals; `nan`, `inf` as Python's)."""
+    return f"{value:.4f}"
+
+
+def summary(history: Mapping[str, Sequence[tuple[int, float]]], step: int | None = None) -> str:
+    """Each tag's last value; `(step M)` after one logged at another step than `step`
+    (default: the latest step any tag was logged at).
+
+    ```python
+    >>> summary({"lm/train/loss": [(2, 3.0), (6, 2.5)], "lm/validation/loss": [(4, 2.75)]})
+    'lm/train/loss 2.5000  lm/validation/loss 2.7500 (step 4)'
+
+    ```
+    """
+    if step is None:
+        step = max((series[-1][0] for series in history.values() if series), default=0)
+    parts = []
+    for tag, series in history.items():
+        if series:
+            at, value = series[-1]
+            parts.append(f"{tag} {value_text(value)}" + (f" (step {at})" if at != step else ""))
+    return "  ".join(parts)
+
+
+def _flat(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _flat(f"{prefix}.{key}" if prefix else str(key), item)
+    else:
+        yield prefix, value
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def config_lines(config: Any) -> list[str]:
+    """The resolved configuration, one line per section: a builder section's `name` first,
+    then every other setting as `key=value` (its keyword arguments without `kwargs.`)."""
+    sections = config.to_dict()
+    width = max(len(section) for section in sections)
+    lines = ["config"]
+    for section, settings in sections.items():
+        cells = []
+        builder = "kwargs" in settings and "name" in settings  # model, data, objective
+        for key, value in _flat("", settings):
+            key = key.removeprefix("kwargs.")
+            cells.append(_shown(value) if builder and key == "name" else f"{key}={_shown(value)}")
+        lines.append(f"  {section.ljust(width)}  {' '.join(cells)}")
+    return lines
+
+
+def _count(tree: Any) -> int:
+    """The number of array elements in `tree`: its arrays' and `jax.ShapeDtypeStruct`s'."""
+    import jax
+
+    return sum(
+        math.prod(leaf.shape)
+        for leaf in jax.tree.leaves(tree)
+        if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct)
+    )
+
+
+def parameter_counts(model: Any) -> list[tuple[str, int]]:
+    """The parameter count of each top-level field of an Equinox `model` holding arrays
+    (real arrays or `jax.ShapeDtypeStruct`s); a lone field holding every parameter (a
+    wrapper such as `stack`) is opened one level, its fields named `stack.<field>`."""
+    import equinox as eqx
+
+    def counts(module: Any, prefix: str) -> list[tuple[str, int]]:
+        found = []
+        for field in dataclasses.fields(module):
+            number = _count(getattr(module, field.name))
+            if number:
+                found.append((prefix + field.name, number))
+        return found
+
+    found = counts(model, "")
+    if len(found) == 1 and isinstance(getattr(model, found[0][0]), eqx.Module):
+        return counts(getattr(model, found[0][0]), found[0][0] + ".") or found
+    return found
+
+
+def model_lines(model: Any) -> list[str]:
+    """`model <Class>: N parameters`, then the count of each top-level module."""
+    rows = parameter_counts(model)
+    lines = [f"model {type(model).__name__}: {_count(model):,} parameters"]
+    if rows:
+        width = max(len(name) for name, _ in rows)
+        digits = max(len(f"{number:,}") for _, number in rows)
+        lines += [f"  {name.ljust(width)}  {f'{number:,}'.rjust(digits)}" for name, number in rows]
+    return lines
+
+
+def end_lines(
+    history: Mapping[str, Sequence[tuple[int, float]]],
+    *,
+    step: int,
+    trained: int,
+    seconds: float,
+) -> list[str]:
+    """The end-of-run summary: the final values (`summary`), the time taken and the speed,
+    and each validation metric's last and best value with their steps."""
+    from dew.naming import Split, parse_metric_tag
+
+    if trained > 0 and seconds > 0:
+        speed = f"  {trained} steps in {seconds:.1f} s ({trained / seconds:.2f} steps/s)"
+    else:
+        speed = f"  nothing to train: the run was at step {step} ({seconds:.1f} s)"
+    lines = [f"step {step}  {summary(history, step)}", speed]
+    validation = {
+        tag: series
+        for tag, series in history.items()
+        if series and parse_metric_tag(tag).split is Split.VALIDATION
+    }
+    if validation:
+        width = max(len(tag) for tag in validation)
+        for tag, series in validation.items():
+            at, value = series[-1]
+            top = best(series, tag)
+            line = f"  {tag.ljust(width)}  last {value_text(value)} (step {at})"
+            if top is not None:
+                direction = "higher" if higher_is_better(tag) else "lower"
+                line += f"  best {value_text(top[1])} (step {top[0]}, {direction} is better)"
+            lines.append(line)
+    return lines
+
+
+def point_value(config: Any, path: str) -> str:
+    """The value at a sweep space's dotted `path` of `config` (a section's builder keyword
+    may be named without its `kwargs.`), as the console shows it."""
+    settings = dict(_flat("", config.to_dict()))
+    section, _, rest = path.partition(".")
+    for key in (path, f"{section}.kwargs.{rest}"):
+        if key in settings:
+            return _shown(settings[key])
+    return "?"

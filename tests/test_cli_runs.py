@@ -1,0 +1,248 @@
+"""`dew runs` (a sweep's best trial, --sort, --filter, hyperparameter columns, --json),
+`dew sweep`'s trial lines and `dew eval --step/--metrics`."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dew.cli import main
+from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
+from dew.registry import datasets
+from dew.telemetry.records import TrialFinished
+from dew.tracking import LocalTracker
+
+TINY = {
+    "vocab_size": 16,
+    "emb_features": 16,
+    "num_layers": 1,
+    "num_heads": 2,
+    "mlp_features": 32,
+    "max_seq_len": 16,
+}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """A two-trial grid sweep run by the real `dew sweep` (`runs/tiny/trial-{0,1}` with
+    checkpoints at steps 2 and 4, `runs/tiny/sweep`) and its standard output."""
+    root = tmp_path_factory.mktemp("swept")
+    config = RunConfig(
+        model=ModelConfig("causal_transformer", TINY),
+        data=datasets["token_windows"](seq_len=8, num_tokens=2048),
+        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
+        trainer=TrainerConfig(
+            name="tiny",
+            checkpoint_dir=str(root / "runs"),
+            steps=4,
+            batch_size=8,
+            log_every=2,
+            eval_every=2,
+            checkpoint_every=2,
+        ),
+    )
+    config.dump_toml(root / "run.toml")
+    (root / "space.toml").write_text('"optim.learning_rate" = [0.03, 0.0001]\n')
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "dew.cli", "sweep", "run.toml", "space.toml"]
+    command += ["--trials", "2", "--search", "grid", "--verbose"]
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=root, env=environment, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    return root, result.stdout
+
+
+def _rows(capsys, *arguments):
+    assert main(["runs", *arguments]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def _listed(capsys, root, *arguments):
+    assert main(["runs", str(root / "runs"), "--json", *arguments]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_dew_sweep_says_which_trial_and_point_trains(swept):
+    root, printed = swept
+    lines = printed.splitlines()
+    starts = [line for line in lines if line.startswith("trial ") and "/2  " in line]
+    assert starts == [
+        "trial 0/2  optim.learning_rate=0.03",
+        "trial 1/2  optim.learning_rate=0.0001",
+    ]
+    assert "evaluation/coordinated_batches" in printed  # --verbose asks for the counts
+    ledger = json.loads((root / "runs" / "tiny" / "ledger.json").read_text())
+    assert ledger["direction"] == "minimize"
+
+
+@pytest.mark.slow
+def test_a_sweep_row_shows_its_best_trial_and_point(swept, capsys):
+    root, _ = swept
+    ledger = json.loads((root / "runs" / "tiny" / "ledger.json").read_text())
+    top = min(ledger["trials"], key=lambda trial: trial["value"])
+    (row,) = [row for row in _listed(capsys, root) if row["run"] == "tiny/sweep"]
+    assert row["best_trial"]["index"] == top["index"]
+    assert row["best_trial"]["overrides"] == top["overrides"]
+    assert row["metrics"]["sweep/validation/value"]["value"] == top["value"]
+    table = _rows(capsys, str(root / "runs"))
+    (line,) = [line for line in table if line.startswith("tiny/sweep ")]
+    point = f"optim.learning_rate={top['overrides']['optim.learning_rate']:g}"
+    assert line.endswith(f"{top['index']}  {point}")
+
+
+def test_a_maximized_sweeps_best_is_its_highest_trial(tmp_path, capsys):
+    folder = tmp_path / "runs" / "s"
+    (folder).mkdir(parents=True)
+    ledger = {"version": 1, "space": {}, "search": "grid", "config": {}, "trials": []}
+    (folder / "ledger.json").write_text(json.dumps({**ledger, "direction": "maximize"}))
+    with LocalTracker(folder / "sweep") as tracker:
+        for index, value in enumerate([0.5, 0.9, math.nan, 0.7]):
+            tracker.log_metrics({"sweep/validation/value": value}, step=index)
+            point = {"optim.learning_rate": 10.0**-index}
+            trial = TrialFinished(trial=index, overrides=point, value=value)
+            tracker.log_artifact("trial_finished", trial, step=index)
+    (row,) = _listed(capsys, tmp_path)
+    assert row["best_trial"] == {
+        "index": 1,
+        "overrides": {"optim.learning_rate": 0.1},
+        "value": 0.9,
+        "direction": "maximize",
+    }
+    (folder / "ledger.json").write_text(json.dumps({**ledger, "direction": "minimize"}))
+    assert _listed(capsys, tmp_path)[0]["best_trial"]["index"] == 0
+
+
+@pytest.mark.slow
+def test_runs_shows_differing_hyperparameters_and_one_metric_order(swept, capsys):
+    root, _ = swept
+    table = _rows(capsys, str(root / "runs"))
+    headers = table[0].split()
+    assert headers[:4] == ["run", "status", "step", "optim.learning_rate"]
+    assert "trainer.name" not in headers and "trainer.steps" not in headers  # the same
+    tags = [header for header in headers if header.count("/") == 2]
+    assert tags == sorted(tags) and "lm/validation/perplexity" in tags
+    listed = _listed(capsys, root)
+    assert [row["run"] for row in listed] == [line.split()[0] for line in table[1:]]
+    for row, line in zip(listed, table[1:], strict=True):
+        if row["run"] == "tiny/sweep":  # its status has spaces; its best is tested above
+            continue
+        cells = line.split()
+        for tag, metric in row["metrics"].items():
+            assert cells[headers.index(tag)] == f"{metric['value']:.4f}"
+        for path, value in row["hyperparameters"].items():
+            assert cells[headers.index(path)] == f"{value:g}"
+
+
+@pytest.mark.slow
+def test_runs_sort_and_filter(swept, capsys):
+    root, _ = swept
+    listed = _listed(capsys, root, "--filter", "run~trial", "--sort", "perplexity")
+    values = [row["metrics"]["lm/validation/perplexity"]["value"] for row in listed]
+    assert len(values) == 2 and values == sorted(values)  # lower is better: best first
+    listed = _listed(capsys, root, "--filter", "run~trial", "--sort", "token_accuracy")
+    accuracies = [row["metrics"]["lm/validation/token_accuracy"]["value"] for row in listed]
+    assert accuracies == sorted(accuracies, reverse=True)  # higher is better
+    reverse = _listed(capsys, root, "--filter", "run~trial", "--sort", "perplexity", "--reverse")
+    worst = [row["metrics"]["lm/validation/perplexity"]["value"] for row in reverse]
+    assert worst == sorted(values, reverse=True)
+    completed = _listed(capsys, root, "--filter", "status=completed")
+    assert sorted(row["run"] for row in completed) == ["tiny/trial-0", "tiny/trial-1"]
+    small = _listed(capsys, root, "--filter", "optim.learning_rate<0.001")
+    assert [row["run"] for row in small] == ["tiny/trial-1"]
+
+
+@pytest.fixture
+def journals(tmp_path):
+    """Two runs' journals written by a LocalTracker, no training: a folder to list."""
+    for name, rate, loss in (("a", 0.1, 2.0), ("b", 0.01, 1.5)):
+        with LocalTracker(tmp_path / "runs" / name) as tracker:
+            tracker.log_params({"config": {"optim": {"learning_rate": rate}}})
+            tracker.log_metrics({"lm/validation/loss": loss}, step=3)
+    return tmp_path / "runs"
+
+
+def test_runs_of_journals_sort_filter_and_columns(journals, capsys):
+    table = _rows(capsys, str(journals), "--sort", "loss")
+    assert table[0].split() == [
+        "run",
+        "status",
+        "step",
+        "optim.learning_rate",
+        "lm/validation/loss",
+    ]
+    assert [line.split() for line in table[1:]] == [
+        ["b", "-", "3", "0.01", "1.5000"],
+        ["a", "-", "3", "0.1", "2.0000"],
+    ]
+    assert [line.split()[0] for line in _rows(capsys, str(journals), "--filter", "loss>1.7")] == [
+        "run",
+        "a",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--filter", "status"], "--filter 'status' is not one of KEY=VALUE, KEY~REGEX"),
+        (["--filter", "colour=red"], "no listed run has 'colour'; the keys are "),
+        (["--filter", "step<many"], "< needs a number, got 'many'"),
+        (["--filter", "run~("], "'(' is no regex"),
+        (["--sort", "bleu"], "--sort 'bleu': no listed run has that metric; their metrics are "),
+        (["--reverse"], "--reverse reverses --sort METRIC; give one"),
+    ],
+)
+def test_runs_bad_sort_or_filter_names_what_is_allowed(journals, capsys, arguments, message):
+    assert main(["runs", str(journals), *arguments]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_dew_eval_a_given_step_and_metrics(swept, capsys):
+    root, _ = swept
+    folder = str(root / "runs" / "tiny" / "trial-0")
+    assert main(["eval", folder, "--step", "2", "--metrics", "token_accuracy"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("step 2  token_accuracy ") and "perplexity" not in printed[0]
+    assert len(printed) == 1  # one process: no counts line
+    assert main(["eval", folder, "--step", "3"]) == 2
+    assert "no checkpoint for step 3 " in (error := capsys.readouterr().err)
+    assert "its steps are [2, 4]" in error
+    assert main(["eval", folder, "--metrics", "perplexity,bleu"]) == 2
+    error = capsys.readouterr().err
+    assert "--metrics names 'bleu'" in error
+    assert "its metrics are perplexity, token_accuracy" in error
+
+
+def test_the_ledger_records_the_direction_and_refuses_the_other(tmp_path):
+    from dew.config.sweep import grid_search, sweep
+
+    config = RunConfig(
+        model=ModelConfig("causal_transformer", TINY),
+        data=datasets["token_windows"](seq_len=8, num_tokens=2048),
+        trainer=TrainerConfig(name="s", checkpoint_dir=str(tmp_path)),
+    )
+    space = {"optim.learning_rate": [0.1, 0.2]}
+    ledger = tmp_path / "ledger.json"
+
+    def run(direction):
+        return sweep(
+            config,
+            space,
+            train=lambda trial: trial.optim.learning_rate,
+            trials=2,
+            ledger=ledger,
+            search=grid_search,
+            direction=direction,
+        )
+
+    assert [trial.value for trial in run("maximize")] == [0.1, 0.2]
+    assert json.loads(ledger.read_text())["direction"] == "maximize"
+    with pytest.raises(ValueError, match="'maximize' its score, but this sweep would 'minimize'"):
+        run("minimize")
+    with pytest.raises(ValueError, match="direction must be 'minimize' or 'maximize', got 'up'"):
+        run("up")
