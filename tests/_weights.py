@@ -5,7 +5,7 @@ import struct
 
 import numpy as np
 
-from dew.nn import inception
+from dew.nn import _inception_layers as layers
 
 
 def random_inception_weights(path) -> None:
@@ -13,7 +13,7 @@ def random_inception_weights(path) -> None:
     .safetensors file (an 8-byte header length, a JSON header, the raw arrays)."""
     rng = np.random.default_rng(0)
     header, blobs, offset = {}, [], 0
-    for key, shape in inception._parameter_shapes().items():
+    for key, shape in layers._parameter_shapes().items():
         if key.endswith("conv.weight"):
             array = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
         elif key.endswith("running_var"):

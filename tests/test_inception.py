@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from _checks import rejects
 
-from dew.nn import inception
+from dew.nn import _inception_layers as layers
 from dew.nn.inception import (
     FID_WEIGHTS_FILENAME,
     FID_WEIGHTS_URL,
@@ -20,7 +20,7 @@ from dew.nn.inception import (
 
 @pytest.fixture(scope="module")
 def shapes():
-    return inception._parameter_shapes()
+    return layers._parameter_shapes()
 
 
 def _random_state(shapes, seed=0):
@@ -97,7 +97,7 @@ def test_the_resize_is_bilinear_without_antialiasing(height, width):
     image = np.random.default_rng(height).random((height, width, 3))
     expected = _bilinear_reference(image, 9)
     with jax.enable_x64(True):
-        resized = np.asarray(inception._resize(jnp.asarray(image[None]), 9))[0]
+        resized = np.asarray(layers._resize(jnp.asarray(image[None]), 9))[0]
         antialiased = jax.image.resize(jnp.asarray(image), (9, 9, 3), "bilinear")
     np.testing.assert_allclose(resized, expected, rtol=0, atol=1e-14)
     if height > 9:  # downsampling: the antialiased resize is another function
@@ -110,14 +110,14 @@ def test_the_average_pool_excludes_the_padding():
     for i, j in itertools.product(range(4), range(5)):
         expected[0, i, j] = x[0, max(i - 1, 0) : i + 2, max(j - 1, 0) : j + 2].mean(axis=(0, 1))
     with jax.enable_x64(True):
-        pooled = np.asarray(inception._average_pool(jnp.asarray(x)))
+        pooled = np.asarray(layers._average_pool(jnp.asarray(x)))
     np.testing.assert_allclose(pooled, expected, rtol=0, atol=1e-15)
 
 
 def test_the_max_pools():
     x = -np.random.default_rng(0).random((1, 5, 6, 2)).astype(np.float32)  # all negative
-    padded = np.asarray(inception._max_pool(jnp.asarray(x), 1, 1))
-    strided = np.asarray(inception._max_pool(jnp.asarray(x)))
+    padded = np.asarray(layers._max_pool(jnp.asarray(x), 1, 1))
+    strided = np.asarray(layers._max_pool(jnp.asarray(x)))
     for i, j in itertools.product(range(5), range(6)):
         window = x[0, max(i - 1, 0) : i + 2, max(j - 1, 0) : j + 2].max(axis=(0, 1))
         np.testing.assert_array_equal(padded[0, i, j], window)  # the padding is -inf, not 0
