@@ -66,9 +66,9 @@ def _start_step(folder: pathlib.Path) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from dew._loop import verbose_console
     from dew.cli._trackers import open_trackers, tensorboard_hint
     from dew.config._recipe import run_folder
+    from dew.training import verbose_console
 
     config = _train_config(args)
     name = config.trainer.name
@@ -202,8 +202,7 @@ def _sweep(args: argparse.Namespace) -> int:
             _say(tensorboard_hint(local))
 
     def trial(run: Any) -> float:
-        from dew._loop import verbose_console
-        from dew.training import NonFiniteTrainingError
+        from dew.training import NonFiniteTrainingError, verbose_console
 
         _say(_trial_line(run, space, args.trials))
         try:
@@ -266,9 +265,9 @@ def _chosen_metrics(metrics: Sequence[Any], names: str | None) -> tuple[Any, ...
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from dew._loop import counts_line, telling, verbose_console
     from dew.config import RunConfig, evaluate_run
-    from dew.training import key_text
+    from dew.distributed import process_count
+    from dew.training import counts_line, key_text
 
     folder = pathlib.Path(args.run_dir)
     config = RunConfig.from_run_record(folder / "run.json")  # evaluate_run's own first read
@@ -290,8 +289,8 @@ def _eval(args: argparse.Namespace) -> int:
             f"step {result.step}  no scores: {why} (restored the step-{result.step} "
             f"checkpoint's {weights})"
         )
-    with verbose_console(args.verbose):
-        if telling(result.uneven_shards):
-            counts = (result.coordinated_batches, result.records, result.uneven_shards)
-            _say(f"  {counts_line(*counts, key_text(result.key))}")
+    # The counts say something with uneven shards or several processes, else on --verbose.
+    if args.verbose or result.uneven_shards or process_count() > 1:
+        counts = (result.coordinated_batches, result.records, result.uneven_shards)
+        _say(f"  {counts_line(*counts, key_text(result.key))}")
     return 0

@@ -1,6 +1,8 @@
 """The trainer, and the names the dew guide imports from `dew.training`: the trackers."""
 
 from dew._interrupts import FitInterrupted as FitInterrupted
+from dew._loop import counts_line as counts_line
+from dew._loop import verbose_console as verbose_console
 from dew._nonfinite import NonFiniteTrainingError as NonFiniteTrainingError
 from dew.tracking import InMemoryTracker as InMemoryTracker
 from dew.tracking import LocalTracker as LocalTracker
@@ -21,5 +23,7 @@ __all__ = [
     "Trackers",
     "Trainer",
     "WandbTracker",
+    "counts_line",
     "key_text",
+    "verbose_console",
 ]
