@@ -173,7 +173,8 @@ def test_dew_train_prints_the_config_model_and_summary_and_hides_the_counts(tmp_
     assert lines[0] == "config" and lines[6].startswith("model CausalTransformer: ")
     assert "evaluation/coordinated_batches" not in printed and "event key" not in printed
     journal = read_journal(tmp_path / "runs" / "tiny")
-    (final,) = [line for line in lines if line.startswith("step 5  ")]
+    # The last "step 5" line is the summary (the final evaluation's own line comes before it).
+    final = [line for line in lines if line.startswith("step 5  ")][-1]
     for tag, series in journal.scalars.items():  # each value with its step, when older
         at, value = series[-1]
         assert f"{tag} {value:.4f}" + (f" (step {at})" if at != 5 else "") in final

@@ -124,9 +124,13 @@ def test_a_short_run_ends_with_validation_scores_that_runs_and_sweep_see(tmp_pat
     journal = read_journal(tmp_path / "runs" / "tiny")
     assert [step for step, _ in journal.scalars["lm/validation/perplexity"]] == [4]
     capsys.readouterr()
-    assert main(["runs", str(tmp_path / "runs")]) == 0
-    [row] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tiny")]
-    assert "lm/validation/perplexity" in row
+    assert main(["runs", str(tmp_path / "runs"), "--json"]) == 0
+    [row] = [row for row in json.loads(capsys.readouterr().out) if row["run"] == "tiny"]
+    perplexity = row["metrics"]["lm/validation/perplexity"]
+    assert (
+        perplexity["step"] == 4
+        and perplexity["value"] == journal.scalars["lm/validation/perplexity"][-1][1]
+    )
     space = tmp_path / "space.toml"
     space.write_text('"optim.learning_rate" = [0.01]\n')
     assert (

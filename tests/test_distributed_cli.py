@@ -205,7 +205,7 @@ def test_a_run_folder_of_another_configuration_fails_every_process(cluster):
     assert [rank["other_config"] for rank in ranks] == [2, 2]
     for output in (zero, one):
         assert "dew train: checking the run folder failed on process 0 of 2: " in output
-        assert "records another configuration (sections that differ: optimizer)" in output
+        assert "records another configuration (sections that differ: optim)" in output
 
 
 def test_a_failing_process_stops_the_run_and_is_named(tmp_path):
