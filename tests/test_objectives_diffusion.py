@@ -397,6 +397,7 @@ def test_clips_go_through_the_same_code_path():
     assert isinstance(preview, Clips) and preview.generated.shape == (4, 4, 16, 16, 3)
 
 
+@pytest.mark.slow  # about 20 s: two fits with previews; CI runs it with the slow tests
 def test_a_tracker_and_previews_change_no_draw():
     objective = DiffusionObjective(dit(), sampling=Sampling(steps=2), ema_decay=0.5)
     data = constant_colour((0.8, 0.3, 0.1), rows=4)
@@ -455,6 +456,7 @@ def test_the_trainer_keeps_ema_params_by_the_formula():
     assert plain.fit(data, steps=1, log_every=1, progress=False).ema_params is None
 
 
+@pytest.mark.slow  # about 20 s: fused, unfused and resumed fits
 def test_ema_is_the_same_fused_and_across_a_resume(tmp_path):
     objective = DiffusionObjective(dit(), sampling=Sampling(steps=2), ema_decay=0.8)
     data = constant_colour((0.5, 0.5, 0.5), rows=4)
