@@ -12,14 +12,15 @@ def _shared_compilation_cache() -> None:
     """One persistent XLA compilation cache for the whole test run: pytest's process creates
     it (and removes it at exit), and its xdist workers and the `dew` subprocesses the CLI
     tests start inherit it through the environment. Many tests compile the same tiny
-    models' steps; each compiles once a run. A cache dir set by the caller is left alone."""
+    models' steps; each compiles once a run. A cache dir set by the caller (`.ci/run`, one
+    for its three pytest runs) is the caller's to remove."""
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
     folder = tempfile.mkdtemp(prefix="dew-tests-xla-cache-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 _shared_compilation_cache()
