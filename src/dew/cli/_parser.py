@@ -85,16 +85,7 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", dest="config_option", metavar="CONFIG", help=f"{_CONFIG_HELP} (as CONFIG)"
     )
-    parser.add_argument("--name", help="the run name (overrides trainer.name)")
-    parser.add_argument("--steps", type=int, help="optimizer steps (overrides trainer.steps)")
-    parser.add_argument("--checkpoint-dir", help="overrides trainer.checkpoint_dir")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a dotted path with a TOML value, e.g. --set optim.learning_rate=0.01",
-    )
+    _override_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no per-step lines or progress bar")
     parser.add_argument(
         "--verbose", action="store_true", help="also each evaluation's pass counts and event key"
