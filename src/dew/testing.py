@@ -23,6 +23,7 @@ Hypothesis is a test dependency (`dew-ml[test]`); this module imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -245,6 +246,62 @@ def assert_scores_close(
     )
 
 
+def _shown(value: Any) -> str:
+    """A value as a failure message shows it: arrays by their numbers (long ones
+    summarised), mappings of values name by name."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{name!r}: {_shown(item)}" for name, item in value.items()) + "}"
+    if value is None or isinstance(value, bool | int | float | str):
+        return repr(value)
+    array = np.asarray(value)
+    text = np.array2string(array, threshold=48, edgeitems=3, separator=", ")
+    return " ".join(text.split())
+
+
+def _shown_artifact(artifact: Artifact) -> str:
+    """An artifact with the numbers of its arrays (what `repr` shows only as shapes)."""
+    if not dataclasses.is_dataclass(artifact):
+        return repr(artifact)
+    fields = (
+        f"{field.name}={_shown(getattr(artifact, field.name))}"
+        for field in dataclasses.fields(artifact)
+    )
+    return f"{type(artifact).__name__}({', '.join(fields)})"
+
+
+class _Law:
+    """One law of `check_metric_laws`: it compares two finalized values and, when they
+    differ, raises an `AssertionError` that names the law, the example and both values
+    before the comparison's own (NumPy's) text."""
+
+    def __init__(self, rtol: float | None, atol: float | None) -> None:
+        self.rtol, self.atol = rtol, atol
+
+    def check(
+        self,
+        law: str,
+        claim: str,
+        example: Mapping[str, Any],
+        left: tuple[str, Any],
+        right: tuple[str, Any],
+    ) -> None:
+        (left_name, left_value), (right_name, right_value) = left, right
+        try:
+            assert_scores_close(left_value, right_value, rtol=self.rtol, atol=self.atol, what=claim)
+        except AssertionError as error:
+            shown = "\n".join(
+                f"  {name} = {_shown_artifact(value) if isinstance(value, Artifact) else value}"
+                for name, value in example.items()
+            )
+            width = max(len(left_name), len(right_name))
+            raise AssertionError(
+                f"the {law} law broke ({claim}) on this example:\n{shown}\n"
+                f"  {left_name:<{width}} = {_shown(left_value)}\n"
+                f"  {right_name:<{width}} = {_shown(right_value)}\n"
+                f"{str(error).strip()}"
+            ) from None
+
+
 def check_metric_laws(
     metric: Metric,
     strategy: SearchStrategy[Artifact],
@@ -265,12 +322,13 @@ def check_metric_laws(
     - `max_examples`: how many examples hypothesis tries.
     - `rtol`, `atol`: tolerances; by default those of the values' dtype.
 
-    **Raises:** `AssertionError` (with hypothesis's minimal failing example).
+    **Raises:** `AssertionError` whose message names the law that broke (identity,
+    associativity, batch-split invariance, compiled-vs-eager), the example hypothesis
+    shrank the failure to (the artifacts with their numbers, and the cuts), and the two
+    finalized values that differ, before NumPy's comparison text.
     """
 
-    def close(actual, expected, what):
-        assert_scores_close(actual, expected, rtol=rtol, atol=atol, what=what)
-
+    law = _Law(rtol, atol)
     statistics = eqx.filter_jit(metric.__call__) if not metric.host else metric.__call__
     merge = eqx.filter_jit(metric.merge) if not metric.host else metric.merge
     checked_eager = []
@@ -280,23 +338,53 @@ def check_metric_laws(
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         database=None,
+        report_multiple_bugs=False,
     )
     @given(data=st.data())
     def laws(data):
         a, b, c = (data.draw(strategy, label=label) for label in ("a", "b", "c"))
         stats_a, stats_b, stats_c = statistics(a), statistics(b), statistics(c)
         expected = metric.finalize(stats_a)
+        finalized_a = ("finalize(a)", expected)
 
         if not metric.host and not checked_eager:
-            close(metric.finalize(metric(a)), expected, "jit agrees with eager")
+            law.check(
+                "compiled-vs-eager",
+                "jit agrees with eager",
+                {"a": a},
+                ("finalize(metric(a)), eager", metric.finalize(metric(a))),
+                ("finalize(metric(a)), compiled", expected),
+            )
             checked_eager.append(True)
 
-        close(metric.finalize(merge(metric.init(), stats_a)), expected, "init() is a left unit")
-        close(metric.finalize(merge(stats_a, metric.init())), expected, "init() is a right unit")
+        law.check(
+            "identity",
+            "init() is a left unit",
+            {"a": a},
+            ("finalize(merge(init(), a))", metric.finalize(merge(metric.init(), stats_a))),
+            finalized_a,
+        )
+        law.check(
+            "identity",
+            "init() is a right unit",
+            {"a": a},
+            ("finalize(merge(a, init()))", metric.finalize(merge(stats_a, metric.init()))),
+            finalized_a,
+        )
 
-        left = merge(merge(stats_a, stats_b), stats_c)
-        right = merge(stats_a, merge(stats_b, stats_c))
-        close(metric.finalize(left), metric.finalize(right), "merge is associative")
+        law.check(
+            "associativity",
+            "merge is associative",
+            {"a": a, "b": b, "c": c},
+            (
+                "finalize(merge(merge(a, b), c))",
+                metric.finalize(merge(merge(stats_a, stats_b), stats_c)),
+            ),
+            (
+                "finalize(merge(a, merge(b, c)))",
+                metric.finalize(merge(stats_a, merge(stats_b, stats_c))),
+            ),
+        )
 
         if split_invariant:
             rows = a.num_rows
@@ -307,8 +395,21 @@ def check_metric_laws(
             merged = metric.init()
             for part in parts:
                 merged = merge(merged, statistics(part))
-            close(metric.finalize(merged), expected, "batch-split invariance")
+            example = {"a": a, "cut at rows": cuts}
+            law.check(
+                "batch-split invariance",
+                f"a's {len(parts)} parts merge to a's value",
+                example,
+                ("finalize(merge of the parts)", metric.finalize(merged)),
+                finalized_a,
+            )
             whole = concatenate_rows(parts)
-            close(metric.finalize(statistics(whole)), expected, "concatenated parts")
+            law.check(
+                "batch-split invariance",
+                "concatenated parts score as a",
+                example,
+                ("finalize(concatenated parts)", metric.finalize(statistics(whole))),
+                finalized_a,
+            )
 
     laws()
