@@ -22,7 +22,9 @@ __all__ = [
     "ReportsSampling",
     "SkipsMetrics",
     "check_token_batch",
+    "combine",
     "token_log_probs",
+    "trainable",
 ]
 
 Batch = Mapping[str, Any]
@@ -169,12 +171,27 @@ Objective = AbstractObjective
 
 
 def trainable(model: PyTree) -> PyTree:
-    """The trainable arrays of a model: its inexact (floating) arrays."""
+    """The trainable arrays of a model: its inexact (floating) arrays, every other leaf
+    `None` (`eqx.filter(model, eqx.is_inexact_array)`). An objective's `init_params()`
+    returns these; `combine` puts them back.
+
+    ```python
+    >>> import equinox as eqx, jax
+    >>> model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+    >>> params = trainable(model)
+    >>> params.weight.shape, bool(eqx.tree_equal(combine(params, model), model))
+    ((1, 2), True)
+
+    ```
+    """
     return eqx.filter(model, eqx.is_inexact_array)
 
 
 def combine(params: PyTree, model: PyTree) -> PyTree:
-    """The model with its trainable arrays replaced by `params`."""
+    """The model with its trainable arrays replaced by `params` (a `trainable(model)`
+    tree, or one the optimizer updated): how an objective's `loss` and `evaluate` rebuild
+    the model they run from the `params` they are given. The model's other leaves (integer
+    arrays, static hyperparameters) come from `model`."""
     return eqx.combine(params, eqx.filter(model, eqx.is_inexact_array, inverse=True))
 
 
