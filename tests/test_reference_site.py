@@ -150,3 +150,11 @@ def test_a_missing_docstring_is_found(tmp_path, monkeypatch):
         "undocumented_example.Record",
         "undocumented_example.function",
     ]
+
+
+def test_ci_builds_the_site_strictly_after_the_parity_tests():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    install = ci.index('python -m pip install --quiet ".[docs]"')
+    build = ci.index('mkdocs build --strict --site-dir "$scratch/site"')
+    assert ci.index("python -m pytest -m parity") < install < build
+    assert "set -euo pipefail" in ci
