@@ -132,7 +132,12 @@ def test_a_missing_docstring_is_found(tmp_path, monkeypatch):
     (tmp_path / "undocumented_example.py").write_text(
         '"""A module."""\n\n'
         "import dataclasses\n\n"
-        '__all__ = ["Plain", "Record", "function"]\n\n\n'
+        "import equinox as eqx\n\n"
+        '__all__ = ["Layer", "Plain", "Record", "function"]\n\n\n'
+        "class Layer(eqx.Module):\n"
+        "    width: int\n\n"
+        "    def __call__(self, x):\n"
+        "        return x\n\n\n"
         "class Plain:\n"
         "    def method(self):\n"
         "        pass\n\n\n"
@@ -145,6 +150,8 @@ def test_a_missing_docstring_is_found(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("undocumented_example")
     assert undocumented(module) == [
+        "undocumented_example.Layer",
+        "undocumented_example.Layer.__call__",
         "undocumented_example.Plain",
         "undocumented_example.Plain.method",
         "undocumented_example.Record",
