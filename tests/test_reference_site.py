@@ -97,6 +97,25 @@ def _class_doc(cls) -> str:
     return "" if re.fullmatch(GENERATED_DOC.format(name=re.escape(cls.__name__)), doc) else doc
 
 
+def _function(member):
+    """The function behind a method, static or class method, or property (else None)."""
+    if isinstance(member, staticmethod | classmethod):
+        member = member.__func__
+    if isinstance(member, property):
+        member = member.fget
+    return member if inspect.isfunction(member) else None
+
+
+def _method_doc(cls, attribute: str) -> str:
+    """The docstring of `cls`'s method, its own or the nearest base's that defines one, as
+    `help()` shows it; builtins' slot docstrings ("Call self as a function.") do not count."""
+    for base in cls.__mro__:
+        function = _function(vars(base).get(attribute))
+        if base.__module__ != "builtins" and function is not None and function.__doc__:
+            return inspect.cleandoc(function.__doc__)
+    return ""
+
+
 def undocumented(module) -> list[str]:
     """The public objects of `module` with no docstring: the module itself, its classes
     and functions, and the public methods and properties its classes define (a method's
@@ -111,11 +130,7 @@ def undocumented(module) -> list[str]:
             for attribute, member in vars(value).items():
                 if attribute.startswith("_") and attribute != "__call__":
                     continue
-                if isinstance(member, staticmethod | classmethod):
-                    member = member.__func__
-                if not (inspect.isfunction(member) or isinstance(member, property)):
-                    continue
-                if not inspect.getdoc(getattr(value, attribute)):
+                if _function(member) is not None and not _method_doc(value, attribute):
                     missing.append(f"{path}.{attribute}")
         elif (inspect.isfunction(value) or inspect.isroutine(value)) and not inspect.getdoc(value):
             missing.append(path)
