@@ -123,6 +123,7 @@ class TrackerEventSink:
         self.tracker = tracker
 
     def on_event(self, event: TrainingEvent) -> None:
+        """Log the event's metrics as tags at `event.step`; a decision event logs nothing."""
         if event.decision is not None or not event.metrics:
             return
         values = {

@@ -47,6 +47,7 @@ class RowMeanState(eqx.Module):
     rows: Sum
 
     def merge(self, other: RowMeanState) -> RowMeanState:
+        """The sums of both states, term by term."""
         return RowMeanState(
             self.total.add(other.total), self.weight.add(other.weight), self.rows.add(other.rows)
         )

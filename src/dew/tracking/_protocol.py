@@ -31,10 +31,14 @@ class Tracker(Protocol):
     - `close()`: flush and release everything.
     """
 
-    def log_params(self, values: Mapping[str, Any]) -> None: ...
+    def log_params(self, values: Mapping[str, Any]) -> None:
+        """Record a nested mapping of hyperparameters."""
 
-    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None: ...
+    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
+        """Record metric tag to scalar, at one step."""
 
-    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None: ...
+    def log_artifact(self, name: str, value: Any, *, step: int | None = None) -> None:
+        """Record a typed record, a preview artifact, or any value the tracker takes."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Flush and release everything."""
