@@ -48,6 +48,7 @@ def test_the_monoid_laws_hold_for_auroc():
     check_metric_laws(metrics.auroc(11), strategy, max_examples=8, atol=1e-6)
 
 
+@pytest.mark.slow  # several seconds of compilation on 2 shared cores
 def test_a_pass_reduces_in_one_compiled_scan_as_batch_by_batch():
     rng = np.random.default_rng(0)
     batches = [  # equal batches, to stack
@@ -263,6 +264,7 @@ EVERY = {
 }
 
 
+@pytest.mark.slow  # several seconds of compilation on 2 shared cores
 def test_an_empty_pass_is_nan_and_a_pass_of_zero_weights_raises():
     every = metrics.MetricSet(tuple(EVERY.values()))
     assert all(np.isnan(float(value)) for value in every.reduce([]).values())
