@@ -160,7 +160,7 @@ def test_each_built_in_config_round_trips_through_toml_and_plain_data(name, tmp_
 
 def test_the_built_in_names():
     assert BUILTIN_CONFIGS[0] == "tiny_lm"
-    assert set(BUILTIN_CONFIGS) == {"tiny_lm", *VISION}
+    assert set(BUILTIN_CONFIGS) == {"tiny_lm", *VISION, "tiny_classifier"}
     assert builtin("tiny_lm") == tiny_lm()
     assert builtin("tiny_diffusion") == tiny_diffusion()
     assert builtin("tiny_video_diffusion") == tiny_video_diffusion()

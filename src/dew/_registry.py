@@ -14,6 +14,7 @@ from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.nn.backbones.dit import DiT
 from dew.nn.backbones.vit import ViT
 from dew.objectives.base import Objective
+from dew.objectives.classifier import ClassifierObjective, PooledClassifier
 from dew.objectives.diffusion import DiffusionObjective, Sampling
 from dew.objectives.dpo import DPOObjective
 from dew.objectives.grpo import GRPOObjective
@@ -353,9 +354,20 @@ def _jepa(
     )
 
 
+def _classifier(
+    model: Any, *, key: Any, classes: int, inputs: str = "images", name: str = "classifier"
+) -> Any:
+    """`ClassifierObjective(model, classes, inputs=...)`; a `ViT` model (one token per
+    patch) gets a mean-pooled linear head to `classes` logits (`PooledClassifier`)."""
+    if isinstance(model, ViT):
+        model = PooledClassifier(model, model.width, classes, key=key)
+    return ClassifierObjective(model, classes, inputs=inputs, name=name)
+
+
 objectives.register("lm", LMObjective)
 objectives.register("masked_diffusion", MaskedDiffusionObjective)
 objectives.register("dpo", _dpo)
 objectives.register("grpo", _grpo)
 objectives.register("diffusion", _diffusion)
 objectives.register("jepa", _jepa)
+objectives.register("classifier", _classifier)

@@ -28,10 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Shaped
 
+from dew._checks import check_ids
 from dew._processes import PhaseFailedError, agree_process_phase
 
 __all__ = [
     "Artifact",
+    "ClassScores",
     "Clips",
     "Images",
     "RegressionScores",
@@ -291,6 +293,67 @@ class TokenRows(Artifact):
                 "TokenRows.mask must match tokens, got "
                 f"{_describe(tokens=self.tokens, mask=self.mask)}."
             )
+
+
+class ClassScores(Artifact):
+    """Per-row class scores of a classification batch.
+
+    - `logits`: unnormalised scores `(rows, classes)`, at least 2 classes; the metrics
+      read `softmax(logits)` as the predicted distribution.
+    - `labels`: each row's true class, integer `(rows,)` in `[0, classes)`.
+    - `weights`: optional `(rows,)` row weights (`None`: every row weighs one); a
+      metric counts a row `weight` times.
+
+    A binary task is 2 classes: `auroc` scores `softmax(logits)[:, 1]`, p(class 1).
+    Concrete labels outside `[0, classes)` raise a `ValueError` naming the first, its row
+    and the range; traced ones (built inside `jit`) are checked by the metrics.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> scores = ClassScores(jnp.zeros((2, 3)), jnp.array([0, 2]))
+    >>> scores.num_rows, scores.classes
+    (2, 3)
+    >>> ClassScores(jnp.zeros((2, 3)), jnp.array([0, 3]))
+    Traceback (most recent call last):
+    ...
+    ValueError: ClassScores.labels holds label 3 at row 1; valid labels are 0 to 2 (classes=3).
+
+    ```
+    """
+
+    logits: Float[Array, "rows classes"]
+    labels: Int[Array, " rows"]
+    weights: Float[Array, " rows"] | None = None
+
+    def __check_init__(self) -> None:
+        _require_rank("ClassScores", "logits", self.logits, 2, "rows, classes")
+        _require_rank("ClassScores", "labels", self.labels, 1, "rows")
+        if _shape(self.logits)[1] < 2:
+            raise ValueError(
+                "ClassScores.logits must score at least 2 classes, got shape "
+                f"{_shape(self.logits)}."
+            )
+        fields = {"logits": self.logits, "labels": self.labels}
+        if self.weights is not None:
+            _require_rank("ClassScores", "weights", self.weights, 1, "rows")
+            fields["weights"] = self.weights
+        if len({_shape(value)[0] for value in fields.values()}) != 1:
+            raise ValueError(
+                f"ClassScores fields must share one row axis, got {_describe(**fields)}."
+            )
+        if not jnp.issubdtype(jnp.result_type(self.labels), jnp.integer):
+            raise ValueError(
+                "ClassScores.labels must hold integer class labels, got dtype "
+                f"{jnp.result_type(self.labels)}."
+            )
+        if not isinstance(self.labels, jax.core.Tracer):
+            check_ids(self.labels, self.classes, subject="ClassScores.labels", noun="label",
+                      size_name="classes", axes=("row",))  # fmt: skip
+
+    @property
+    def classes(self) -> int:
+        """The number of classes the logits score."""
+        return _shape(self.logits)[1]
 
 
 # --- artifacts on the host, in one process or several ------------------------------------

@@ -37,6 +37,7 @@ from hypothesis.extra import numpy as hnp
 
 from dew.artifacts import (
     Artifact,
+    ClassScores,
     Clips,
     Images,
     RegressionScores,
@@ -50,6 +51,7 @@ from dew.metrics import Metric
 __all__ = [
     "assert_scores_close",
     "check_metric_laws",
+    "class_scores",
     "clips",
     "images",
     "regression_scores",
@@ -206,6 +208,35 @@ def token_rows(
     m = draw(_rows_strategy(length))
     tokens = draw(hnp.arrays(np.int32, (n, m), elements=st.integers(0, vocab_size - 1)))
     return TokenRows(jnp.asarray(tokens))
+
+
+@st.composite
+def class_scores(
+    draw: Callable,
+    rows: int | SearchStrategy[int] = st.integers(1, 6),
+    classes: int | SearchStrategy[int] = st.sampled_from([2, 3, 5]),
+    weighted: bool | None = None,
+) -> ClassScores:
+    """`ClassScores` with logits in [-4, 4] (now and then tied within a row), labels in
+    `[0, classes)` and, unless `weighted` says (`True`: always, `False`: never), either no
+    weights or 0/1 or fractional row weights (the first row always counts)."""
+    n = draw(_rows_strategy(rows))
+    c = draw(_rows_strategy(classes))
+    logits = draw(_float_array((n, c), -4.0, 4.0))
+    if draw(st.booleans()):  # ties: the argmax and top-k break them by class index
+        logits = np.round(logits)
+    labels = draw(hnp.arrays(np.int32, (n,), elements=st.integers(0, c - 1)))
+    with_weights = draw(st.booleans()) if weighted is None else weighted
+    if not with_weights:
+        return ClassScores(jnp.asarray(logits), jnp.asarray(labels))
+    weights = draw(
+        st.one_of(
+            hnp.arrays(np.float32, (n,), elements=st.sampled_from([0.0, 1.0])),
+            _float_array((n,), 0.0, 1.0),
+        )
+    )
+    weights[0] = 1.0
+    return ClassScores(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(weights))
 
 
 def _tolerances(value: Any) -> tuple[float, float]:

@@ -6,7 +6,17 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-_HIGHER_IS_BETTER = ("accuracy", "psnr", "ssim", "clip_score", "auc", "f1", "precision", "recall")
+_HIGHER_IS_BETTER = (
+    "accuracy",
+    "psnr",
+    "ssim",
+    "clip_score",
+    "auc",
+    "auroc",
+    "f1",
+    "precision",
+    "recall",
+)
 """Bare metric names containing one of these are better higher; every other one (losses,
 perplexity, errors, FID, CRPS) is better lower. dew's `Metric` records no direction."""
 

@@ -21,7 +21,7 @@ and likewise through a TOML file (`dump_toml` / `load`).
   one dotted path.
 - `builtin(name)` is one of dew's built-in run configurations by name
   (`BUILTIN_CONFIGS`: `tiny_lm`, `tiny_diffusion`, `tiny_video_diffusion`,
-  `tiny_jepa`), as
+  `tiny_jepa`, `tiny_classifier`), as
   `dew train --config NAME` trains it.
 - `override(config, point)` sets dotted paths (`"optim.learning_rate"`,
   `"model.kwargs.emb_features"`) through `to_dict` and `from_dict`; a path the config

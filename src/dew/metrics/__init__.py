@@ -18,9 +18,20 @@ The factories below build the built-ins under their bare names.
 ```
 """
 
+from dew._checks import check_integer
 from dew.metrics._base import MeanState as MeanState
 from dew.metrics._base import Metric as Metric
 from dew.metrics._base import raise_if as raise_if
+from dew.metrics._classification import AUROC as AUROC
+from dew.metrics._classification import F1 as F1
+from dew.metrics._classification import Accuracy as Accuracy
+from dew.metrics._classification import ConfusionMatrix as ConfusionMatrix
+from dew.metrics._classification import CrossEntropy as CrossEntropy
+from dew.metrics._classification import ExpectedCalibrationError as ExpectedCalibrationError
+from dew.metrics._classification import Precision as Precision
+from dew.metrics._classification import Recall as Recall
+from dew.metrics._classification import TopKAccuracy as TopKAccuracy
+from dew.metrics._classification import WeightedCounts as WeightedCounts
 from dew.metrics._clip import clip_score as clip_score
 from dew.metrics._fid import FID as FID
 from dew.metrics._fid import FIDState as FIDState
@@ -52,12 +63,18 @@ from dew.metrics._tokens import Perplexity as Perplexity
 from dew.metrics._tokens import TokenAccuracy as TokenAccuracy
 
 __all__ = [
+    "AUROC",
+    "F1",
     "FID",
     "MAE",
     "MSE",
     "PSNR",
     "RMSE",
     "SSIM",
+    "Accuracy",
+    "ConfusionMatrix",
+    "CrossEntropy",
+    "ExpectedCalibrationError",
     "FIDState",
     "FrechetDistance",
     "KNNProbe",
@@ -69,13 +86,22 @@ __all__ = [
     "Moments",
     "Perplexity",
     "PointCRPS",
+    "Precision",
+    "Recall",
     "RowLoss",
     "RowMeanState",
     "Sum",
     "TokenAccuracy",
+    "TopKAccuracy",
     "VideoPSNR",
     "VideoSSIM",
+    "WeightedCounts",
+    "accuracy",
+    "auroc",
     "clip_score",
+    "cross_entropy",
+    "expected_calibration_error",
+    "f1",
     "fid",
     "frechet_distance",
     "gaussian_crps",
@@ -88,14 +114,17 @@ __all__ = [
     "mse",
     "perplexity",
     "point_crps",
+    "precision",
     "psnr",
     "raise_if",
+    "recall",
     "reduce",
     "rmse",
     "save_fid_statistics",
     "ssim",
     "stack_batches",
     "token_accuracy",
+    "top_k_accuracy",
     "video_psnr",
     "video_ssim",
 ]
@@ -171,3 +200,70 @@ def linear_probe(
 def knn_probe(num_classes: int, k: int = 5, *, name: str = "batch_knn_probe_accuracy") -> KNNProbe:
     """Batch k-NN-probe accuracy over `Representations` (name `batch_knn_probe_accuracy`)."""
     return KNNProbe(num_classes=num_classes, k=k, name=name)
+
+
+def accuracy(*, name: str = "accuracy") -> Accuracy:
+    """Weighted argmax accuracy over `ClassScores` (name `accuracy`)."""
+    return Accuracy(name=name)
+
+
+def top_k_accuracy(k: int, *, name: str | None = None) -> TopKAccuracy:
+    """Weighted top-`k` accuracy over `ClassScores` (name `top_<k>_accuracy`, `k >= 1`)."""
+    check_integer("k", k, minimum=1)
+    return TopKAccuracy(k=k, name=f"top_{k}_accuracy" if name is None else name)
+
+
+def cross_entropy(*, name: str = "cross_entropy") -> CrossEntropy:
+    """Weighted mean cross entropy of the labels under `softmax(logits)`, in nats, over
+    `ClassScores` (name `cross_entropy`)."""
+    return CrossEntropy(name=name)
+
+
+def precision(classes: int, average: str | None = "macro", *, name: str = "precision") -> Metric:
+    """Precision over `ClassScores` of `classes` classes: `average="macro"` the mean over
+    every class (name `precision`), `average=None` (or `"none"`) a `MetricSet` of one value
+    per class (names `precision_class_0`, `precision_class_1`, ...). A class never predicted
+    scores 0 (decision 0024)."""
+    return _per_class(Precision, classes, average, name)
+
+
+def recall(classes: int, average: str | None = "macro", *, name: str = "recall") -> Metric:
+    """Recall over `ClassScores`, macro (name `recall`) or per class (`recall_class_<i>`),
+    as `precision`; a class never true scores 0."""
+    return _per_class(Recall, classes, average, name)
+
+
+def f1(classes: int, average: str | None = "macro", *, name: str = "f1") -> Metric:
+    """F1 over `ClassScores`, macro (name `f1`, the mean of the per-class F1s) or per class
+    (`f1_class_<i>`), as `precision`; a class neither true nor predicted scores 0."""
+    return _per_class(F1, classes, average, name)
+
+
+def expected_calibration_error(
+    bins: int = 15, *, name: str = "expected_calibration_error"
+) -> ExpectedCalibrationError:
+    """L1 expected calibration error of the max softmax probability over `bins` equal-width
+    bins, over `ClassScores` (name `expected_calibration_error`, `bins >= 1`)."""
+    return ExpectedCalibrationError(bins=bins, name=name)
+
+
+def auroc(thresholds: int = 200, *, name: str = "auroc") -> AUROC:
+    """Binary AUROC of p(class 1) = `softmax(logits)[:, 1]` over 2-class `ClassScores`, on a
+    grid of `thresholds` equally spaced thresholds in [0, 1] (name `auroc`, `thresholds >= 2`)."""
+    return AUROC(thresholds=thresholds, name=name)
+
+
+def _per_class(kind: type, classes: int, average: str | None, name: str) -> Metric:
+    check_integer("classes", classes, minimum=2)
+    if not (average is None or (isinstance(average, str) and average in ("macro", "none"))):
+        raise ValueError(
+            f"average must be 'macro', 'none' or None (one value per class), got {average!r}."
+        )
+    if average == "macro":
+        return kind(classes=classes, name=name)
+    return MetricSet(
+        tuple(
+            kind(classes=classes, class_index=index, name=f"{name}_class_{index}")
+            for index in range(classes)
+        )
+    )

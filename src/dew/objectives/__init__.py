@@ -1,7 +1,7 @@
 """Objectives: Equinox modules that define how a model is trained, scored and previewed.
 
 One module per objective family: `dew.objectives.lm`, `masked_diffusion`, `dpo`, `grpo`,
-`supervised`, and the vision family `diffusion` (images and clips) and `jepa`.
+`supervised`, `classifier`, and the vision family `diffusion` (images and clips) and `jepa`.
 """
 
 from dew.objectives.base import AbstractObjective as AbstractObjective
