@@ -205,14 +205,18 @@ def find_learning_rate(opt_state: PyTree, learning_rate: LearningRate | None) ->
     when `learning_rate` is given or the state holds none; several is a `ValueError`."""
     if learning_rate is not None:
         return None
-    try:
-        return optax.tree_utils.tree_get(opt_state, "learning_rate")
+    try:  # the value, not a stateful schedule's state of the same name
+        return optax.tree_utils.tree_get(opt_state, "learning_rate", filtering=_is_value)
     except KeyError:
         raise ValueError(
             "the optimizer state holds several learning rates (several "
             "optax.inject_hyperparams); pass the one to log as learning_rate=... (a float or "
             "an optax schedule)."
         ) from None
+
+
+def _is_value(path: Any, value: Any) -> bool:
+    return eqx.is_array(value) or isinstance(value, jax.ShapeDtypeStruct)
 
 
 def no_learning_rate_error(where: str) -> ValueError:
@@ -251,8 +255,8 @@ def _optimizer_metrics(
         rate = learning_rate
     return {
         "learning_rate": jnp.asarray(rate, jnp.float32).reshape(()),
-        "grad_norm": jnp.asarray(optax.global_norm(grads), jnp.float32),
-        "update_norm": jnp.asarray(optax.global_norm(updates), jnp.float32),
+        "grad_norm": jnp.asarray(optax.tree.norm(grads), jnp.float32),
+        "update_norm": jnp.asarray(optax.tree.norm(updates), jnp.float32),
     }
 
 
@@ -278,7 +282,7 @@ def train_step(
     With `log_optimizer=True` the outputs add `learning_rate` (the rate this update
     applied: `learning_rate(state.step)` for a schedule, the constant for a float, or,
     with `learning_rate=None`, the value an `optax.inject_hyperparams` state holds after
-    the update), `grad_norm` and `update_norm` (`optax.global_norm` of the gradients and
+    the update), `grad_norm` and `update_norm` (`optax.tree.norm`, the global L2 norm, of the gradients and
     of the updates). No learning rate to read, or an aux already named one of these, is a
     `ValueError` (at trace time).
     """
