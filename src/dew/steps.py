@@ -282,8 +282,8 @@ def train_step(
     With `log_optimizer=True` the outputs add `learning_rate` (the rate this update
     applied: `learning_rate(state.step)` for a schedule, the constant for a float, or,
     with `learning_rate=None`, the value an `optax.inject_hyperparams` state holds after
-    the update), `grad_norm` and `update_norm` (`optax.tree.norm`, the global L2 norm, of the gradients and
-    of the updates). No learning rate to read, or an aux already named one of these, is a
+    the update), `grad_norm` and `update_norm` (global L2 norms, `optax.tree.norm`, of
+    the gradients and of the updates). No learning rate to read, or an aux already named one of these, is a
     `ValueError` (at trace time).
     """
     if ema_decay is not None and state.ema_params is None:
