@@ -97,6 +97,7 @@ class Trainer:
         arrays, static = eqx.partition(objective, eqx.is_array)
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
         self._objective_def, self._static = objective_def, static
+        self._compiled: dict[Telemetry, Any] = {}
 
     def fit(
         self,
@@ -299,7 +300,9 @@ class Trainer:
         data_start = start if data_start is None else data_start
         leaves, state_def = jax.tree.flatten(state)
         compiled = (self._objective_def, self._static, self.optimizer)
-        step_call, fused_call = compiled_steps(*compiled, telemetry=telemetry)
+        if telemetry not in self._compiled:  # once per Trainer, even with unhashable statics
+            self._compiled[telemetry] = compiled_steps(*compiled, telemetry=telemetry)
+        step_call, fused_call = self._compiled[telemetry]
         objective_leaves, place_window = self._objective_leaves, _as_given
         place_block: Any = _stack
         draw: Callable[..., list[Any]] = _draw_block

@@ -10,6 +10,7 @@ loop adds no synchronisation and no copy; at the log step one fetch takes the wi
 last step's outputs, and the window starts again empty.
 """
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -51,9 +52,9 @@ class TrainWindow(eqx.Module):
 
     @staticmethod
     def empty(names: tuple[str, ...]) -> "TrainWindow":
-        """The identity: no step summed."""
-        zeros = jnp.zeros((len(names),), jnp.float32)
-        return TrainWindow(zeros, jnp.zeros_like(zeros), jnp.zeros((), jnp.int32), names)
+        """The identity: no step summed (one compiled call: a new window starts at every
+        log step)."""
+        return _empty(names)
 
     def add(self, outputs: Mapping[str, Any]) -> "TrainWindow":
         """The window with one more step's `outputs` (inside the compiled step)."""
@@ -70,6 +71,12 @@ class TrainWindow(eqx.Module):
         with np.errstate(invalid="ignore"):  # inf - inf within a window is a NaN mean: data
             means = total / float(self.steps)
         return {name: float(value) for name, value in zip(self.names, means, strict=True)}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _empty(names: tuple[str, ...]) -> TrainWindow:
+    zeros = jnp.zeros((len(names),), jnp.float32)
+    return TrainWindow(zeros, jnp.zeros_like(zeros), jnp.zeros((), jnp.int32), names)
 
 
 def window_names(outputs: Iterable[str]) -> tuple[str, ...]:
