@@ -8,6 +8,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray
 
@@ -98,6 +99,7 @@ class Trainer:
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
         self._objective_def, self._static = objective_def, static
         self._compiled: dict[Telemetry, Any] = {}
+        self._names: dict[Any, tuple[str, ...]] = {}
 
     def fit(
         self,
@@ -265,6 +267,20 @@ class Trainer:
         ema = self.objective.ema_decay is not None
         return TrainState.create(self.objective, self.optimizer, key=self.key, ema=ema)
 
+    def _output_names(
+        self, telemetry: Telemetry, state_def: Any, leaves: list[Any], batch: Any
+    ) -> tuple[str, ...]:
+        """The training metrics' names, traced once per Trainer and kind of batch (a fit
+        resumed or continued with `state=` pays no second trace)."""
+        shapes = tuple((np.shape(leaf), np.result_type(leaf)) for leaf in jax.tree.leaves(batch))
+        key = (telemetry, state_def, jax.tree.structure(batch), shapes)
+        if key not in self._names:
+            compiled = (self._objective_def, self._static, self.optimizer)
+            self._names[key] = output_names(
+                *compiled, telemetry, leaves, batch, self._objective_leaves, state_def
+            )
+        return self._names[key]
+
     def _run(
         self,
         data: Dataset,
@@ -319,9 +335,7 @@ class Trainer:
             objective_leaves,
             state_def,
             mean=mean,
-            names_of=lambda leaves, batch: output_names(
-                *compiled, telemetry, leaves, batch, self._objective_leaves, state_def
-            ),
+            names_of=functools.partial(self._output_names, telemetry, state_def),
             place=place_window,
         )
 

@@ -65,12 +65,23 @@ class TrainWindow(eqx.Module):
         hi, lo = two_sum(hi, error + self.lo)
         return TrainWindow(hi, lo, self.steps + 1, self.names)
 
+    def leaves(self) -> tuple[Array, Array, Array]:
+        """`(hi, lo, steps)`: the window as the compiled step carries it (a tuple of arrays
+        is flattened in the dispatch's C++ fast path; a Module would cost Python per call)."""
+        return self.hi, self.lo, self.steps
+
     def means(self) -> dict[str, float]:
         """Each metric's mean over the window (a fetched window: on the host, in float64)."""
-        total = np.asarray(self.hi, np.float64) + np.asarray(self.lo, np.float64)
-        with np.errstate(invalid="ignore"):  # inf - inf within a window is a NaN mean: data
-            means = total / float(self.steps)
-        return {name: float(value) for name, value in zip(self.names, means, strict=True)}
+        return window_means(self.names, (self.hi, self.lo, self.steps))
+
+
+def window_means(names: tuple[str, ...], leaves: tuple[Any, Any, Any]) -> dict[str, float]:
+    """Each metric's mean over a window's fetched `(hi, lo, steps)`, in float64."""
+    hi, lo, steps = leaves
+    total = np.asarray(hi, np.float64) + np.asarray(lo, np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf within a window is a NaN mean: data
+        means = total / float(steps)
+    return {name: float(value) for name, value in zip(names, means, strict=True)}
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -84,9 +95,12 @@ def window_names(outputs: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(name for name in outputs if name not in LAST_VALUED))
 
 
-def accumulated(window: TrainWindow | None, outputs: Mapping[str, Any]) -> TrainWindow | None:
-    """`window` with one more step (`None`, `train_reduction="last"`: no window)."""
-    return None if window is None else window.add(outputs)
+def accumulated(window: tuple[Any, ...] | None, outputs: Mapping[str, Any]) -> Any:
+    """A window's `(hi, lo, steps)` with one more step (`None`, `train_reduction="last"`:
+    no window)."""
+    if window is None:
+        return None
+    return TrainWindow(*window, window_names(outputs)).add(outputs).leaves()
 
 
 class WindowedCalls:
@@ -119,15 +133,15 @@ class WindowedCalls:
         self.objective_leaves, self.state_def = objective_leaves, state_def
         self.mean, self.names_of, self.place = mean, names_of, place
         self.names: tuple[str, ...] | None = None
-        self.window: TrainWindow | None = None
+        self.window: tuple[Any, ...] | None = None
 
-    def _started(self, leaves: list[Any], batch: Any) -> TrainWindow | None:
+    def _started(self, leaves: list[Any], batch: Any) -> tuple[Any, ...] | None:
         if not self.mean:
             return None
         if self.window is None:  # the first call, or the one after a log step
             if self.names is None:
                 self.names = window_names(self.names_of(leaves, batch))
-            self.window = self.place(TrainWindow.empty(self.names))
+            self.window = self.place(TrainWindow.empty(self.names).leaves())
         return self.window
 
     def step(self, leaves: list[Any], batch: Any) -> tuple[list[Any], Any]:
@@ -155,5 +169,6 @@ class WindowedCalls:
         self.window = None
         values = {name: float(value) for name, value in last.items()}
         if window is not None:
-            values.update(window.means())
+            assert self.names is not None
+            values.update(window_means(self.names, window))
         return values
