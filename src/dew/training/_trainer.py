@@ -272,7 +272,10 @@ class Trainer:
     ) -> tuple[str, ...]:
         """The training metrics' names, traced once per Trainer and kind of batch (a fit
         resumed or continued with `state=` pays no second trace)."""
-        shapes = tuple((np.shape(leaf), np.result_type(leaf)) for leaf in jax.tree.leaves(batch))
+        shapes = tuple(
+            (np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
+            for leaf in jax.tree.leaves(batch)
+        )
         key = (telemetry, state_def, jax.tree.structure(batch), shapes)
         if key not in self._names:
             compiled = (self._objective_def, self._static, self.optimizer)
