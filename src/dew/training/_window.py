@@ -5,7 +5,7 @@ on the device inside the compiled step and fetched only at the log step (decisio
 mean over the window; `"last"` reports the log step's own values, as dew did before. The
 window is a monoid carried beside the state: compensated float32 sums (`two_sum`, as
 `dew.metrics.Sum` keeps them, so a NaN or an infinity at any step of the window shows in its
-mean) and an exact step count. It is donated like the state, so between two log steps the
+mean) and a step count. It is donated like the state, so between two log steps the
 loop adds no synchronisation and no copy; at the log step one fetch takes the window and the
 last step's outputs, and the window starts again empty.
 """
@@ -18,7 +18,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
 from dew.metrics._sums import two_sum
 
@@ -42,52 +42,43 @@ def check_train_reduction(train_reduction: object) -> bool:
 class TrainWindow(eqx.Module):
     """The sums of the training metrics `names` over the steps of a window, and their count.
 
-    `hi + lo` is each metric's compensated sum (Knuth's TwoSum, as in `dew.metrics.Sum`, one
-    pair per metric in one vector, so a window is three buffers whatever its metrics)."""
+    `sums[0] + sums[1]` (`hi + lo`) is each metric's compensated sum (Knuth's TwoSum, as in
+    `dew.metrics.Sum`), the last column counting the steps (compensated too, so exact far past
+    2**24): one buffer whatever the metrics, the least a compiled call can carry."""
 
-    hi: Float[Array, " metrics"]
-    lo: Float[Array, " metrics"]
-    steps: Int[Array, ""]
+    sums: Float[Array, "2 slots"]
     names: tuple[str, ...] = eqx.field(static=True)
 
     @staticmethod
     def empty(names: tuple[str, ...]) -> "TrainWindow":
         """The identity: no step summed (one compiled call: a new window starts at every
         log step)."""
-        return _empty(names)
+        return TrainWindow(_empty(len(names)), names)
 
     def add(self, outputs: Mapping[str, Any]) -> "TrainWindow":
         """The window with one more step's `outputs` (inside the compiled step)."""
-        values = jnp.stack(
-            [jnp.asarray(outputs[name], jnp.float32).reshape(()) for name in self.names]
-        )
-        hi, error = two_sum(self.hi, values)
-        hi, lo = two_sum(hi, error + self.lo)
-        return TrainWindow(hi, lo, self.steps + 1, self.names)
-
-    def leaves(self) -> tuple[Array, Array, Array]:
-        """`(hi, lo, steps)`: the window as the compiled step carries it (a tuple of arrays
-        is flattened in the dispatch's C++ fast path; a Module would cost Python per call)."""
-        return self.hi, self.lo, self.steps
+        values = [jnp.asarray(outputs[name], jnp.float32).reshape(()) for name in self.names]
+        step = jnp.stack([*values, jnp.ones((), jnp.float32)])
+        hi, error = two_sum(self.sums[0], step)
+        hi, lo = two_sum(hi, error + self.sums[1])
+        return TrainWindow(jnp.stack([hi, lo]), self.names)
 
     def means(self) -> dict[str, float]:
         """Each metric's mean over the window (a fetched window: on the host, in float64)."""
-        return window_means(self.names, (self.hi, self.lo, self.steps))
+        return window_means(self.names, self.sums)
 
 
-def window_means(names: tuple[str, ...], leaves: tuple[Any, Any, Any]) -> dict[str, float]:
-    """Each metric's mean over a window's fetched `(hi, lo, steps)`, in float64."""
-    hi, lo, steps = leaves
-    total = np.asarray(hi, np.float64) + np.asarray(lo, np.float64)
+def window_means(names: tuple[str, ...], sums: Any) -> dict[str, float]:
+    """Each metric's mean over a window's fetched `sums`, in float64."""
+    total = np.asarray(sums[0], np.float64) + np.asarray(sums[1], np.float64)
     with np.errstate(invalid="ignore"):  # inf - inf within a window is a NaN mean: data
-        means = total / float(steps)
+        means = total[:-1] / total[-1]
     return {name: float(value) for name, value in zip(names, means, strict=True)}
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _empty(names: tuple[str, ...]) -> TrainWindow:
-    zeros = jnp.zeros((len(names),), jnp.float32)
-    return TrainWindow(zeros, jnp.zeros_like(zeros), jnp.zeros((), jnp.int32), names)
+def _empty(metrics: int) -> Array:
+    return jnp.zeros((2, metrics + 1), jnp.float32)
 
 
 def window_names(outputs: Iterable[str]) -> tuple[str, ...]:
@@ -95,12 +86,13 @@ def window_names(outputs: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(name for name in outputs if name not in LAST_VALUED))
 
 
-def accumulated(window: tuple[Any, ...] | None, outputs: Mapping[str, Any]) -> Any:
-    """A window's `(hi, lo, steps)` with one more step (`None`, `train_reduction="last"`:
-    no window)."""
+def accumulated(window: Array | None, outputs: Mapping[str, Any]) -> Array | None:
+    """A window's `sums` with one more step (`None`, `train_reduction="last"`: no window).
+    The compiled step carries the bare array: an array is flattened in the dispatch's C++
+    fast path, a Module would cost Python per call."""
     if window is None:
         return None
-    return TrainWindow(*window, window_names(outputs)).add(outputs).leaves()
+    return TrainWindow(window, window_names(outputs)).add(outputs).sums
 
 
 class WindowedCalls:
@@ -133,15 +125,15 @@ class WindowedCalls:
         self.objective_leaves, self.state_def = objective_leaves, state_def
         self.mean, self.names_of, self.place = mean, names_of, place
         self.names: tuple[str, ...] | None = None
-        self.window: tuple[Any, ...] | None = None
+        self.window: Any = None
 
-    def _started(self, leaves: list[Any], batch: Any) -> tuple[Any, ...] | None:
+    def _started(self, leaves: list[Any], batch: Any) -> Any:
         if not self.mean:
             return None
         if self.window is None:  # the first call, or the one after a log step
             if self.names is None:
                 self.names = window_names(self.names_of(leaves, batch))
-            self.window = self.place(TrainWindow.empty(self.names).leaves())
+            self.window = self.place(TrainWindow.empty(self.names).sums)
         return self.window
 
     def step(self, leaves: list[Any], batch: Any) -> tuple[list[Any], Any]:
