@@ -55,15 +55,15 @@ def _step_function(
     return step
 
 
-def _windowed(step: Any):
-    """`step` carrying the training window: `(leaves, window, batch, objective_leaves,
-    state_def) -> (leaves, window, outputs)`."""
+def _windowed(one_step: Any):
+    """`one_step` carrying the training window: `(leaves, window, batch, objective_leaves,
+    state_def) -> (leaves, window, outputs)` (compiled as `jit(step)`, as before the window)."""
 
-    def windowed(state_leaves: list, window: Any, batch: Any, objective_leaves: list, state_def):
-        leaves, outputs = step(state_leaves, batch, objective_leaves, state_def)
+    def step(state_leaves: list, window: Any, batch: Any, objective_leaves: list, state_def):
+        leaves, outputs = one_step(state_leaves, batch, objective_leaves, state_def)
         return leaves, accumulated(window, outputs), outputs
 
-    return windowed
+    return step
 
 
 def _compile_step(
