@@ -283,8 +283,8 @@ def train_step(
     applied: `learning_rate(state.step)` for a schedule, the constant for a float, or,
     with `learning_rate=None`, the value an `optax.inject_hyperparams` state holds after
     the update), `grad_norm` and `update_norm` (global L2 norms, `optax.tree.norm`, of
-    the gradients and of the updates). No learning rate to read, or an aux already named one of these, is a
-    `ValueError` (at trace time).
+    the gradients and of the updates). No learning rate to read, or an aux already named
+    one of these, is a `ValueError` (at trace time).
     """
     if ema_decay is not None and state.ema_params is None:
         raise ValueError(
