@@ -207,6 +207,8 @@ FIELDS = {
     "trainer.checkpoint_every": st.none() | counts,
     "trainer.seed": st.integers(0, 2**32 - 1),
     "trainer.preview": st.booleans(),
+    "trainer.train_reduction": st.sampled_from(["mean", "last"]),
+    "trainer.log_optimizer": st.booleans(),
 }
 
 

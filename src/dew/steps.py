@@ -32,6 +32,8 @@ from dew.artifacts import Artifact
 from dew.objectives.base import Objective, ReadsEMAParams
 
 __all__ = [
+    "OPTIMIZER_METRICS",
+    "LearningRate",
     "MetricHistory",
     "TrainState",
     "ema_update",
@@ -190,6 +192,74 @@ def _ema_loss(objective: Any, ema_params: PyTree, params: PyTree, batch: Any, ke
     return objective.ema_loss(params, ema_params, batch, key)
 
 
+LearningRate = float | optax.Schedule
+"""A learning rate as the optimizer was built with it: a constant or an optax schedule of
+the update count."""
+
+OPTIMIZER_METRICS: tuple[str, ...] = ("learning_rate", "grad_norm", "update_norm")
+"""The training metrics `train_step(..., log_optimizer=True)` adds."""
+
+
+def find_learning_rate(opt_state: PyTree, learning_rate: LearningRate | None) -> Any:
+    """The learning rate an optimizer state holds (`optax.inject_hyperparams`), or `None`
+    when `learning_rate` is given or the state holds none; several is a `ValueError`."""
+    if learning_rate is not None:
+        return None
+    try:  # the value, not a stateful schedule's state of the same name
+        return optax.tree_utils.tree_get(opt_state, "learning_rate", filtering=_is_value)
+    except KeyError:
+        raise ValueError(
+            "the optimizer state holds several learning rates (several "
+            "optax.inject_hyperparams); pass the one to log as learning_rate=... (a float or "
+            "an optax schedule)."
+        ) from None
+
+
+def _is_value(path: Any, value: Any) -> bool:
+    return eqx.is_array(value) or isinstance(value, jax.ShapeDtypeStruct)
+
+
+def no_learning_rate_error(where: str) -> ValueError:
+    """The error of `log_optimizer=True` with no learning rate to log, saying how to give one."""
+    return ValueError(
+        f"log_optimizer=True logs the learning rate, but {where} has none to read: build the "
+        "optimizer with optax.inject_hyperparams (optax.inject_hyperparams(optax.adam)("
+        "learning_rate=schedule)), or pass the rate or schedule the optimizer was built with "
+        "as learning_rate=... (Trainer(..., learning_rate=...), train_step(..., "
+        "learning_rate=...))."
+    )
+
+
+def _optimizer_metrics(
+    grads: PyTree,
+    updates: PyTree,
+    state: TrainState,
+    opt_state: PyTree,
+    learning_rate: LearningRate | None,
+    aux: Mapping[str, Any],
+) -> dict[str, Float[Array, ""]]:
+    taken = sorted(set(aux) & set(OPTIMIZER_METRICS))
+    if taken:
+        raise ValueError(
+            f"log_optimizer=True adds the training metrics {', '.join(OPTIMIZER_METRICS)}, "
+            f"but the objective's aux already names {', '.join(taken)}: rename the aux "
+            "value, or fit without log_optimizer."
+        )
+    if learning_rate is None:  # what inject_hyperparams applied in this update
+        rate = find_learning_rate(opt_state, None)
+        if rate is None:
+            raise no_learning_rate_error("the optimizer state")
+    elif callable(learning_rate):  # optax's count before the update is the steps taken
+        rate = learning_rate(state.step)
+    else:
+        rate = learning_rate
+    return {
+        "learning_rate": jnp.asarray(rate, jnp.float32).reshape(()),
+        "grad_norm": jnp.asarray(optax.tree.norm(grads), jnp.float32),
+        "update_norm": jnp.asarray(optax.tree.norm(updates), jnp.float32),
+    }
+
+
 def train_step(
     objective: Objective,
     optimizer: optax.GradientTransformation,
@@ -198,6 +268,8 @@ def train_step(
     key: PRNGKeyArray,
     *,
     ema_decay: float | None = None,
+    log_optimizer: bool = False,
+    learning_rate: LearningRate | None = None,
 ) -> tuple[TrainState, dict[str, Float[Array, ""]]]:
     """One optimizer step on `batch`: returns the next state and `{"loss": ..., **aux}`.
 
@@ -206,6 +278,13 @@ def train_step(
     reads its EMA params (`dew.objectives.base.ReadsEMAParams`, JEPA's target encoder)
     is differentiated through `ema_loss(params, state.ema_params, batch, key)`; such an
     objective with an `ema_decay` of its own refuses a step without one.
+
+    With `log_optimizer=True` the outputs add `learning_rate` (the rate this update
+    applied: `learning_rate(state.step)` for a schedule, the constant for a float, or,
+    with `learning_rate=None`, the value an `optax.inject_hyperparams` state holds after
+    the update), `grad_norm` and `update_norm` (global L2 norms, `optax.tree.norm`, of
+    the gradients and of the updates). No learning rate to read, or an aux already named
+    one of these, is a `ValueError` (at trace time).
     """
     if ema_decay is not None and state.ema_params is None:
         raise ValueError(
@@ -228,6 +307,9 @@ def train_step(
     with jax.numpy_dtype_promotion("standard"):
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        telemetry = {}
+        if log_optimizer:
+            telemetry = _optimizer_metrics(grads, updates, state, opt_state, learning_rate, aux)
     ema_params = state.ema_params
     if ema_decay is not None:
         ema_params = ema_update(ema_params, params, ema_decay)
@@ -239,7 +321,7 @@ def train_step(
         ema_params=ema_params,
         metric_history=state.metric_history,
     )
-    return next_state, {"loss": loss, **aux}
+    return next_state, {"loss": loss, **aux, **telemetry}
 
 
 def eval_step(

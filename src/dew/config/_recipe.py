@@ -233,6 +233,8 @@ def train_run(
         config.optim.build(settings.steps),
         key=jax.random.fold_in(seed, RUN_DOMAIN),
         checkpoint_dir=checkpoints if is_uri(checkpoints) else os.fspath(checkpoints),
+        # the schedule the optimizer was built with, over this fit's total (decision 0020)
+        learning_rate=config.optim.learning_rate_schedule(settings.steps),
     )
     fit = functools.partial(
         trainer.fit,
@@ -244,6 +246,8 @@ def train_run(
         checkpoint_every=settings.checkpoint_every,
         preview=settings.preview if preview is None else preview,
         progress=progress,
+        train_reduction=settings.train_reduction,
+        log_optimizer=settings.log_optimizer,
     )
     if not writing:  # no local tracker, run.json or journals here; `tracker` is the caller's
         return fit(tracker=tracker)

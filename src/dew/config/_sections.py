@@ -23,6 +23,7 @@ from dew.config._fields import (
     _string,
     _where,
 )
+from dew.training._window import TRAIN_REDUCTIONS
 
 __all__ = ["ModelConfig", "ObjectiveConfig", "OptimConfig", "TrainerConfig"]
 
@@ -221,6 +222,11 @@ class TrainerConfig(_Section):
     - `preview`: a bool; `True` has every evaluation event preview what the model
       generates into the run's trackers, the local one included (PNG images, animated
       GIF clips, representation histograms under the run folder's `previews/`).
+    - `train_reduction`: `"mean"` (each training metric a log step reports is its mean
+      over the steps since the last log step) or `"last"` (the log step's own value);
+      `Trainer.fit`'s argument of that name.
+    - `log_optimizer`: a bool; `True` adds the training metrics `learning_rate` (from
+      the optim section's schedule), `grad_norm` and `update_norm`.
     """
 
     name: str | None = None
@@ -232,6 +238,8 @@ class TrainerConfig(_Section):
     checkpoint_every: int | None = None
     seed: int = 0
     preview: bool = False
+    train_reduction: str = "mean"
+    log_optimizer: bool = False
 
     def __post_init__(self) -> None:
         where = _where(self)
@@ -249,5 +257,17 @@ class TrainerConfig(_Section):
                 "bits of an integer seed, so larger seeds would repeat smaller ones."
             )
         _set(self, "seed", seed)
-        if not isinstance(self.preview, bool):
-            raise TypeError(f"{where}.preview must be true or false, got {self.preview!r}.")
+        for field in ("preview", "log_optimizer"):
+            if not isinstance(getattr(self, field), bool):
+                raise TypeError(
+                    f"{where}.{field} must be true or false, got {getattr(self, field)!r}."
+                )
+        if (
+            not isinstance(self.train_reduction, str)
+            or self.train_reduction not in TRAIN_REDUCTIONS
+        ):
+            allowed = " or ".join(repr(value) for value in TRAIN_REDUCTIONS)
+            raise ValueError(
+                f"{where}.train_reduction must be {allowed}, got {self.train_reduction!r}."
+            )
+        _set(self, "train_reduction", str.__str__(self.train_reduction))

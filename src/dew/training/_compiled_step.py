@@ -2,8 +2,9 @@
 
 The objective is partitioned and flattened once, and the state travels as a flat list of
 leaves with its buffers donated: a step pays no Python-level pytree flattening and adds no
-copies the hand-written loop lacks. Trainers of one objective structure and one optimizer
-share their compiled steps.
+copies the hand-written loop lacks. The training window (`_window.TrainWindow`, or `None`
+with `train_reduction="last"`) travels beside it, donated too. Trainers of one objective
+structure and one optimizer share their compiled steps.
 """
 
 import contextlib
@@ -17,9 +18,15 @@ import optax
 from dew._checks import ids_checked_on_host
 from dew._domains import TRAIN_STEP_DOMAIN
 from dew._processes import is_multiprocess, replicated_sharding
-from dew.steps import train_step
+from dew.steps import LearningRate, train_step
+from dew.training._window import accumulated
 
 __all__ = ["compiled_steps"]
+
+
+Telemetry = tuple[LearningRate | None] | None
+"""What `Trainer.fit(log_optimizer=True)` compiles in: `(learning_rate,)`, the Trainer's
+`learning_rate` (`None`: read from the optimizer state), or `None`: no telemetry."""
 
 
 def _step_function(
@@ -27,16 +34,34 @@ def _step_function(
     static: Any,
     optimizer: optax.GradientTransformation,
     checked_on_host: bool = False,
+    telemetry: Telemetry = None,
 ):
+    """`step(state_leaves, batch, objective_leaves, state_def) -> (leaves, outputs)`;
+    `telemetry`: `None`, or `(learning_rate,)` for `train_step(log_optimizer=True)`."""
+
     def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: Any):
         objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
         state = jax.tree.unflatten(state_def, state_leaves)
         key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_STEP_DOMAIN), state.step)
+        logging: dict[str, Any] = {}
+        if telemetry is not None:
+            logging = {"log_optimizer": True, "learning_rate": telemetry[0]}
         with ids_checked_on_host() if checked_on_host else contextlib.nullcontext():
             next_state, outputs = train_step(
-                objective, optimizer, state, batch, key, ema_decay=objective.ema_decay
+                objective, optimizer, state, batch, key, ema_decay=objective.ema_decay, **logging
             )
         return jax.tree.leaves(next_state), outputs
+
+    return step
+
+
+def _windowed(one_step: Any):
+    """`one_step` carrying the training window: `(leaves, window, batch, objective_leaves,
+    state_def) -> (leaves, window, outputs)` (compiled as `jit(step)`, as before the window)."""
+
+    def step(state_leaves: list, window: Any, batch: Any, objective_leaves: list, state_def):
+        leaves, outputs = one_step(state_leaves, batch, objective_leaves, state_def)
+        return leaves, accumulated(window, outputs), outputs
 
     return step
 
@@ -46,13 +71,10 @@ def _compile_step(
     static: Any,
     optimizer: optax.GradientTransformation,
     shardings: tuple[Any, ...] | None = None,
+    telemetry: Telemetry = None,
 ):
-    return jax.jit(
-        _step_function(objective_def, static, optimizer, _on_host(shardings)),
-        donate_argnums=0,
-        static_argnums=3,
-        **_kept(shardings),
-    )
+    step = _step_function(objective_def, static, optimizer, _on_host(shardings), telemetry)
+    return jax.jit(_windowed(step), donate_argnums=(0, 1), static_argnums=4, **_kept(shardings))
 
 
 def _on_host(shardings: tuple[Any, ...] | None) -> bool:
@@ -64,10 +86,11 @@ def _on_host(shardings: tuple[Any, ...] | None) -> bool:
 
 def _kept(shardings: tuple[Any, ...] | None) -> dict[str, Any]:
     """`jax.jit`'s `out_shardings` that keep the state's leaves where they were placed
-    (`shardings`, one per leaf) and the training metrics replicated; none in one process."""
+    (`shardings`, one per leaf), and the training window and metrics replicated; none in
+    one process."""
     if shardings is None:
         return {}
-    return {"out_shardings": (list(shardings), replicated_sharding())}
+    return {"out_shardings": (list(shardings), replicated_sharding(), replicated_sharding())}
 
 
 def _compile_fused(
@@ -75,19 +98,23 @@ def _compile_fused(
     static: Any,
     optimizer: optax.GradientTransformation,
     shardings: tuple[Any, ...] | None = None,
+    telemetry: Telemetry = None,
 ):
     """Several steps in one compiled call: a `lax.scan` of the step over stacked batches,
-    returning the last step's training metrics."""
-    step = _step_function(objective_def, static, optimizer, _on_host(shardings))
+    each step added to the window, returning the last step's training metrics."""
+    step = _windowed(
+        _step_function(objective_def, static, optimizer, _on_host(shardings), telemetry)
+    )
 
-    def fused(state_leaves: list, batches: Any, objective_leaves: list, state_def: Any):
-        def body(leaves: list, batch: Any):
-            return step(leaves, batch, objective_leaves, state_def)
+    def fused(state_leaves: list, window: Any, batches: Any, objective_leaves: list, state_def):
+        def body(carry: tuple[list, Any], batch: Any):
+            leaves, window, outputs = step(*carry, batch, objective_leaves, state_def)
+            return (leaves, window), outputs
 
-        leaves, outputs = jax.lax.scan(body, state_leaves, batches)
-        return leaves, jax.tree.map(lambda value: value[-1], outputs)
+        (leaves, window), outputs = jax.lax.scan(body, (state_leaves, window), batches)
+        return leaves, window, jax.tree.map(lambda value: value[-1], outputs)
 
-    return jax.jit(fused, donate_argnums=0, static_argnums=3, **_kept(shardings))
+    return jax.jit(fused, donate_argnums=(0, 1), static_argnums=4, **_kept(shardings))
 
 
 _cached_step = functools.lru_cache(maxsize=32)(_compile_step)
@@ -99,9 +126,11 @@ def compiled_steps(
     static: Any,
     optimizer: optax.GradientTransformation,
     shardings: tuple[Any, ...] | None = None,
+    telemetry: Telemetry = None,
 ):
     """The compiled single step and fused steps of one objective structure and optimizer;
     the state's EMA params are updated in them when the objective declares an `ema_decay`.
+    Both take and return the training window after the state's leaves (`None`: none).
 
     With `shardings` (one `jax.sharding.Sharding` per state leaf: a placed fit under
     `jax.distributed`), the steps return the state's leaves in those shardings (so the
@@ -111,11 +140,29 @@ def compiled_steps(
     (`Placement.agree`)."""
     try:  # Trainers of one model structure and one optimizer share a compiled step
         return (
-            _cached_step(objective_def, static, optimizer, shardings),
-            _cached_fused(objective_def, static, optimizer, shardings),
+            _cached_step(objective_def, static, optimizer, shardings, telemetry),
+            _cached_fused(objective_def, static, optimizer, shardings, telemetry),
         )
     except TypeError:  # an unhashable static field: compile for this Trainer alone
         return (
-            _compile_step(objective_def, static, optimizer, shardings),
-            _compile_fused(objective_def, static, optimizer, shardings),
+            _compile_step(objective_def, static, optimizer, shardings, telemetry),
+            _compile_fused(objective_def, static, optimizer, shardings, telemetry),
         )
+
+
+def output_names(
+    objective_def: Any,
+    static: Any,
+    optimizer: optax.GradientTransformation,
+    telemetry: Telemetry,
+    leaves: list[Any],
+    batch: Any,
+    objective_leaves: list[Any],
+    state_def: Any,
+) -> tuple[str, ...]:
+    """The names of the training metrics one step returns (traced, never run)."""
+    step = _step_function(objective_def, static, optimizer, False, telemetry)
+    _, outputs = jax.eval_shape(
+        functools.partial(step, state_def=state_def), leaves, batch, objective_leaves
+    )
+    return tuple(outputs)

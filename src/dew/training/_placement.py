@@ -27,7 +27,7 @@ from dew._processes import (
 from dew.objectives.base import Objective
 from dew.steps import TrainState
 from dew.training._batches import _draw, _stack
-from dew.training._compiled_step import compiled_steps
+from dew.training._compiled_step import Telemetry, compiled_steps
 
 __all__ = ["ParamSharding", "Placement", "fit_setup", "rows_of"]
 
@@ -140,13 +140,21 @@ class Placement:
         return jax.tree.map(place, dict(batch))
 
     def compiled_steps(
-        self, objective_def: Any, static: Any, leaves: list[Any], objective_leaves: list[Any]
+        self,
+        objective_def: Any,
+        static: Any,
+        leaves: list[Any],
+        objective_leaves: list[Any],
+        telemetry: Telemetry = None,
     ) -> tuple[Callable[..., Any], Callable[..., Any], list[Any], Callable[[list[Any]], Any]]:
         """One compiled step (and fused step) for every process, over global arrays: the
-        calls keeping the state `leaves`' shardings, the objective's leaves replicated,
-        and the placing of a fused block's drawn batches."""
+        calls keeping the state `leaves`' shardings (and the training window replicated),
+        the objective's leaves replicated, and the placing of a fused block's drawn
+        batches."""
         shardings = tuple(leaf.sharding for leaf in leaves)
-        step_call, fused_call = compiled_steps(objective_def, static, self.optimizer, shardings)
+        step_call, fused_call = compiled_steps(
+            objective_def, static, self.optimizer, shardings, telemetry
+        )
 
         def place_block(drawn: list[Any]) -> Any:
             return self.stacked(_stack([dict(batch) for batch in drawn]))

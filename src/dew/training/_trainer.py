@@ -3,8 +3,7 @@
 import dataclasses
 import functools
 import os
-import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -12,41 +11,36 @@ import jax
 import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray
-from tqdm.auto import tqdm
 
 from dew._checks import batch_error, check_integer, failed_check
-from dew._domains import PREVIEW_DOMAIN
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._interrupts import FitInterrupted
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
-from dew._pass import preview_on_process_zero
-from dew._processes import is_multiprocess
-from dew.data import Dataset, Partition, _lazily
-from dew.evaluation import run_pass
-from dew.events import STEP_END, VALIDATION_END, EventSink, TrackerEventSink
+from dew._processes import is_multiprocess, replicated
+from dew.data import Dataset, Partition
+from dew.events import STEP_END, EventSink, TrackerEventSink
 from dew.metrics import Metric, MetricSet
 from dew.naming import Split, check_name
 from dew.objectives.base import Objective, ReportsSampling
 from dew.profiling import Profile
-from dew.steps import EMPTY_HISTORY, TrainState, generation_params
+from dew.steps import EMPTY_HISTORY, LearningRate, TrainState
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
 from dew.training._batches import _draw_block, _opened, _stack
-from dew.training._compiled_step import compiled_steps
+from dew.training._compiled_step import Telemetry, compiled_steps, output_names
+from dew.training._evaluation_event import SAMPLING_RECORD, evaluation_event, key_text
+from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
 from dew.training._placement import ParamSharding, Placement, fit_setup
 from dew.training._profile_window import ProfileWindowTracer
 from dew.training._resume import closed_after_interrupt, last_completed, starting_state
+from dew.training._window import WindowedCalls, check_train_reduction
 
-__all__ = ["Trainer"]
-
-PREVIEW_NAME = "samples"
-SAMPLING_RECORD = "sampling_protocol"
+__all__ = ["Trainer", "key_text"]
 
 
-def key_text(key: PRNGKeyArray) -> str:
-    """A key's raw data as one hex string (how the trainer prints an event key)."""
-    return "".join(f"{int(word):08x}" for word in np.ravel(jax.random.key_data(key)))
+def _as_given(window: Any) -> Any:
+    return window
 
 
 class Trainer:
@@ -71,6 +65,9 @@ class Trainer:
       state's params-shaped parts (`optax.tree_map_params`) follow it, everything else
       is replicated, and the compiled step keeps those shardings. Given in one process,
       it places that fit on the process's devices the same way.
+    - `learning_rate`: the float or optax schedule the optimizer was built with, for
+      `fit(..., log_optimizer=True)` to log (`None`: read from an
+      `optax.inject_hyperparams` state).
     """
 
     def __init__(
@@ -82,6 +79,7 @@ class Trainer:
         stage: str | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         param_sharding: ParamSharding | None = None,
+        learning_rate: LearningRate | None = None,
     ) -> None:
         self.objective = objective
         self.optimizer = optimizer
@@ -96,10 +94,12 @@ class Trainer:
                 f"jax.sharding.Sharding, got {type(param_sharding).__name__}."
             )
         self.param_sharding = param_sharding
+        self.learning_rate = checked_learning_rate(learning_rate)
         arrays, static = eqx.partition(objective, eqx.is_array)
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
         self._objective_def, self._static = objective_def, static
-        self._step, self._fused = compiled_steps(objective_def, static, optimizer)
+        self._compiled: dict[Telemetry, Any] = {}
+        self._names: dict[Any, tuple[str, ...]] = {}
 
     def fit(
         self,
@@ -120,12 +120,23 @@ class Trainer:
         steps_per_call: int = 1,
         on_nonfinite: str = "raise",
         final_eval: bool = True,
+        train_reduction: str = "mean",
+        log_optimizer: bool = False,
     ) -> TrainState:
         """Train to `steps` optimizer steps and return the final state.
 
-        - The training metrics of the step are reported every `log_every` steps
-          (`step_end` events, tags `<stage>/train/<metric>`); between log steps they
-          stay on the device.
+        - The training metrics are reported every `log_every` steps (`step_end`
+          events, tags `<stage>/train/<metric>`): with `train_reduction="mean"` (the
+          default) each is its mean over the window of steps since the last log step
+          (since the fit's first step for the first log step, a resumed fit's too),
+          summed on the device inside the compiled step; `"last"` reports the log
+          step's own values. Between log steps they stay on the device.
+        - `log_optimizer=True` adds the training metrics `learning_rate` (the rate the
+          log step's update applied: the window's last value), `grad_norm` and
+          `update_norm` (global L2 norms of the gradients and of the updates: window
+          means). The rate comes from the Trainer's `learning_rate` or an
+          `optax.inject_hyperparams` optimizer state; without either, and for an
+          objective whose aux already names one of these, `fit` raises a `ValueError`.
         - Evaluation runs every `eval_every` steps only when `data.val` and
           `eval_every` are given and there is something to do: `metrics` to score
           (`validation_end` events, `<stage>/validation/<metric>`) or a preview; and
@@ -165,8 +176,9 @@ class Trainer:
           when that step's loss or params are. `FitEnded` is then `failed` and no
           checkpoint of that state is written, so the last good checkpoint is the one
           a new fit resumes from. Other steps are not looked at (they pay no device
-          fetch); in fused mode a call returns its last step's loss, so that is the
-          one looked at. `"continue"` trains on. (Keras calls this rule
+          fetch); with `train_reduction="mean"` a log step looks at the window's
+          mean loss, which a NaN or infinity at any step of the window makes non-finite.
+          `"continue"` trains on. (Keras calls this rule
           `TerminateOnNaN`.)
         - Under `jax.distributed` every process calls `fit` alike: each reads its own
           `Partition` of the data, each step trains on one global batch (every
@@ -186,6 +198,8 @@ class Trainer:
         check_integer("checkpoint_every", checkpoint_every, minimum=1, optional=True)
         check_integer("steps_per_call", steps_per_call, minimum=1)
         raising = raises_on_nonfinite(on_nonfinite)
+        mean = check_train_reduction(train_reduction)
+        telemetry = optimizer_telemetry(self, log_optimizer)
         for name, every in (
             ("log_every", log_every),
             ("eval_every", eval_every),
@@ -241,6 +255,8 @@ class Trainer:
                 raising=raising,
                 placement=placement,
                 final_eval=final_eval,
+                mean=mean,
+                telemetry=telemetry,
             )
         finally:
             if checkpoints is not None:  # every submitted save is durable before fit returns
@@ -250,6 +266,23 @@ class Trainer:
         """The state before the first step, with EMA params when the objective keeps them."""
         ema = self.objective.ema_decay is not None
         return TrainState.create(self.objective, self.optimizer, key=self.key, ema=ema)
+
+    def _output_names(
+        self, telemetry: Telemetry, state_def: Any, leaves: list[Any], batch: Any
+    ) -> tuple[str, ...]:
+        """The training metrics' names, traced once per Trainer and kind of batch (a fit
+        resumed or continued with `state=` pays no second trace)."""
+        shapes = tuple(
+            (np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
+            for leaf in jax.tree.leaves(batch)
+        )
+        key = (telemetry, state_def, jax.tree.structure(batch), shapes)
+        if key not in self._names:
+            compiled = (self._objective_def, self._static, self.optimizer)
+            self._names[key] = output_names(
+                *compiled, telemetry, leaves, batch, self._objective_leaves, state_def
+            )
+        return self._names[key]
 
     def _run(
         self,
@@ -274,6 +307,8 @@ class Trainer:
         raising: bool,
         placement: Placement | None,
         final_eval: bool,
+        mean: bool,
+        telemetry: Telemetry,
     ) -> TrainState:
         # The jitted step sees the empty history only, so a growing history never
         # changes its static fields (and never recompiles it).
@@ -283,16 +318,29 @@ class Trainer:
         resumed = data_start is not None  # restored from a checkpoint
         data_start = start if data_start is None else data_start
         leaves, state_def = jax.tree.flatten(state)
-        step_call, fused_call = self._step, self._fused
-        objective_leaves = self._objective_leaves
+        compiled = (self._objective_def, self._static, self.optimizer)
+        if telemetry not in self._compiled:  # once per Trainer, even with unhashable statics
+            self._compiled[telemetry] = compiled_steps(*compiled, telemetry=telemetry)
+        step_call, fused_call = self._compiled[telemetry]
+        objective_leaves, place_window = self._objective_leaves, _as_given
         place_block: Any = _stack
         draw: Callable[..., list[Any]] = _draw_block
         if placement is not None and is_multiprocess():  # drawn and agreed by every process
             draw = functools.partial(placement.draw, self.objective)
         if placement is not None:  # one compiled step for every process, over global arrays
             step_call, fused_call, objective_leaves, place_block = placement.compiled_steps(
-                self._objective_def, self._static, leaves, objective_leaves
+                self._objective_def, self._static, leaves, objective_leaves, telemetry
             )
+            place_window = replicated
+        calls = WindowedCalls(
+            step_call,
+            fused_call,
+            objective_leaves,
+            state_def,
+            mean=mean,
+            names_of=functools.partial(self._output_names, telemetry, state_def),
+            place=place_window,
+        )
 
         def current() -> TrainState:
             return jax.tree.unflatten(state_def, leaves)
@@ -389,19 +437,15 @@ class Trainer:
                     with engine.deferred():  # a Ctrl-C lands between steps, never inside one
                         if block == 1:
                             batch = drawn[0] if placement is None else placement.batch(drawn[0])
-                            leaves, outputs = step_call(leaves, batch, objective_leaves, state_def)
+                            leaves, outputs = calls.step(leaves, batch)
                         else:
-                            leaves, outputs = fused_call(
-                                leaves, place_block(drawn), objective_leaves, state_def
-                            )
+                            leaves, outputs = calls.fused(leaves, place_block(drawn), drawn[0])
                         step += block
                     engine.advance(block)
                     window.after(step, leaves, block)
                     stop = False
                     if step % log_every == 0:
-                        values = {
-                            name: float(value) for name, value in jax.device_get(outputs).items()
-                        }
+                        values = calls.values(outputs)  # the window's, then emptied
                         unsynced.clear()
                         engine.report(STEP_END, Split.TRAIN, step, values)
                         look(step, values)  # a non-finite loss is reported, then raises
@@ -409,8 +453,8 @@ class Trainer:
                     last = final_eval and (step >= steps or stop)  # the cadence may miss it
                     if eval_every is not None and (step % eval_every == 0 or last):
                         stop = (
-                            self._evaluate(
-                                engine, data, metric_set, step, tracker, preview, progress
+                            evaluation_event(
+                                self, engine, data, metric_set, step, tracker, preview, progress
                             )
                             or stop
                         )
@@ -432,62 +476,3 @@ class Trainer:
                 checkpoint(int(current().step), outputs)
             verify(step, outputs)  # the state fit returns is checked like a saved one
         return engine.state()
-
-    def _evaluate(
-        self,
-        engine: LoopEngine,
-        data: Dataset,
-        metric_set: MetricSet,
-        step: int,
-        tracker: Tracker | None,
-        preview: bool,
-        progress: bool,
-    ) -> bool:
-        """One evaluation event at `step`; returns whether the early stopper says stop."""
-        state = engine.current()
-        event_key = jax.random.fold_in(self.key, step)
-        batches: Iterable[Any] = _lazily(data.val, Partition.current())
-        if progress and sys.stderr.isatty():
-            batches = tqdm(
-                batches,
-                desc=f"evaluation at step {step}",
-                unit="batch",
-                leave=False,
-                file=sys.stderr,
-                dynamic_ncols=True,
-            )
-        previewing = preview  # fit decided it: process zero's tracker and preview=True
-        params = generation_params(self.objective, state)  # EMA params where declared
-        result = run_pass(
-            self.objective,
-            params,
-            batches,
-            metric_set,
-            event_key,
-            keep_first_artifact=previewing,
-        )
-        if previewing and result.first_batch is not None:
-            preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
-            # every process takes part in generating it; process zero gets it to log
-            artifact = preview_on_process_zero(
-                self.objective, params, result.first_batch, preview_key, result.first_artifact
-            )
-            if tracker is not None and artifact is not None:
-                tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
-        scores = result.scores
-        counts = engine.counts_note(
-            result.batches, result.records, result.uneven_shards, key_text(event_key)
-        )
-        if scores and isinstance(self.objective, ReportsSampling):  # it generated: report how
-            record = self.objective.sampling_record(
-                result.records, event_key=key_text(event_key), batch=result.first_batch
-            )
-            engine.record(SAMPLING_RECORD, record, step)
-        if not scores:
-            if progress:
-                empty = not result.batches
-                what = "empty validation pass" if empty else "previewed (no metrics to score)"
-                engine.print(f"step {step}  {what}{counts}")
-            return False
-        engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=counts)
-        return engine.update_early_stopping(Split.VALIDATION, step, scores)

@@ -1,0 +1,95 @@
+"""One evaluation event of `Trainer.fit`: the validation pass, its preview and its report."""
+
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from jaxtyping import PRNGKeyArray
+from tqdm.auto import tqdm
+
+from dew._domains import PREVIEW_DOMAIN
+from dew._loop import LoopEngine
+from dew._pass import preview_on_process_zero
+from dew.data import Dataset, Partition, _lazily
+from dew.evaluation import run_pass
+from dew.events import VALIDATION_END
+from dew.metrics import MetricSet
+from dew.naming import Split
+from dew.objectives.base import ReportsSampling
+from dew.steps import generation_params
+from dew.tracking import Tracker
+
+if TYPE_CHECKING:
+    from dew.training._trainer import Trainer
+
+__all__ = ["PREVIEW_NAME", "SAMPLING_RECORD", "evaluation_event", "key_text"]
+
+PREVIEW_NAME = "samples"
+SAMPLING_RECORD = "sampling_protocol"
+
+
+def key_text(key: PRNGKeyArray) -> str:
+    """A key's raw data as one hex string (how the trainer prints an event key)."""
+    return "".join(f"{int(word):08x}" for word in np.ravel(jax.random.key_data(key)))
+
+
+def evaluation_event(
+    trainer: "Trainer",
+    engine: LoopEngine,
+    data: Dataset,
+    metric_set: MetricSet,
+    step: int,
+    tracker: Tracker | None,
+    preview: bool,
+    progress: bool,
+) -> bool:
+    """One evaluation event at `step`; returns whether the early stopper says stop."""
+    state = engine.current()
+    event_key = jax.random.fold_in(trainer.key, step)
+    batches: Iterable[Any] = _lazily(data.val, Partition.current())
+    if progress and sys.stderr.isatty():
+        batches = tqdm(
+            batches,
+            desc=f"evaluation at step {step}",
+            unit="batch",
+            leave=False,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+    previewing = preview  # fit decided it: process zero's tracker and preview=True
+    params = generation_params(trainer.objective, state)  # EMA params where declared
+    result = run_pass(
+        trainer.objective,
+        params,
+        batches,
+        metric_set,
+        event_key,
+        keep_first_artifact=previewing,
+    )
+    if previewing and result.first_batch is not None:
+        preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
+        # every process takes part in generating it; process zero gets it to log
+        artifact = preview_on_process_zero(
+            trainer.objective, params, result.first_batch, preview_key, result.first_artifact
+        )
+        if tracker is not None and artifact is not None:
+            tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
+    scores = result.scores
+    counts = engine.counts_note(
+        result.batches, result.records, result.uneven_shards, key_text(event_key)
+    )
+    if scores and isinstance(trainer.objective, ReportsSampling):  # it generated: report how
+        record = trainer.objective.sampling_record(
+            result.records, event_key=key_text(event_key), batch=result.first_batch
+        )
+        engine.record(SAMPLING_RECORD, record, step)
+    if not scores:
+        if progress:
+            empty = not result.batches
+            what = "empty validation pass" if empty else "previewed (no metrics to score)"
+            engine.print(f"step {step}  {what}{counts}")
+        return False
+    engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=counts)
+    return engine.update_early_stopping(Split.VALIDATION, step, scores)

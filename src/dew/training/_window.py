@@ -1,0 +1,166 @@
+"""The training window: the training metrics of every step since the last log step, summed
+on the device inside the compiled step and fetched only at the log step (decision 0025).
+
+`Trainer.fit(..., train_reduction="mean")` (the default) reports each training metric as its
+mean over the window; `"last"` reports the log step's own values, as dew did before. The
+window is a monoid carried beside the state: compensated float32 sums (`two_sum`, as
+`dew.metrics.Sum` keeps them, so a NaN or an infinity at any step of the window shows in its
+mean) and a step count. It is donated like the state, so between two log steps the
+loop adds no synchronisation and no copy; at the log step one fetch takes the window and the
+last step's outputs, and the window starts again empty.
+"""
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from dew.metrics._sums import two_sum
+
+__all__ = ["TRAIN_REDUCTIONS", "TrainWindow", "WindowedCalls", "check_train_reduction"]
+
+TRAIN_REDUCTIONS: tuple[str, ...] = ("mean", "last")
+
+LAST_VALUED: frozenset[str] = frozenset({"learning_rate"})
+"""Training metrics a window reports at its last step: a setting, not a measurement (the
+rate of the log step's update reads against the schedule at that step)."""
+
+
+def check_train_reduction(train_reduction: object) -> bool:
+    """Check a `train_reduction` argument; `True` when the window's mean is reported."""
+    if not isinstance(train_reduction, str) or train_reduction not in TRAIN_REDUCTIONS:
+        allowed = " or ".join(repr(value) for value in TRAIN_REDUCTIONS)
+        raise ValueError(f"train_reduction must be {allowed}, got {train_reduction!r}.")
+    return train_reduction == "mean"
+
+
+class TrainWindow(eqx.Module):
+    """The sums of the training metrics `names` over the steps of a window, and their count.
+
+    `sums[0] + sums[1]` (`hi + lo`) is each metric's compensated sum (Knuth's TwoSum, as in
+    `dew.metrics.Sum`), the last column counting the steps (compensated too, so exact far past
+    2**24): one buffer whatever the metrics, the least a compiled call can carry."""
+
+    sums: Float[Array, "2 slots"]
+    names: tuple[str, ...] = eqx.field(static=True)
+
+    @staticmethod
+    def empty(names: tuple[str, ...]) -> "TrainWindow":
+        """The identity: no step summed (one compiled call: a new window starts at every
+        log step)."""
+        return TrainWindow(_empty(len(names)), names)
+
+    def add(self, outputs: Mapping[str, Any]) -> "TrainWindow":
+        """The window with one more step's `outputs` (inside the compiled step)."""
+        values = [jnp.asarray(outputs[name], jnp.float32).reshape(()) for name in self.names]
+        step = jnp.stack([*values, jnp.ones((), jnp.float32)])
+        hi, error = two_sum(self.sums[0], step)
+        hi, lo = two_sum(hi, error + self.sums[1])
+        return TrainWindow(jnp.stack([hi, lo]), self.names)
+
+    def means(self) -> dict[str, float]:
+        """Each metric's mean over the window (a fetched window: on the host, in float64)."""
+        return window_means(self.names, self.sums)
+
+
+def window_means(names: tuple[str, ...], sums: Any) -> dict[str, float]:
+    """Each metric's mean over a window's fetched `sums`, in float64."""
+    total = np.asarray(sums[0], np.float64) + np.asarray(sums[1], np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf within a window is a NaN mean: data
+        means = total[:-1] / total[-1]
+    return {name: float(value) for name, value in zip(names, means, strict=True)}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _empty(metrics: int) -> Array:
+    return jnp.zeros((2, metrics + 1), jnp.float32)
+
+
+def window_names(outputs: Iterable[str]) -> tuple[str, ...]:
+    """The outputs a window sums: all but the last-valued ones, sorted."""
+    return tuple(sorted(name for name in outputs if name not in LAST_VALUED))
+
+
+def accumulated(window: Array | None, outputs: Mapping[str, Any]) -> Array | None:
+    """A window's `sums` with one more step (`None`, `train_reduction="last"`: no window).
+    The compiled step carries the bare array: an array is flattened in the dispatch's C++
+    fast path, a Module would cost Python per call."""
+    if window is None:
+        return None
+    return TrainWindow(window, window_names(outputs)).add(outputs).sums
+
+
+class WindowedCalls:
+    """A fit's compiled calls and its window: `step` and `fused` run one call and keep the
+    window; `values` fetches what a log step reports and starts a new window.
+
+    **Arguments:**
+
+    - `step_call`, `fused_call`: the compiled calls (`compiled_steps`).
+    - `objective_leaves`, `state_def`: what every call takes besides the state and batch.
+    - `mean`: report window means (`train_reduction="mean"`), else the last step's values.
+    - `names_of`: `(leaves, batch) -> outputs' names`, traced once when the first window
+      starts.
+    - `place`: places a new window's arrays where the calls take them (replicated in a
+      multi-process fit).
+    """
+
+    def __init__(
+        self,
+        step_call: Callable[..., Any],
+        fused_call: Callable[..., Any],
+        objective_leaves: list[Any],
+        state_def: Any,
+        *,
+        mean: bool,
+        names_of: Callable[[list[Any], Any], tuple[str, ...]],
+        place: Callable[[Any], Any],
+    ) -> None:
+        self.step_call, self.fused_call = step_call, fused_call
+        self.objective_leaves, self.state_def = objective_leaves, state_def
+        self.mean, self.names_of, self.place = mean, names_of, place
+        self.names: tuple[str, ...] | None = None
+        self.window: Any = None
+
+    def _started(self, leaves: list[Any], batch: Any) -> Any:
+        if not self.mean:
+            return None
+        if self.window is None:  # the first call, or the one after a log step
+            if self.names is None:
+                self.names = window_names(self.names_of(leaves, batch))
+            self.window = self.place(TrainWindow.empty(self.names).sums)
+        return self.window
+
+    def step(self, leaves: list[Any], batch: Any) -> tuple[list[Any], Any]:
+        """One compiled step; returns the new leaves and the step's outputs (on the device)."""
+        window = self._started(leaves, batch)
+        leaves, self.window, outputs = self.step_call(
+            leaves, window, batch, self.objective_leaves, self.state_def
+        )
+        return leaves, outputs
+
+    def fused(self, leaves: list[Any], batches: Any, first: Any) -> tuple[list[Any], Any]:
+        """One fused call over stacked `batches` (`first`: one step's batch); returns the new
+        leaves and the last step's outputs."""
+        window = self._started(leaves, first)
+        leaves, self.window, outputs = self.fused_call(
+            leaves, window, batches, self.objective_leaves, self.state_def
+        )
+        return leaves, outputs
+
+    def values(self, outputs: Any) -> dict[str, float]:
+        """What a log step reports (one fetch), the window then emptied: each metric's mean
+        over the window, the last-valued ones (`learning_rate`) and, with `mean=False`,
+        every metric at the last step."""
+        window, last = jax.device_get((self.window, outputs))
+        self.window = None
+        values = {name: float(value) for name, value in last.items()}
+        if window is not None:
+            assert self.names is not None
+            values.update(window_means(self.names, window))
+        return values
