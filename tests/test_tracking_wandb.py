@@ -28,6 +28,7 @@ from dew.tracking._render import histogram
 
 wandb = pytest.importorskip("wandb")
 
+from google.protobuf.message import DecodeError  # noqa: E402
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 from dew.tracking.wandb import WandbTracker  # noqa: E402
@@ -35,9 +36,16 @@ from dew.tracking.wandb import WandbTracker  # noqa: E402
 BLOCK = 32768  # the log's block size; a record header is 7 bytes
 
 
+class _PartialLogError(Exception):
+    """The log ends in a record W&B's service has not finished writing."""
+
+
 def _log_records(path):
-    """The protobuf records of a `.wandb` transaction log."""
+    """The protobuf records of a `.wandb` transaction log. A log read while W&B's service
+    is writing it can end in part of a record: that raises `_PartialLogError`."""
     data = path.read_bytes()
+    if len(data) < 7:
+        raise _PartialLogError(path)
     assert data[:4] == b":W&B", f"{path} is not a W&B transaction log (header {data[:7]!r})"
     position, pending = 7, b""
     while position + 7 <= len(data):
@@ -49,12 +57,17 @@ def _log_records(path):
         if length == 0 and kind == 0:
             position += left
             continue
+        if position + 7 + length > len(data):
+            raise _PartialLogError(path)
         chunk = data[position + 7 : position + 7 + length]
         position += 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk  # full/first, middle/last
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
+            try:
+                record.ParseFromString(pending)
+            except DecodeError as error:
+                raise _PartialLogError(path) from error
             yield record
 
 
@@ -70,11 +83,14 @@ def _finished_log(folder, run_id, timeout=60.0):
     log when `finish()` returns, so wait until its `exit` record is there."""
     path, deadline = folder / f"run-{run_id}.wandb", time.monotonic() + timeout
     while True:
-        records = list(_log_records(path)) if path.exists() else []
+        try:
+            records = list(_log_records(path)) if path.exists() else []
+        except _PartialLogError:
+            records = []
         if any(record.WhichOneof("record_type") == "exit" for record in records):
             return records
         if time.monotonic() > deadline:
-            raise AssertionError(f"{path} holds no exit record after {timeout} s")
+            raise AssertionError(f"{path} holds no whole log with an exit record after {timeout} s")
         time.sleep(0.1)
 
 
