@@ -2,9 +2,9 @@
 
 The objective is partitioned and flattened once, and the state travels as a flat list of
 leaves with its buffers donated: a step pays no Python-level pytree flattening and adds no
-copies the hand-written loop lacks. The training window (`_window.TrainWindow`, or `None`
-with `train_reduction="last"`) travels beside it, donated too. Trainers of one objective
-structure and one optimizer share their compiled steps.
+copies the hand-written loop lacks. The training window (`_window.TrainWindow`'s array)
+travels beside it, donated too, and is the steps' one training output. Trainers of one
+objective structure and one optimizer share their compiled steps.
 """
 
 import contextlib
@@ -57,11 +57,13 @@ def _step_function(
 
 def _windowed(one_step: Any):
     """`one_step` carrying the training window: `(leaves, window, batch, objective_leaves,
-    state_def) -> (leaves, window, outputs)` (compiled as `jit(step)`, as before the window)."""
+    state_def) -> (leaves, window)`, the step's outputs added to the window (compiled as
+    `jit(step)`, as before the window). The window is the one training output: a call
+    returning the outputs beside it would carry a buffer per metric more."""
 
     def step(state_leaves: list, window: Any, batch: Any, objective_leaves: list, state_def):
         leaves, outputs = one_step(state_leaves, batch, objective_leaves, state_def)
-        return leaves, accumulated(window, outputs), outputs
+        return leaves, accumulated(window, outputs)
 
     return step
 
@@ -86,11 +88,10 @@ def _on_host(shardings: tuple[Any, ...] | None) -> bool:
 
 def _kept(shardings: tuple[Any, ...] | None) -> dict[str, Any]:
     """`jax.jit`'s `out_shardings` that keep the state's leaves where they were placed
-    (`shardings`, one per leaf), and the training window and metrics replicated; none in
-    one process."""
+    (`shardings`, one per leaf), and the training window replicated; none in one process."""
     if shardings is None:
         return {}
-    return {"out_shardings": (list(shardings), replicated_sharding(), replicated_sharding())}
+    return {"out_shardings": (list(shardings), replicated_sharding())}
 
 
 def _compile_fused(
@@ -101,18 +102,17 @@ def _compile_fused(
     telemetry: Telemetry = None,
 ):
     """Several steps in one compiled call: a `lax.scan` of the step over stacked batches,
-    each step added to the window, returning the last step's training metrics."""
+    each step added to the window (which ends holding the last step's values)."""
     step = _windowed(
         _step_function(objective_def, static, optimizer, _on_host(shardings), telemetry)
     )
 
     def fused(state_leaves: list, window: Any, batches: Any, objective_leaves: list, state_def):
         def body(carry: tuple[list, Any], batch: Any):
-            leaves, window, outputs = step(*carry, batch, objective_leaves, state_def)
-            return (leaves, window), outputs
+            return step(*carry, batch, objective_leaves, state_def), None
 
-        (leaves, window), outputs = jax.lax.scan(body, (state_leaves, window), batches)
-        return leaves, window, jax.tree.map(lambda value: value[-1], outputs)
+        (leaves, window), _ = jax.lax.scan(body, (state_leaves, window), batches)
+        return leaves, window
 
     return jax.jit(fused, donate_argnums=(0, 1), static_argnums=4, **_kept(shardings))
 
@@ -130,12 +130,13 @@ def compiled_steps(
 ):
     """The compiled single step and fused steps of one objective structure and optimizer;
     the state's EMA params are updated in them when the objective declares an `ema_decay`.
-    Both take and return the training window after the state's leaves (`None`: none).
+    Both take and return the training window after the state's leaves, the steps' one
+    training output.
 
     With `shardings` (one `jax.sharding.Sharding` per state leaf: a placed fit under
     `jax.distributed`), the steps return the state's leaves in those shardings (so the
     donated buffers are reused and a sharded param stays sharded) and the training
-    metrics replicated (every process reads the same loss). Under `jax.distributed` the
+    window replicated (every process reads the same loss). Under `jax.distributed` the
     steps hold no traced batch checks: the trainer checks every batch on the host first
     (`Placement.agree`)."""
     try:  # Trainers of one model structure and one optimizer share a compiled step

@@ -373,21 +373,23 @@ class Trainer:
                 check_loss(values["loss"], step, note=note)
             seen = step
 
-        def verify(step: int, outputs: dict[str, jax.Array] | None) -> None:
+        def verify(step: int) -> None:
             """Before `step`'s state is saved or returned: its loss and params are finite."""
             nonlocal verified
-            if not raising or verified == step or outputs is None:
+            if not raising or verified == step:
                 return
-            loss = float(jax.device_get(outputs["loss"]))
+            loss = calls.loss()  # the last step's (fetched when no log step has)
+            if loss is None:  # no step ran in this fit
+                return
             if seen != step:  # a checkpoint step that is not a log step fetches the loss
                 look(step, {"loss": loss})
             state = engine.current()
             check_params((state.params, state.ema_params), step, loss=loss)
             verified = step
 
-        def checkpoint(step: int, outputs: dict[str, jax.Array] | None) -> None:
+        def checkpoint(step: int) -> None:
             nonlocal saved_step, saving
-            verify(step, outputs)
+            verify(step)
             saving = step
             extra: dict[str, Any] = {"data_start": data_start}
             if engine.stopping is not None:
@@ -406,16 +408,15 @@ class Trainer:
             if checkpoints is None or saving == step or is_multiprocess() or step == 0:
                 return FitInterrupted(step, None if saving != saved_step else saved_step)
             try:
-                checkpoint(step, outputs)
+                checkpoint(step)
             except KeyboardInterrupt:  # a second Ctrl-C: leave without this save
                 return FitInterrupted(step, None)
             return FitInterrupted(step, step)
 
         window = ProfileWindowTracer(profile, engine)
         step = start  # the last completed step
-        outputs = None  # the last call's training metrics, still on the device
         done_before = engine.stopping is not None and engine.stopping.stop
-        # The batches drawn since the step's outputs were last fetched: a check inside the
+        # The batches drawn since the window was last fetched: a check inside the
         # compiled step fails asynchronously, so its error may surface a few calls later.
         unsynced: list[Any] = []
         with engine.reporting_fit(
@@ -437,15 +438,15 @@ class Trainer:
                     with engine.deferred():  # a Ctrl-C lands between steps, never inside one
                         if block == 1:
                             batch = drawn[0] if placement is None else placement.batch(drawn[0])
-                            leaves, outputs = calls.step(leaves, batch)
+                            leaves = calls.step(leaves, batch)
                         else:
-                            leaves, outputs = calls.fused(leaves, place_block(drawn), drawn[0])
+                            leaves = calls.fused(leaves, place_block(drawn), drawn[0])
                         step += block
                     engine.advance(block)
                     window.after(step, leaves, block)
                     stop = False
                     if step % log_every == 0:
-                        values = calls.values(outputs)  # the window's, then emptied
+                        values = calls.values()  # the window's, then emptied
                         unsynced.clear()
                         engine.report(STEP_END, Split.TRAIN, step, values)
                         look(step, values)  # a non-finite loss is reported, then raises
@@ -459,7 +460,7 @@ class Trainer:
                             or stop
                         )
                     if checkpoint_every is not None and step % checkpoint_every == 0:
-                        checkpoint(step, outputs)
+                        checkpoint(step)
                     if stop:
                         break
                 jax.block_until_ready(leaves)  # a failure of the last steps surfaces here
@@ -473,6 +474,6 @@ class Trainer:
             finally:
                 window.close(leaves)
             if checkpoints is not None and saved_step != int(current().step):
-                checkpoint(int(current().step), outputs)
-            verify(step, outputs)  # the state fit returns is checked like a saved one
+                checkpoint(int(current().step))
+            verify(step)  # the state fit returns is checked like a saved one
         return engine.state()

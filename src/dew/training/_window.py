@@ -5,9 +5,10 @@ on the device inside the compiled step and fetched only at the log step (decisio
 mean over the window; `"last"` reports the log step's own values, as dew did before. The
 window is a monoid carried beside the state: compensated float32 sums (`two_sum`, as
 `dew.metrics.Sum` keeps them, so a NaN or an infinity at any step of the window shows in its
-mean) and a step count. It is donated like the state, so between two log steps the
-loop adds no synchronisation and no copy; at the log step one fetch takes the window and the
-last step's outputs, and the window starts again empty.
+mean), a step count, and the last step's values. It is the one training output of a compiled
+step, donated like the state, so between two log steps the loop adds no synchronisation and no
+copy, and each call carries one buffer for its metrics whatever their number; at the log step
+one fetch takes it, and the window starts again empty.
 """
 
 import functools
@@ -40,13 +41,15 @@ def check_train_reduction(train_reduction: object) -> bool:
 
 
 class TrainWindow(eqx.Module):
-    """The sums of the training metrics `names` over the steps of a window, and their count.
+    """The training metrics `names` of the steps of a window: their sums, the step count and
+    the last step's values, in one `(3, metrics + 1)` float32 array.
 
-    `sums[0] + sums[1]` (`hi + lo`) is each metric's compensated sum (Knuth's TwoSum, as in
+    Row 0 and row 1 (`hi + lo`) are each metric's compensated sum (Knuth's TwoSum, as in
     `dew.metrics.Sum`), the last column counting the steps (compensated too, so exact far past
-    2**24): one buffer whatever the metrics, the least a compiled call can carry."""
+    2**24); row 2 holds the last step's values. One buffer whatever the metrics: the least a
+    compiled call can carry, and the one output a step returns besides the state."""
 
-    sums: Float[Array, "2 slots"]
+    sums: Float[Array, "3 slots"]
     names: tuple[str, ...] = eqx.field(static=True)
 
     @staticmethod
@@ -61,43 +64,52 @@ class TrainWindow(eqx.Module):
         step = jnp.stack([*values, jnp.ones((), jnp.float32)])
         hi, error = two_sum(self.sums[0], step)
         hi, lo = two_sum(hi, error + self.sums[1])
-        return TrainWindow(jnp.stack([hi, lo]), self.names)
+        return TrainWindow(jnp.stack([hi, lo, step]), self.names)
 
     def means(self) -> dict[str, float]:
-        """Each metric's mean over the window (a fetched window: on the host, in float64)."""
-        return window_means(self.names, self.sums)
+        """Each metric's mean over the window, the last-valued ones (`learning_rate`) at the
+        last step (a fetched window: on the host, in float64)."""
+        return window_values(self.names, self.sums, mean=True)
 
 
-def window_means(names: tuple[str, ...], sums: Any) -> dict[str, float]:
-    """Each metric's mean over a window's fetched `sums`, in float64."""
-    total = np.asarray(sums[0], np.float64) + np.asarray(sums[1], np.float64)
-    with np.errstate(invalid="ignore"):  # inf - inf within a window is a NaN mean: data
-        means = total[:-1] / total[-1]
-    return {name: float(value) for name, value in zip(names, means, strict=True)}
+def window_values(names: tuple[str, ...], sums: Any, *, mean: bool) -> dict[str, float]:
+    """What a fetched window reports: with `mean`, each metric's mean over the window in
+    float64 and the last-valued ones at the last step; else every metric at the last step."""
+    sums = np.asarray(sums, np.float64)
+    values = {name: float(value) for name, value in zip(names, sums[2], strict=False)}
+    if mean:
+        total = sums[0] + sums[1]
+        with np.errstate(invalid="ignore"):  # inf - inf within a window is a NaN mean: data
+            means = total[:-1] / total[-1]
+        values.update(
+            (name, float(value))
+            for name, value in zip(names, means, strict=True)
+            if name not in LAST_VALUED
+        )
+    return values
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _empty(metrics: int) -> Array:
-    return jnp.zeros((2, metrics + 1), jnp.float32)
+    return jnp.zeros((3, metrics + 1), jnp.float32)
 
 
 def window_names(outputs: Iterable[str]) -> tuple[str, ...]:
-    """The outputs a window sums: all but the last-valued ones, sorted."""
-    return tuple(sorted(name for name in outputs if name not in LAST_VALUED))
+    """The training metrics a window holds, in its column order (sorted)."""
+    return tuple(sorted(outputs))
 
 
-def accumulated(window: Array | None, outputs: Mapping[str, Any]) -> Array | None:
-    """A window's `sums` with one more step (`None`, `train_reduction="last"`: no window).
-    The compiled step carries the bare array: an array is flattened in the dispatch's C++
-    fast path, a Module would cost Python per call."""
-    if window is None:
-        return None
+def accumulated(window: Array, outputs: Mapping[str, Any]) -> Array:
+    """A window's array with one more step's `outputs`. The compiled step carries the bare
+    array: an array is flattened in the dispatch's C++ fast path, a Module would cost Python
+    per call."""
     return TrainWindow(window, window_names(outputs)).add(outputs).sums
 
 
 class WindowedCalls:
     """A fit's compiled calls and its window: `step` and `fused` run one call and keep the
-    window; `values` fetches what a log step reports and starts a new window.
+    window, the calls' one training output; `values` fetches what a log step reports and
+    starts a new window; `loss` is the last step's loss, for the checks before a save.
 
     **Arguments:**
 
@@ -106,7 +118,7 @@ class WindowedCalls:
     - `mean`: report window means (`train_reduction="mean"`), else the last step's values.
     - `names_of`: `(leaves, batch) -> outputs' names`, traced once when the first window
       starts.
-    - `place`: places a new window's arrays where the calls take them (replicated in a
+    - `place`: places a new window's array where the calls take it (replicated in a
       multi-process fit).
     """
 
@@ -125,11 +137,10 @@ class WindowedCalls:
         self.objective_leaves, self.state_def = objective_leaves, state_def
         self.mean, self.names_of, self.place = mean, names_of, place
         self.names: tuple[str, ...] | None = None
-        self.window: Any = None
+        self.window: Any = None  # the current window, on the device (None: none begun)
+        self.fetched: Any = None  # the last window fetched, on the host
 
     def _started(self, leaves: list[Any], batch: Any) -> Any:
-        if not self.mean:
-            return None
         if self.window is None:  # the first call, or the one after a log step
             if self.names is None:
                 self.names = window_names(self.names_of(leaves, batch))
@@ -138,31 +149,36 @@ class WindowedCalls:
             self.window = self.place(_empty(len(self.names)))
         return self.window
 
-    def step(self, leaves: list[Any], batch: Any) -> tuple[list[Any], Any]:
-        """One compiled step; returns the new leaves and the step's outputs (on the device)."""
+    def step(self, leaves: list[Any], batch: Any) -> list[Any]:
+        """One compiled step; returns the new leaves (the window kept, on the device)."""
         window = self._started(leaves, batch)
-        leaves, self.window, outputs = self.step_call(
+        leaves, self.window = self.step_call(
             leaves, window, batch, self.objective_leaves, self.state_def
         )
-        return leaves, outputs
+        return leaves
 
-    def fused(self, leaves: list[Any], batches: Any, first: Any) -> tuple[list[Any], Any]:
+    def fused(self, leaves: list[Any], batches: Any, first: Any) -> list[Any]:
         """One fused call over stacked `batches` (`first`: one step's batch); returns the new
-        leaves and the last step's outputs."""
+        leaves."""
         window = self._started(leaves, first)
-        leaves, self.window, outputs = self.fused_call(
+        leaves, self.window = self.fused_call(
             leaves, window, batches, self.objective_leaves, self.state_def
         )
-        return leaves, outputs
+        return leaves
 
-    def values(self, outputs: Any) -> dict[str, float]:
+    def values(self) -> dict[str, float]:
         """What a log step reports (one fetch), the window then emptied: each metric's mean
-        over the window, the last-valued ones (`learning_rate`) and, with `mean=False`,
-        every metric at the last step."""
-        window, last = jax.device_get((self.window, outputs))
-        self.window = None
-        values = {name: float(value) for name, value in last.items()}
-        if window is not None:
-            assert self.names is not None
-            values.update(window_means(self.names, window))
-        return values
+        over the window and the last-valued ones (`learning_rate`) at the last step; with
+        `mean=False`, every metric at the last step."""
+        assert self.names is not None and self.window is not None
+        self.fetched, self.window = jax.device_get(self.window), None
+        return window_values(self.names, self.fetched, mean=self.mean)
+
+    def loss(self) -> float | None:
+        """The last step's loss (`None`: no step ran), fetched when a log step has not."""
+        if self.window is not None:
+            self.fetched = jax.device_get(self.window)
+        if self.fetched is None:
+            return None
+        assert self.names is not None
+        return window_values(self.names, self.fetched, mean=False)["loss"]
