@@ -28,7 +28,13 @@ from dew.steps import EMPTY_HISTORY, LearningRate, TrainState
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
 from dew.training._batches import _draw_block, _opened, _stack
-from dew.training._compiled_step import Telemetry, compiled_steps, output_names
+from dew.training._compiled_step import (
+    Telemetry,
+    compiled_steps,
+    output_names,
+    state_leaves,
+    state_of,
+)
 from dew.training._evaluation_event import SAMPLING_RECORD, evaluation_event, key_text
 from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
 from dew.training._placement import ParamSharding, Placement, fit_setup
@@ -317,7 +323,7 @@ class Trainer:
         start = int(state.step)
         resumed = data_start is not None  # restored from a checkpoint
         data_start = start if data_start is None else data_start
-        leaves, state_def = jax.tree.flatten(state)
+        leaves, state_def = state_leaves(state)  # its keys as raw key data
         compiled = (self._objective_def, self._static, self.optimizer)
         if telemetry not in self._compiled:  # once per Trainer, even with unhashable statics
             self._compiled[telemetry] = compiled_steps(*compiled, telemetry=telemetry)
@@ -343,7 +349,7 @@ class Trainer:
         )
 
         def current() -> TrainState:
-            return jax.tree.unflatten(state_def, leaves)
+            return state_of(state_def, leaves)
 
         engine = LoopEngine(
             stage=self.stage,
