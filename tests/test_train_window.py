@@ -19,7 +19,7 @@ from dew.objectives.supervised import SupervisedObjective
 from dew.steps import TrainState, train_step
 from dew.supervised import EarlyStopper
 from dew.tracking import InMemoryTracker
-from dew.training._window import TrainWindow
+from dew.training._window import TrainWindow, window_values
 
 STEPS, LOG_EVERY, ROWS = 12, 4, 8
 
@@ -171,7 +171,11 @@ def test_the_window_is_the_mean_of_its_steps(values):
     window = TrainWindow.empty(("loss",))
     for value in values:
         window = window.add({"loss": jnp.float32(value)})
-    mean = jax.device_get(window).means()["loss"]
+    fetched = jax.device_get(window)
+    mean = fetched.means()["loss"]
+    # The third row holds the last step's values: what `train_reduction="last"` reports.
+    last = window_values(("loss",), fetched.sums, mean=False)["loss"]
+    np.testing.assert_array_equal(np.float32(last), np.float32(values[-1]))
     with np.errstate(invalid="ignore"):
         expected = float(np.mean(np.asarray(values, np.float32).astype(np.float64)))
     if np.isfinite(expected):
