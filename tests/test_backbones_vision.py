@@ -135,7 +135,8 @@ def test_dit_matches_a_numpy_reference(extra):
     model = _randomised(DiT(**SIZES, **extra, key=jax.random.key(0)), jax.random.key(1))
     x = jax.random.normal(jax.random.key(2), model.input_shape)
     label = 1 if "num_classes" in extra else None
-    got = model(x, jnp.asarray(0.37), None if label is None else jnp.asarray(label))
+    # Compiled, as training runs it (one compilation, not one per eager op).
+    got = eqx.filter_jit(model)(x, jnp.asarray(0.37), None if label is None else jnp.asarray(label))
     want = _reference_dit(model, x, 0.37, label if label is not None else 0)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 

@@ -135,7 +135,8 @@ def test_loss_matches_a_numpy_recomputation():
         "labels": np.array([0, 1, 2, 0, 1, 2], np.int32),
     }
     key = jax.random.key(3)
-    loss, aux = objective.loss(params, batch, key)
+    # Compiled, as training runs it (one compilation, not one per eager op).
+    loss, aux = eqx.filter_jit(objective.loss)(params, batch, key)
     assert aux == {}
 
     noise_key, time_key, label_key = jax.random.split(key, 3)
@@ -145,17 +146,21 @@ def test_loss_matches_a_numpy_recomputation():
     dropped = np.asarray(jax.random.uniform(label_key, (6,))) < 0.5
     labels = np.where(dropped, model.null_label, batch["labels"])
     xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * x1
-    live = eqx.combine(params, eqx.filter(model, eqx.is_inexact_array, inverse=True))
+    live = eqx.filter_jit(
+        eqx.combine(params, eqx.filter(model, eqx.is_inexact_array, inverse=True))
+    )
     velocity = np.stack(
         [
-            np.asarray(live(jnp.asarray(xt[i], jnp.float32), jnp.float32(t[i]), int(labels[i])))
+            np.asarray(
+                live(jnp.asarray(xt[i], jnp.float32), jnp.float32(t[i]), jnp.int32(labels[i]))
+            )
             for i in range(6)
         ]
     )
     expected = np.mean((velocity - (x1 - x0)) ** 2)
     assert float(loss) == pytest.approx(expected, rel=1e-5)
     # The dropout mattered: with every label kept the loss differs.
-    kept = DiffusionObjective(model, label_dropout=0.0).loss(params, batch, key)[0]
+    kept = eqx.filter_jit(DiffusionObjective(model, label_dropout=0.0).loss)(params, batch, key)[0]
     assert 0 < dropped.sum() < 6 and float(kept) != pytest.approx(float(loss), rel=1e-6)
 
 
@@ -347,6 +352,7 @@ def fit(objective, data, steps, *, learning_rate=1e-3, **kwargs):
     return trainer.fit(data, steps=steps, log_every=10, progress=False, **kwargs)
 
 
+@pytest.mark.slow  # about 12 s: 300 steps; CI runs it with the slow tests
 def test_loss_falls_on_shapes():
     """The research note's CI size: width 32, depth 1, batch 32, 300 steps."""
     data = shapes(batch_size=32, seed=0)
@@ -370,6 +376,7 @@ def constant_colour(colour, rows=32):
     )
 
 
+@pytest.mark.slow  # about 12 s: 300 steps at width 64; CI runs it with the slow tests
 def test_samples_of_a_constant_colour_land_near_it():
     """Width 64 (more than a patch's 48 values, so the velocity c - x0 is representable):
     300 steps bring the samples' mean within 0.03 of the colour."""
