@@ -86,6 +86,7 @@ def test_causal_logits_ignore_later_tokens_and_bidirectional_ones_do_not():
     assert not np.allclose(bidirectional(tokens)[:4], bidirectional(changed)[:4])
 
 
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 def test_bfloat16_computes_in_bfloat16_and_keeps_float32_parameters():
     model32 = CausalTransformer(**SIZES, dtype="float32", key=jax.random.key(0))
     model16 = CausalTransformer(**SIZES, dtype="bfloat16", key=jax.random.key(0))

@@ -189,6 +189,7 @@ def test_self_attention_matches_equinox_multihead_attention():
     ("extra", "shape"),
     [({}, (16, 16, 3)), ({"frames": 4}, (4, 16, 16, 3)), ({"num_classes": 5}, (16, 16, 3))],
 )
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 def test_a_fresh_dit_returns_exactly_zero_in_the_input_shape(extra, shape):
     model = DiT(16, 4, 3, 16, 2, 4, **extra, key=jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (6, *shape))
@@ -244,6 +245,7 @@ def test_dit_bad_inputs_raise():
 # ViT: the token mask.
 
 
+@pytest.mark.slow  # about 8 s; CI runs it with the slow tests
 def test_masked_patches_reach_no_visible_output_nor_its_gradient():
     model = ViT(**SIZES, key=jax.random.key(0))
     image = jax.random.normal(jax.random.key(1), (8, 8, 3))
@@ -308,6 +310,7 @@ def _one_call(model):
 
 
 @pytest.mark.parametrize("cls", [DiT, ViT])
+@pytest.mark.slow  # about 6 s; CI runs it with the slow tests
 def test_bfloat16_computes_in_bfloat16_and_keeps_float32_parameters(cls):
     model32 = _randomised(cls(**SIZES, key=jax.random.key(0)), jax.random.key(1))
     model16 = _randomised(cls(**SIZES, dtype="bfloat16", key=jax.random.key(0)), jax.random.key(1))

@@ -212,6 +212,7 @@ def test_config_arguments_given_twice_or_missing_are_usage_errors(arguments, mes
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 def test_dew_sweep_takes_a_built_in_config_by_name(tmp_path):
     space = tmp_path / "space.toml"
     space.write_text('"optim.learning_rate" = [0.003]\n')

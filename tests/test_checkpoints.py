@@ -75,6 +75,7 @@ def _same_bits(left, right):
     return all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
 
 
+@pytest.mark.slow  # about 7 s; CI runs it with the slow tests
 def test_a_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(objective, tmp_path):
     whole = _fit(objective, tmp_path / "whole")
     with pytest.raises(RuntimeError, match="loader broke at step 7"):
@@ -219,6 +220,7 @@ class _TraceChecker(InMemoryTracker):
         super().log_artifact(name, value, step=step)
 
 
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 def test_a_profile_window_traces_its_steps_then_reports(objective, tmp_path):
     tracker = _TraceChecker()
     trainer = Trainer(objective, OPTIMIZER, key=jax.random.key(11))

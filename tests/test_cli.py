@@ -67,6 +67,7 @@ def test_dew_train_runs_the_built_in_tiny_lm(tmp_path, capsys):
     assert sorted(path.name for path in (folder / "checkpoints").iterdir()) == ["100", "200"]
 
 
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_dew_train_a_file_with_overrides_then_eval_and_runs(tmp_path, capsys):
     path, _ = _write_config(tmp_path)
     assert main(["train", str(path), "--set", "optim.learning_rate=0.003", "--quiet"]) == 0
@@ -91,6 +92,7 @@ def test_dew_train_a_file_with_overrides_then_eval_and_runs(tmp_path, capsys):
     assert table[1].split()[column] == f"{perplexity:.4f}"
 
 
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 def test_dew_sweep_trains_each_point_and_prints_the_best(tmp_path, capsys):
     path, _ = _write_config(tmp_path, eval_every=6, checkpoint_every=None)
     space = tmp_path / "space.toml"
@@ -239,6 +241,7 @@ def test_a_space_file_holds_choices_ranges_and_nested_tables(tmp_path):
         _space(str(path))
 
 
+@pytest.mark.slow  # about 6 s; CI runs it with the slow tests
 def test_errors_a_dataset_vocabulary_larger_than_the_models_is_one_line_and_exit_status_2(
     tmp_path,
 ):

@@ -26,6 +26,7 @@ def _journal(folder, name="my-run"):
     return folder
 
 
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 def test_dew_plot_renders_each_metric_and_says_where(tmp_path):
     folder = _journal(tmp_path / "runs" / "my-run")
     result = subprocess.run(

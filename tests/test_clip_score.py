@@ -48,6 +48,7 @@ def test_clip_score_obeys_the_metric_laws(model):
     )
 
 
+@pytest.mark.slow  # about 7 s; CI runs it with the slow tests
 def test_the_score_is_the_mean_of_100_cosines_over_all_pairs(model):
     rng = np.random.default_rng(0)
     images = Images(jnp.asarray(rng.random((5, 20, 16, 3), np.float32)), prompts=PROMPTS)

@@ -67,6 +67,7 @@ def test_the_default_metrics_are_those_the_configured_objective_declares(tmp_pat
     }
 
 
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 def test_evaluate_run_scores_the_latest_checkpoint_as_the_last_validation_event(tmp_path):
     config = _config(tmp_path)
     state = config.train(metrics=default_metrics(config), progress=False)
@@ -103,6 +104,7 @@ def test_dew_eval_imports_no_private_module():
     assert imported and not [name for name in imported if "._" in name or "dew._" in name]
 
 
+@pytest.mark.slow  # about 7 s; CI runs it with the slow tests
 def test_evaluate_run_restores_an_ema_objective_and_scores_with_its_ema_params(tmp_path):
     from dew.data import Partition
     from dew.evaluation import evaluate

@@ -16,6 +16,7 @@ from dew.tracking import Tracker
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "tensorboard_tracker.py"
 
 
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_the_example_writes_stage_split_metric_tags_to_one_event_file(tmp_path):
     logdir = tmp_path / "events"
     result = subprocess.run(

@@ -391,6 +391,7 @@ def test_samples_of_a_constant_colour_land_near_it():
     assert float(np.mean(np.abs(np.asarray(samples) - np.asarray(colour)))) < 0.08
 
 
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_clips_go_through_the_same_code_path():
     data = moving_shapes(batch_size=8, seed=0)
     objective = DiffusionObjective(dit(frames=4), sampling=Sampling(steps=2))
@@ -442,6 +443,7 @@ def test_a_tracker_and_previews_change_no_draw():
 # -- EMA ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 7 s; CI runs it with the slow tests
 def test_the_trainer_keeps_ema_params_by_the_formula():
     decay = 0.9
     objective = DiffusionObjective(dit(), sampling=Sampling(steps=2), ema_decay=decay)
@@ -494,6 +496,7 @@ def test_a_state_without_ema_params_is_refused():
         trainer.fit(data, steps=1, log_every=1, progress=False, state=state)
 
 
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_validation_generates_with_the_ema_params():
     objective = DiffusionObjective(dit(), sampling=Sampling(steps=2), ema_decay=0.5)
     data = constant_colour((0.8, 0.3, 0.1), rows=4)
@@ -531,6 +534,7 @@ def test_validation_generates_with_the_ema_params():
 # -- the sampling-protocol record ---------------------------------------------------------
 
 
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_a_fit_journals_its_sampling_protocol(tmp_path):
     objective = DiffusionObjective(dit(), sampling=Sampling(solver="heun", steps=3, guidance=1.5))
     images = np.full((5, 16, 16, 3), 0.5, np.float32)

@@ -170,6 +170,7 @@ def _groups(draw):
     return (base + np.array(ulps, np.float32) * np.spacing(base)).astype(np.float32)
 
 
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 @given(group=_groups())
 @settings(max_examples=80)
 def test_group_advantages_match_a_float64_reference(group):

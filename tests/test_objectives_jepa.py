@@ -51,6 +51,7 @@ def images(rows=4, key=3):
     targets=st.integers(1, 3),
     seed=st.integers(0, 2**31 - 1),
 )
+@pytest.mark.slow  # about 6 s; CI runs it with the slow tests
 def test_block_masks_are_unions_of_whole_blocks_that_leave_context(
     rows, columns, height, width, targets, seed
 ):
@@ -229,6 +230,7 @@ def test_a_step_without_the_ema_is_refused_for_an_objective_with_a_decay():
         train_step(objective, optax.sgd(0.1), state, {"images": images()}, jax.random.key(0))
 
 
+@pytest.mark.slow  # about 7 s; CI runs it with the slow tests
 def test_the_trainer_keeps_the_target_encoder_as_the_ema_by_the_formula():
     decay = 0.8
     objective = jepa(ema_decay=decay)

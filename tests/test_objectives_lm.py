@@ -185,6 +185,7 @@ def test_preview_continues_prompt_rows():
     np.testing.assert_array_equal(preview.tokens, again.tokens)
 
 
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_greedy_preview_follows_the_argmax_and_top_k_one_is_greedy():
     model = _model()
     tokens = jnp.asarray(_rows())

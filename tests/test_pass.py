@@ -191,6 +191,7 @@ def test_a_new_objective_of_the_same_structure_shares_the_compiled_call(objectiv
     assert CALLS["statistics"] == 0
 
 
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 def test_trainer_validation_events_reuse_one_compiled_pass():
     model = CausalTransformer(
         vocab_size=5,

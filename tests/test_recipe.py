@@ -78,6 +78,7 @@ def test_a_run_folder_holds_its_record_checkpoints_and_journals(tmp_path):
     assert journal.params["config/optim/learning_rate"] == 0.01
 
 
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_run_json_is_never_overwritten_and_a_rerun_resumes(tmp_path):
     config = _config(tmp_path)
     first = config.train(metrics=PERPLEXITY, progress=False)
@@ -97,6 +98,7 @@ def test_run_json_is_never_overwritten_and_a_rerun_resumes(tmp_path):
     assert recorded == override(other, {"trainer.name": "tiny-0.003"})
 
 
+@pytest.mark.slow  # about 7 s; CI runs it with the slow tests
 def test_a_given_objective_trains_the_configured_model(tmp_path):
     config = _config(tmp_path, eval_every=None, checkpoint_every=None)
     built = config.train(progress=False)
@@ -147,6 +149,7 @@ def test_checkpoints_at_a_uri_keep_tracking_local(tmp_path):
     assert (checkpoints, folder) == (str(tmp_path / "a" / "b" / "checkpoints"), tmp_path / "a/b")
 
 
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_each_sweep_trial_is_an_ordinary_run_with_its_own_record(tmp_path):
     config = _config(tmp_path, name="rate", eval_every=None, checkpoint_every=None)
 

@@ -79,6 +79,7 @@ def test_ema_update_is_the_exponential_moving_average():
     np.testing.assert_allclose(ema_update(ema, params, 0.9)["w"], [1.2, 1.6], rtol=1e-6)
 
 
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_train_step_updates_the_ema_when_asked(objective):
     optimizer = optax.sgd(0.5)
     state = TrainState.create(objective, optimizer, key=jax.random.key(0), ema=True)

@@ -997,6 +997,7 @@ def test_a_search_of_ones_own(tmp_path):
     [("ask", 5), ("ask", 2), ("create", 3)],
     ids=["asked-last", "asked-midway", "created-before-its-params"],
 )
+@pytest.mark.slow  # about 6 s; CI runs it with the slow tests
 def test_an_optuna_worker_killed_before_its_ledger_write_loses_no_index(
     tmp_path, optuna, moment, index
 ):

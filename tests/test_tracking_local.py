@@ -347,6 +347,7 @@ def test_a_fit_that_continues_past_the_journal_marks_no_boundary(tmp_path):
     assert read_journal(tmp_path).resumes == []
 
 
+@pytest.mark.slow  # about 6 s; CI runs it with the slow tests
 def test_a_real_resume_replays_its_steps_once_in_the_journal(tmp_path):
     import jax
     import optax

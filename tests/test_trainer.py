@@ -233,6 +233,7 @@ def _varied(partition):
         yield {"text": np.roll(TRAIN, index % 4, axis=1)}
 
 
+@pytest.mark.slow  # about 4 s; CI runs it with the slow tests
 def test_fused_calls_match_one_call_per_step(objective):
     data = Dataset(train=_varied, val=lambda partition: iter([{"text": VAL}]))
     runs = {}
