@@ -76,7 +76,7 @@ def window_values(names: tuple[str, ...], sums: Any, *, mean: bool) -> dict[str,
     """What a fetched window reports: with `mean`, each metric's mean over the window in
     float64 and the last-valued ones at the last step; else every metric at the last step."""
     sums = np.asarray(sums, np.float64)
-    values = {name: float(value) for name, value in zip(names, sums[2], strict=False)}
+    values = {name: float(value) for name, value in zip(names, sums[2, :-1], strict=True)}
     if mean:
         total = sums[0] + sums[1]
         with np.errstate(invalid="ignore"):  # inf - inf within a window is a NaN mean: data
@@ -181,4 +181,4 @@ class WindowedCalls:
         if self.fetched is None:
             return None
         assert self.names is not None
-        return window_values(self.names, self.fetched, mean=False)["loss"]
+        return float(self.fetched[2, self.names.index("loss")])
