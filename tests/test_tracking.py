@@ -242,3 +242,104 @@ def test_trackers_check_names_and_steps_before_any_tracker_is_called():
     with pytest.raises(ValueError, match="step must be an integer >= 0, got -1"):
         tracker.log_metrics({"lm/train/loss": 1.0}, step=-1)
     assert first.artifacts == second.artifacts == {} and first.scalars == second.scalars == {}
+
+
+class Interrupted(InMemoryTracker):
+    """Raises KeyboardInterrupt on every report and on closing (after recording it)."""
+
+    def _log_metrics(self, values, *, step):
+        super()._log_metrics(values, step=step)
+        raise KeyboardInterrupt
+
+    def _close(self):
+        raise KeyboardInterrupt
+
+
+def test_a_keyboard_interrupt_from_one_tracker_still_lets_every_tracker_report():
+    first, interrupted, last = InMemoryTracker(), Interrupted(), InMemoryTracker()
+    broken = Exploding("disk full")
+    tracker = Trackers(first, broken, interrupted, last)
+    with pytest.raises(KeyboardInterrupt) as caught:  # the interrupt wins over the OSError
+        tracker.log_metrics({"lm/train/loss": 1.0}, step=0)
+    assert first.scalars == interrupted.scalars == last.scalars == {"lm/train/loss": [(0, 1.0)]}
+    assert caught.value.__notes__ == ["Another tracker also failed: OSError: disk full"]
+    with pytest.raises(KeyboardInterrupt):
+        tracker.close()
+    assert first.closed and interrupted.closed and last.closed and broken.closed
+
+
+class FailsEachStep(InMemoryTracker):
+    """Raises a new error naming itself and the step on every report."""
+
+    def __init__(self, label):
+        super().__init__()
+        self.label = label
+
+    def _log_metrics(self, values, *, step):
+        raise OSError(f"{self.label}: step {step} lost")
+
+
+def test_a_reused_exception_carries_the_notes_of_its_latest_raise_only():
+    shared = OSError("disk full")  # one object, raised by every call
+
+    class Shared(InMemoryTracker):
+        def _log_metrics(self, values, *, step):
+            raise shared
+
+    inner = Trackers(Shared(), FailsEachStep("inner"))
+    tracker = Trackers(inner, FailsEachStep("outer"))
+    for step in range(1000):
+        with pytest.raises(OSError, match="disk full") as caught:
+            tracker.log_metrics({"lm/train/loss": 1.0}, step=step)
+        assert caught.value is shared
+    assert shared.__notes__ == [  # one note from each Trackers, about the latest call
+        "Another tracker also failed: OSError: inner: step 999 lost",
+        "Another tracker also failed: OSError: outer: step 999 lost",
+    ]
+
+
+def test_a_reused_exception_left_in_a_with_block_carries_one_closing_note():
+    shared = ZeroDivisionError("step 3")
+
+    class FailingCloseAt(FailingClose):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def close(self):
+            self.calls += 1
+            raise OSError(f"disk full on close {self.calls}")
+
+    tracker = FailingCloseAt()
+    for _ in range(1000):
+        with pytest.raises(ZeroDivisionError), tracker:
+            raise shared
+    assert shared.__notes__ == [
+        "While handling this exception, closing FailingCloseAt also failed: OSError: disk full "
+        "on close 1000"
+    ]
+
+
+def test_a_reused_exception_through_1000_fits_carries_one_fit_ended_note():
+    shared = ValueError("token 9 is outside the vocabulary")
+    for index in range(1000):
+        tracker = FailsOn("fit_ended", OSError(f"disk full ({index})"))
+        with (
+            pytest.raises(ValueError, match="outside the vocabulary"),
+            _engine(tracker).reporting_fit(start=0, steps=10, completed=lambda: 3),
+        ):
+            raise shared
+    assert shared.__notes__ == [
+        "Reporting FitEnded('failed') to the tracker also failed: OSError: disk full (999)"
+    ]
+
+
+def test_leaving_a_trackers_block_on_an_exception_marks_every_tracker_failed():
+    first, second = InMemoryTracker(), InMemoryTracker()
+    with pytest.raises(KeyError), Trackers(first, second):
+        raise KeyError("in the loop")
+    assert first.closed and second.closed and first.failed and second.failed
+    clean = InMemoryTracker()
+    with Trackers(clean):
+        pass
+    assert clean.closed and not clean.failed

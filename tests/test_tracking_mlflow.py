@@ -277,6 +277,19 @@ def test_the_context_manager_never_hides_the_exception_in_flight(store, monkeypa
         monkeypatch.setattr(t.client, "set_terminated", fail)
 
 
+def test_a_run_left_through_trackers_on_an_exception_ends_failed(store, tmp_path):
+    from dew.tracking import LocalTracker, Trackers
+
+    inner = MLflowTracker("tests", "through trackers", uri=store)
+    with pytest.raises(KeyError, match="in the loop"), Trackers(LocalTracker(tmp_path), inner):
+        raise KeyError("in the loop")
+    assert inner.closed and inner.failed and _status(inner) == "FAILED"
+    clean = MLflowTracker("tests", "clean through trackers", uri=store)
+    with Trackers(clean):
+        pass
+    assert _status(clean) == "FINISHED"
+
+
 def test_mlflows_active_run_is_never_touched(store):
     assert mlflow.active_run() is None
     with MLflowTracker("tests", "no globals", uri=store) as tracker:

@@ -23,7 +23,7 @@ from dew.naming import Split, metric_tag
 from dew.steps import MetricHistory, TrainState
 from dew.telemetry.records import FitEnded, FitStarted, Record
 from dew.tracking import Tracker
-from dew.tracking._protocol import add_note_once
+from dew.tracking._protocol import set_notes
 
 __all__ = ["LoopEngine", "verbose_console", "with_history"]
 
@@ -266,8 +266,8 @@ class LoopEngine:
         except Exception as report_error:
             if report_error is error:  # the same failure again: nothing new to tell
                 return
-            add_note_once(
-                error,
+            note = (
                 f"Reporting FitEnded({ended.status!r}) to the tracker also failed: "
-                f"{type(report_error).__name__}: {report_error}",
+                f"{type(report_error).__name__}: {report_error}"
             )
+            set_notes(error, "FitEnded report", [note])

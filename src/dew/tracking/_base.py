@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dew.telemetry.records import FitEnded
-from dew.tracking._protocol import add_note_once
+from dew.tracking._protocol import set_notes
 
 __all__ = ["AbstractRunTracker", "AbstractTracker"]
 
@@ -66,11 +66,11 @@ class AbstractTracker(abc.ABC):
         try:
             self.close()
         except Exception as close_error:
-            add_note_once(
-                exc,
+            note = (
                 f"While handling this exception, closing {type(self).__name__} also failed: "
-                f"{type(close_error).__name__}: {close_error}",
+                f"{type(close_error).__name__}: {close_error}"
             )
+            set_notes(exc, f"closing {id(self)}", [note])
 
 
 class AbstractRunTracker(AbstractTracker):
@@ -90,7 +90,8 @@ class AbstractRunTracker(AbstractTracker):
       with a status (MLflow, W&B) read it in `_close`.
 
     Leaving the `with` block marks the run failed when an exception is in flight, then
-    closes as `AbstractTracker` does (a closing failure never hides that exception).
+    closes as `AbstractTracker` does (a closing failure never hides that exception);
+    while that `_close` runs, `_leaving` holds the exception (`Trackers` hands it on).
 
     ```python
     >>> from dew.tracking import InMemoryTracker
@@ -108,6 +109,8 @@ class AbstractRunTracker(AbstractTracker):
 
     _closed: bool = False
     _failed: bool = False
+    _leaving: tuple[type[BaseException] | None, BaseException, TracebackType | None] | None = None
+    """While `__exit__` closes on an exception: that exception, as `__exit__` got it."""
 
     @property
     def closed(self) -> bool:
@@ -169,6 +172,12 @@ class AbstractRunTracker(AbstractTracker):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if exc is not None:
-            self._failed = True
-        super().__exit__(exc_type, exc, traceback)
+        if exc is None:
+            super().__exit__(exc_type, exc, traceback)
+            return
+        self._failed = True
+        self._leaving = (exc_type, exc, traceback)
+        try:
+            super().__exit__(exc_type, exc, traceback)
+        finally:
+            self._leaving = None

@@ -5,7 +5,7 @@ from typing import Any
 
 from dew.naming import check_index, check_path_segment
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._protocol import Tracker, add_note_once
+from dew.tracking._protocol import Tracker, set_notes
 
 __all__ = ["Trackers"]
 
@@ -15,8 +15,13 @@ class Trackers(AbstractRunTracker):
 
     Every tracker receives each report even if another one fails; after all were
     called, the first failure is raised (later failures are attached to it as
-    notes, each once, however often one exception object is raised). Closing closes
-    every tracker the same way, once; a closed `Trackers` records nothing more. There
+    notes, from this call only, however often one exception object is raised); a
+    `KeyboardInterrupt` raised by one tracker still lets the others report, then it is
+    raised ahead of any error. Closing closes every tracker the same way, once; a
+    closed `Trackers` records nothing more. Leaving its `with` block on an exception
+    leaves each tracker as if the block had been the tracker's own (its `__exit__` with
+    that exception, where it has one, else `close()`), so MLflow and W&B end the run
+    failed. There
     is no background queue: a report has reached every tracker when the call returns.
     A step that is not an integer >= 0, or an artifact name that is not a path segment
     (`dew.naming.check_path_segment`), raises before any tracker is called.
@@ -42,19 +47,21 @@ class Trackers(AbstractRunTracker):
         self.trackers = trackers
 
     def _each(self, call: Callable[[Tracker], Any]) -> None:
-        failures: list[Exception] = []
+        failures: list[BaseException] = []
         for tracker in self.trackers:
             try:
                 call(tracker)
-            except Exception as failure:
+            except BaseException as failure:  # a Ctrl-C in one tracker too: the rest report
                 failures.append(failure)
         if failures:
-            first = failures[0]
-            for later in failures[1:]:
-                if later is not first:
-                    add_note_once(
-                        first, f"Another tracker also failed: {type(later).__name__}: {later}"
-                    )
+            # An interrupt (or SystemExit) outranks an error: it must stop the program.
+            first = next((f for f in failures if not isinstance(f, Exception)), failures[0])
+            notes = [
+                f"Another tracker also failed: {type(later).__name__}: {later}"
+                for later in failures
+                if later is not first
+            ]
+            set_notes(first, f"Trackers {id(self)}", notes)
             raise first
 
     def _describe(self) -> str:
@@ -73,4 +80,18 @@ class Trackers(AbstractRunTracker):
         self._each(lambda tracker: tracker.log_artifact(name, value, step=checked))
 
     def _close(self) -> None:
-        self._each(lambda tracker: tracker.close())
+        leaving = self._leaving
+        if leaving is None:
+            self._each(lambda tracker: tracker.close())
+        else:  # each tracker leaves as if the block had been its own: MLflow ends FAILED
+            self._each(lambda tracker: _leave(tracker, leaving))
+
+
+def _leave(tracker: Tracker, leaving: tuple[Any, BaseException, Any]) -> None:
+    """Close `tracker` while `leaving` (`__exit__`'s arguments) is in flight: through its
+    own `__exit__` where it has one, so it marks its run failed; else `close()`."""
+    leave = getattr(tracker, "__exit__", None)
+    if leave is None:
+        tracker.close()
+    else:
+        leave(*leaving)

@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Tracker", "add_note_once"]
+__all__ = ["Tracker", "set_notes"]
 
 
-def add_note_once(error: BaseException, note: str) -> None:
-    """Attach `note` to `error` unless it already carries it: an exception object raised
-    again (a tracker that keeps failing with one instance) never collects copies."""
-    if note not in getattr(error, "__notes__", ()):
-        error.add_note(note)
+_OWN_NOTES = "_dew_notes"  # on an exception: {source: the notes that source added}
+
+
+def set_notes(error: BaseException, source: str, notes: Sequence[str]) -> None:
+    """Make `notes` the notes `source` adds to `error` for this raise of it.
+
+    A note dew adds tells what else failed alongside *one* raise of `error`. A tracker
+    that keeps failing with one exception object raises it again and again: the notes
+    `source` added to it on an earlier raise are taken off first, so the object carries
+    the latest raise's notes only, however often it is raised (never one copy per
+    call). A note whose text `error` already carries is not added twice. `source` names
+    who adds them (one `Trackers`, one tracker's closing, a fit's `FitEnded` report).
+    """
+    owned: dict[str, list[str]] = error.__dict__.setdefault(_OWN_NOTES, {})
+    present = getattr(error, "__notes__", None)
+    for note in owned.pop(source, []):
+        if present is not None and note in present:
+            present.remove(note)
+    added = []
+    for note in notes:
+        if note not in getattr(error, "__notes__", ()):
+            error.add_note(note)
+            added.append(note)
+    if added:
+        owned[source] = added
 
 
 @runtime_checkable
