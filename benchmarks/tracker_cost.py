@@ -77,13 +77,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-TAGS = (
-    "supervised/train/loss",
-    "supervised/train/grad_norm",
-    "supervised/train/learning_rate",
-    "supervised/val/loss",
-    "supervised/val/accuracy",
-    "supervised/val/psnr",
+from dew.naming import Split, metric_tag
+
+# Built by dew.naming, as TrackerEventSink builds them (a tag spelled by hand drifts: this
+# list once said `val`, which no tracker takes).
+TAGS = tuple(
+    metric_tag("supervised", split, metric)
+    for split, metric in (
+        (Split.TRAIN, "loss"),
+        (Split.TRAIN, "grad_norm"),
+        (Split.TRAIN, "learning_rate"),
+        (Split.VALIDATION, "loss"),
+        (Split.VALIDATION, "accuracy"),
+        (Split.VALIDATION, "psnr"),
+    )
 )
 SEED = 20261130
 

@@ -165,3 +165,101 @@ def test_no_module_of_dew_runs_over_500_lines():
         f"modules over {MOST_LINES} lines (decision 0016: split each into modules of one "
         f"concept): {', '.join(f'{name} ({count})' for name, count in sorted(offenders.items()))}"
     )
+
+
+def _is_separator(node: ast.AST) -> bool:
+    """`"/"` or dew.naming's `SEPARATOR`, however it is reached."""
+    if isinstance(node, ast.Constant):
+        return node.value == "/"
+    return (isinstance(node, ast.Name) and node.id == "SEPARATOR") or (
+        isinstance(node, ast.Attribute) and node.attr == "SEPARATOR"
+    )
+
+
+def _joins_or_splits(node: ast.AST) -> bool:
+    """Whether `node` joins or splits a string on `/`: `.split("/")` and its kin,
+    `"/".join(...)`, an f-string with a `/` right after one of its values and before
+    another (`f"{stage}/{split}"`, `f"/{split}/{metric}"`), or `a + "/" + b`. A path that
+    pathlib builds, `f"params/{key}.txt"` and `"a/b"` literals are no joins."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        method, args = node.func.attr, node.args
+        if method in {"split", "rsplit", "partition", "rpartition"} and args:
+            return _is_separator(args[0])
+        if method == "join":
+            return _is_separator(node.func.value)
+    if isinstance(node, ast.JoinedStr):
+        parts = node.values
+        return any(
+            isinstance(part, ast.Constant)
+            and str(part.value).startswith("/")
+            and isinstance(parts[i - 1], ast.FormattedValue)
+            and any(isinstance(later, ast.FormattedValue) for later in parts[i + 1 :])
+            for i, part in enumerate(parts[1:], start=1)
+        )
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _is_separator(node.left) or _is_separator(node.right)
+    return False
+
+
+def _string_handling(name: str) -> list[tuple[str, str]]:
+    """`(function, source)` of every place module `name` joins or splits on `/`."""
+    tree = ast.parse(MODULES[name].read_text())
+    found = []
+    for scope in [tree, *ast.walk(tree)]:
+        if scope is not tree and not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in _own_nodes(scope):
+            if _joins_or_splits(node):
+                found.append((getattr(scope, "name", "<module>"), ast.unparse(node)))
+    return found
+
+
+def _own_nodes(scope: ast.AST):
+    """The nodes of `scope` that no function nested inside it holds."""
+    for child in ast.iter_child_nodes(scope):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        yield child
+        yield from _own_nodes(child)
+
+
+# Functions that join or split strings on "/" that are not tags nor parameter paths. Every
+# other place must call dew.naming (document 001: no other code joins or splits tags).
+NOT_TAGS = {
+    ("dew.config._fields", "_run_name"): "a run name is a relative folder path",
+    ("dew.cli._trackers", "_build"): "a sweep's trial runs `<sweep>/trial-<i>` group by folder",
+    ("dew.config.sweep._sweep", "_follow"): "a trial's run name `<sweep>/trial-<i>`",
+    ("dew.config.sweep._sweep", "_run_trials"): "a trial's run name `<sweep>/trial-<i>`",
+    ("dew.config._recipe", "run_folder"): "a checkpoint URI under a bucket's root",
+    ("dew.cli._commands", "_trial_line"): "the trial counter `trial 3/8` the console prints",
+}
+
+
+def test_the_tag_handling_finder_finds_joins_and_splits():
+    source = """
+def parts(tag, stage, split, metric, SEPARATOR):
+    tag.split("/"); tag.rsplit("/", 1); tag.partition(SEPARATOR); "/".join((stage, split))
+    f"{stage}/{split}"; f"^{stage}/({split})/{metric}$"; stage + "/" + split
+    tag.endswith(f"/{split}/{metric}"); SEPARATOR.join(tag)
+def paths(folder, name, total):
+    folder / name; f"{name}.json"; f"params/{name}.txt"; name.split("."); ".".join(name)
+    f"{folder}data/{name}"; f"see ~/.cache/{name}"; f"evaluation/records {total}"
+"""
+    tree = ast.parse(source)
+    flagged = {fn.name: [n for n in ast.walk(fn) if _joins_or_splits(n)] for fn in tree.body}
+    assert len(flagged["parts"]) == 9 and flagged["paths"] == []
+
+
+def test_no_module_but_naming_joins_or_splits_tags():
+    found = {
+        (name, function, source)
+        for name in MODULES
+        if name != "dew.naming"
+        for function, source in _string_handling(name)
+        if (name, function) not in NOT_TAGS
+    }
+    assert found == set(), (
+        "build and parse tags and parameter paths with dew.naming (document 001: no other code "
+        "joins or splits them); a '/'-joined string that is no tag belongs in NOT_TAGS, with why: "
+        + "; ".join(f"{name}.{function}: {source}" for name, function, source in sorted(found))
+    )

@@ -11,14 +11,20 @@ from dew.naming import (
     ArtifactKind,
     ArtifactTag,
     MetricTag,
+    PreviewName,
     Split,
     artifact_tag,
+    bare_metric_name,
     check_metric_name,
     check_path_segment,
     flatten_parameters,
     metric_tag,
+    metric_tag_pattern,
     parse_artifact_tag,
     parse_metric_tag,
+    parse_parameter_path,
+    parse_preview_name,
+    preview_name,
 )
 
 segments = st.text(min_size=1, max_size=12).filter(lambda text: "/" not in text)
@@ -142,31 +148,74 @@ def _is_path_segment(text):
 
 
 path_segments = st.text(min_size=1, max_size=12).filter(_is_path_segment)
+preview_names = st.builds(preview_name, path_segments, splits, path_segments)
 artifact_parts = st.one_of(
-    st.tuples(st.just(ArtifactKind.PREVIEW), path_segments, path_segments),
+    st.tuples(st.just(ArtifactKind.PREVIEW), preview_names, path_segments),
     st.tuples(st.sampled_from([ArtifactKind.RECORD, ArtifactKind.VALUE]), path_segments, st.none()),
 )
 
 
+def test_preview_names_of_the_naming_scheme():
+    assert preview_name("diffusion", Split.VALIDATION, "samples") == "diffusion/validation/samples"
+    assert parse_preview_name("lm/train/samples") == PreviewName("lm", Split.TRAIN, "samples")
+    with pytest.raises(ValueError, match=r"got 'samples': build it with dew\.naming\.preview"):
+        parse_preview_name("samples")
+    with pytest.raises(ValueError, match="split 'val' is not one of 'train', 'validation'"):
+        parse_preview_name("lm/val/samples")
+    with pytest.raises(ValueError, match=r"stage '\.\.' may not be '\.' or '\.\.'"):
+        preview_name("..", Split.VALIDATION, "samples")
+    with pytest.raises(ValueError, match=r"preview name 'a\\\\b' may not contain a backslash"):
+        preview_name("lm", Split.VALIDATION, "a\\b")
+
+
+@given(stage=path_segments, split=splits, name=path_segments)
+def test_parse_preview_name_inverts_preview_name(stage, split, name):
+    built = preview_name(stage, split, name)
+    assert parse_preview_name(built) == (stage, split, name)
+    assert preview_name(*parse_preview_name(built)) == built
+
+
+@given(st.text(max_size=30))
+def test_parse_preview_name_accepts_exactly_what_preview_name_builds(text):
+    try:
+        parsed = parse_preview_name(text)
+    except ValueError:
+        return
+    assert preview_name(*parsed) == text
+
+
 def test_artifact_tags_of_the_naming_scheme():
-    assert artifact_tag(ArtifactKind.PREVIEW, "samples", "0") == "validation/samples/0"
-    assert artifact_tag("validation", "text", "tokens") == "validation/text/tokens"
+    samples = preview_name("lm", Split.VALIDATION, "samples")
+    assert artifact_tag(ArtifactKind.PREVIEW, samples, "0") == "lm/validation/samples/0"
+    assert artifact_tag("preview", "jepa/validation/x", "spread") == "jepa/validation/x/spread"
     assert artifact_tag(ArtifactKind.RECORD, "fit_ended") == "reporting/fit_ended"
     assert artifact_tag(ArtifactKind.VALUE, "notes") == "artifacts/notes"
     assert parse_artifact_tag("reporting/fit_ended") == ArtifactTag(
         ArtifactKind.RECORD, "fit_ended"
     )
+    assert parse_artifact_tag("reporting/validation/samples/0") == ArtifactTag(
+        ArtifactKind.PREVIEW, "reporting/validation/samples", "0"
+    )  # a stage named like a kind: the segment count tells
+
+
+def test_two_stages_previews_never_share_a_tag():
+    tags = {
+        artifact_tag(ArtifactKind.PREVIEW, preview_name(stage, Split.VALIDATION, "samples"), "0")
+        for stage in ("pretrain", "finetune")
+    }
+    assert tags == {"pretrain/validation/samples/0", "finetune/validation/samples/0"}
 
 
 @pytest.mark.parametrize(
     ("parts", "error", "message"),
     [
-        (("preview", "samples", "0"), ValueError, "artifact kind 'preview' must be one of"),
-        ((ArtifactKind.PREVIEW, "samples"), ValueError, "a preview's artifact tag needs a part"),
+        (("validation", "samples", "0"), ValueError, "artifact kind 'validation' must be one of"),
+        ((ArtifactKind.PREVIEW, "lm/validation/samples"), ValueError, "a preview's artifact tag"),
+        ((ArtifactKind.PREVIEW, "samples", "0"), ValueError, "a preview's name is stage/split"),
         ((ArtifactKind.RECORD, "fit_ended", "0"), ValueError, "a record's artifact tag has no"),
         ((ArtifactKind.VALUE, "a/b"), ValueError, "artifact name 'a/b' may not contain '/'"),
         ((ArtifactKind.RECORD, ".."), ValueError, r"record type '\.\.' may not be"),
-        ((ArtifactKind.PREVIEW, "s", ""), ValueError, "preview part may not be empty"),
+        ((ArtifactKind.PREVIEW, "s/train/x", ""), ValueError, "preview part may not be empty"),
     ],
 )
 def test_artifact_tag_rejects_bad_parts(parts, error, message):
@@ -177,11 +226,13 @@ def test_artifact_tag_rejects_bad_parts(parts, error, message):
 @pytest.mark.parametrize(
     ("tag", "message"),
     [
-        ("validation/samples", "must have 3 segments validation/name/part, got 2"),
-        ("validation/samples/0/1", "must have 3 segments validation/name/part, got 4"),
-        ("reporting/fit_ended/0", "must have 2 segments reporting/name, got 3"),
-        ("artifacts", "must have 2 segments artifacts/name, got 1"),
-        ("lm/train/loss", "artifact kind 'lm' must be one of"),
+        ("validation/samples/0", "must be stage/split/name/part .a preview.*got 3 segments"),
+        ("lm/validation/samples/0/1", "got 5 segments"),
+        ("reporting/fit_ended/0", "got 3 segments"),
+        ("artifacts", "got 1 segments"),
+        ("preview/samples", "got 2 segments"),
+        ("lm/train", "artifact kind 'lm' must be one of"),
+        ("lm/val/samples/0", "split 'val' is not one of"),
         ("artifacts/", "artifact name may not be empty"),
     ],
 )
@@ -197,11 +248,13 @@ def test_parse_inverts_artifact_tag(parts):
 
 tag_like = st.lists(
     st.one_of(
-        st.sampled_from(["validation", "reporting", "artifacts", "", ".", "..", " ", "a\\b"]),
+        st.sampled_from(
+            ["validation", "train", "preview", "reporting", "artifacts", "", ".", "..", " ", "a\\b"]
+        ),
         path_segments,
     ),
     min_size=1,
-    max_size=4,
+    max_size=5,
 ).map("/".join)
 
 
@@ -212,6 +265,29 @@ def test_artifact_tag_inverts_parse_and_parse_accepts_exactly_what_it_builds(tex
     except ValueError:
         return
     assert artifact_tag(*parsed) == text
+
+
+def test_a_metric_tags_bare_name_series_and_pattern():
+    assert bare_metric_name("lm/validation/perplexity") == "perplexity"
+    assert bare_metric_name("loss") == "loss"
+    with pytest.raises(ValueError, match="must have three segments"):
+        bare_metric_name("validation/loss")
+    assert parse_metric_tag("lm/train/loss").series == "lm/train"
+    assert metric_tag_pattern("a.b", [Split.VALIDATION, "train"], "x+y") == (
+        r"^a\.b/(train|validation)/x\+y$"
+    )
+    with pytest.raises(ValueError, match="split 'val' is not one of"):
+        metric_tag_pattern("lm", ["val"], "loss")
+
+
+@given(stage=segments, split=splits, metric=segments, other=segments)
+def test_a_metric_tag_pattern_matches_exactly_its_tags(stage, split, metric, other):
+    import re
+
+    pattern = re.compile(metric_tag_pattern(stage, [split], metric))
+    assert pattern.fullmatch(metric_tag(stage, split, metric))
+    for tag in (metric_tag(stage, split, metric + other), metric_tag(other + stage, split, metric)):
+        assert not pattern.fullmatch(tag)
 
 
 def test_check_metric_name():
@@ -293,7 +369,13 @@ def test_flatten_parameters_never_merges_two_key_paths(parameters):
     flat = flatten_parameters(parameters)
     assert len(flat) == len(paths)
     assert flat == {"/".join(path): value for path, value in paths}
-    assert {tuple(path.split("/")) for path in flat} == {path for path, _ in paths}
+    assert {parse_parameter_path(path) for path in flat} == {path for path, _ in paths}
+
+
+def test_parse_parameter_path_refuses_empty_keys():
+    assert parse_parameter_path("seed") == ("seed",)
+    with pytest.raises(ValueError, match="parameter path 'a//b' has an empty key"):
+        parse_parameter_path("a//b")
 
 
 def _all_keys(values):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
+from dew.naming import Split, preview_name
 from dew.telemetry.records import FitEnded, FitStarted, RunRecord
 from dew.tracking import LocalTracker, read_journal
 from dew.tracking._render import _palette_indices, histogram, to_uint8
@@ -112,10 +113,10 @@ def test_image_previews_are_pngs_of_each_generated_row(tmp_path):
     rng = np.random.default_rng(0)
     generated = rng.random((3, 6, 5, 3)).astype(np.float32)
     with LocalTracker(tmp_path) as tracker:
-        tracker.log_artifact("samples", Images(jnp.asarray(generated)), step=7)
+        tracker.log_artifact("lm/validation/samples", Images(jnp.asarray(generated)), step=7)
     ((name, step, files),) = read_journal(tmp_path).artifacts
-    assert (name, step) == ("samples", 7)
-    assert files == [f"previews/samples/7/{i}.png" for i in range(3)]
+    assert (name, step) == ("lm/validation/samples", 7)
+    assert files == [f"previews/lm/validation/samples/7/{i}.png" for i in range(3)]
     for index, file in enumerate(files):
         decoded = np.asarray(Image.open(tmp_path / file))
         np.testing.assert_array_equal(decoded, to_uint8(generated[index]))
@@ -125,9 +126,9 @@ def test_clip_previews_are_animated_gifs_with_every_frame(tmp_path):
     rng = np.random.default_rng(1)
     videos = rng.random((2, 4, 9, 7, 3)).astype(np.float32)
     with LocalTracker(tmp_path) as tracker:
-        tracker.log_artifact("clips", Clips(jnp.asarray(videos)), step=1)
+        tracker.log_artifact("lm/validation/clips", Clips(jnp.asarray(videos)), step=1)
     files = read_journal(tmp_path).artifacts[0][2]
-    assert files == ["previews/clips/1/0.gif", "previews/clips/1/1.gif"]
+    assert files == [f"previews/lm/validation/clips/1/{row}.gif" for row in range(2)]
     for index, file in enumerate(files):
         gif = Image.open(tmp_path / file)
         assert gif.n_frames == 4
@@ -142,16 +143,57 @@ def test_token_rows_and_representation_previews_are_json(tmp_path):
     tokens = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
     features = np.random.default_rng(2).standard_normal((10, 4)).astype(np.float32)
     with LocalTracker(tmp_path) as tracker:
-        tracker.log_artifact("text", TokenRows(jnp.asarray(tokens)), step=2)
-        tracker.log_artifact("features", Representations(jnp.asarray(features)), step=2)
+        tracker.log_artifact("lm/validation/text", TokenRows(jnp.asarray(tokens)), step=2)
+        features_name = "jepa/validation/features"
+        tracker.log_artifact(features_name, Representations(jnp.asarray(features)), step=2)
     files = {name: files for name, _, files in read_journal(tmp_path).artifacts}
-    rows = json.loads((tmp_path / files["text"][0]).read_text())
+    rows = json.loads((tmp_path / files["lm/validation/text"][0]).read_text())
     assert rows == {"tokens": tokens.tolist()}
-    spread = json.loads((tmp_path / files["features"][0]).read_text())
+    spread = json.loads((tmp_path / files[features_name][0]).read_text())
     counts, edges = np.histogram(np.std(features.astype(np.float64), axis=0), bins=30)
     assert spread["counts"] == counts.tolist()
     np.testing.assert_allclose(spread["edges"], edges)
     assert histogram(features)["dimensions"] == 4
+
+
+def test_two_stages_previews_keep_their_own_files_and_journal_lines(tmp_path):
+    rng = np.random.default_rng(3)
+    shown = {stage: rng.random((2, 4, 4, 3)).astype(np.float32) for stage in ("pre", "tune")}
+    with LocalTracker(tmp_path) as tracker:
+        for stage, generated in shown.items():  # both at step 5, as two fits' own steps are
+            name = preview_name(stage, Split.VALIDATION, "samples")
+            tracker.log_artifact(name, Images(jnp.asarray(generated)), step=5)
+    journal = read_journal(tmp_path).artifacts
+    assert [(name, step) for name, step, _ in journal] == [
+        ("pre/validation/samples", 5),
+        ("tune/validation/samples", 5),
+    ]
+    for (_, _, files), (stage, generated) in zip(journal, shown.items(), strict=True):
+        assert files == [f"previews/{stage}/validation/samples/5/{row}.png" for row in range(2)]
+        for row, file in enumerate(files):  # neither stage's pictures replaced the other's
+            decoded = np.asarray(Image.open(tmp_path / file))
+            np.testing.assert_array_equal(decoded, to_uint8(generated[row]))
+
+
+def test_a_preview_under_a_bare_name_is_refused_before_anything_is_written(tmp_path):
+    with LocalTracker(tmp_path) as tracker, pytest.raises(ValueError, match="stage/split/name"):
+        tracker.log_artifact("samples", Images(jnp.ones((1, 2, 2, 1))), step=1)
+    assert not (tmp_path / "previews").exists()
+    assert read_journal(tmp_path).artifacts == []
+
+
+def test_a_run_folder_of_the_old_preview_layout_still_reads_back(tmp_path):
+    """Folders written before previews carried their stage: `previews/<name>/<step>/`."""
+    (tmp_path / "previews" / "samples" / "4").mkdir(parents=True)
+    (tmp_path / "previews" / "samples" / "4" / "0.png").write_bytes(b"png")
+    line = {"name": "samples", "step": 4, "files": ["previews/samples/4/0.png"]}
+    (tmp_path / "records.jsonl").write_text(json.dumps(line) + "\n")
+    assert read_journal(tmp_path).artifacts == [("samples", 4, ["previews/samples/4/0.png"])]
+    with LocalTracker(tmp_path) as tracker:  # reopened: new previews go beside the old ones
+        tracker.log_artifact("lm/validation/samples", Images(jnp.ones((1, 2, 2, 1))), step=4)
+    artifacts = read_journal(tmp_path).artifacts
+    assert artifacts[1] == ("lm/validation/samples", 4, ["previews/lm/validation/samples/4/0.png"])
+    assert (tmp_path / artifacts[0][2][0]).read_bytes() == b"png"
 
 
 def test_token_scores_have_no_preview_form(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from _checks import rejects
 
 from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
-from dew.naming import Split
+from dew.naming import Split, preview_name
 from dew.telemetry.records import (
     FitEnded,
     FitStarted,
@@ -202,14 +202,38 @@ def test_previews_are_uploaded_as_the_local_renderers_files(tracker, tmp_path):
         "features": Representations(jnp.asarray(rng.standard_normal((10, 4)), jnp.float32)),
     }
     for name, value in previews.items():
-        tracker.log_artifact(name, value, step=7)
-    tracker.log_artifact("samples", previews["samples"])
+        tracker.log_artifact(preview_name("lm", Split.VALIDATION, name), value, step=7)
+    tracker.log_artifact("lm/validation/samples", previews["samples"])
     for name, value in {**previews, "samples-none": previews["samples"]}.items():
-        folder = "previews/samples/none" if name == "samples-none" else f"previews/{name}/7"
+        folder = (
+            "previews/lm/validation/samples/none"
+            if name == "samples-none"
+            else f"previews/lm/validation/{name}/7"
+        )
         rendered = preview_files(value)
         assert _files(tracker, folder) == sorted(f"{folder}/{suffix}" for suffix, _ in rendered)
         for suffix, content in rendered:
             assert _download(tracker, f"{folder}/{suffix}", tmp_path / name).read_bytes() == content
+
+
+def test_two_stages_previews_keep_their_own_files(tracker, tmp_path):
+    rng = np.random.default_rng(5)
+    shown = {stage: Images(jnp.asarray(rng.random((2, 4, 4, 3)), jnp.float32)) for stage in "ab"}
+    for stage, images in shown.items():  # both at step 5, as two fits' own steps are
+        tracker.log_artifact(preview_name(stage, Split.VALIDATION, "samples"), images, step=5)
+    assert _files(tracker, "previews") == [
+        f"previews/{stage}/validation/samples/5/{row}.png" for stage in "ab" for row in range(2)
+    ]
+    for stage, images in shown.items():
+        for suffix, content in preview_files(images):
+            path = f"previews/{stage}/validation/samples/5/{suffix}"
+            assert _download(tracker, path, tmp_path / stage).read_bytes() == content
+
+
+def test_a_preview_under_a_bare_name_is_refused_before_anything_is_sent(tracker):
+    with pytest.raises(ValueError, match="a preview's name is stage/split/name, got 'samples'"):
+        tracker.log_artifact("samples", Images(jnp.ones((1, 2, 2, 1))), step=1)
+    assert _files(tracker, "previews") == []
 
 
 def test_token_scores_have_no_preview_form(tracker):
@@ -320,12 +344,13 @@ def test_runs_share_their_experiment_and_keep_their_names(store):
 def test_the_default_store_is_sqlite_under_runs_in_the_working_directory(base, monkeypatch):
     monkeypatch.chdir(base)
     with MLflowTracker("default") as tracker:
-        tracker.log_artifact("text", TokenRows(jnp.asarray([[1, 2]])), step=0)
+        tracker.log_artifact("lm/validation/text", TokenRows(jnp.asarray([[1, 2]])), step=0)
     assert tracker.uri == f"sqlite:///{base / 'runs' / 'mlflow.db'}"
     assert (base / "runs" / "mlflow.db").is_file()
     experiment = _client(tracker).get_experiment(tracker.experiment_id)
     assert experiment.artifact_location == (base / "runs" / "mlartifacts").as_uri()
-    stored = base / "runs" / "mlartifacts" / tracker.run_id / "artifacts" / "previews" / "text"
+    artifacts = base / "runs" / "mlartifacts" / tracker.run_id / "artifacts"
+    stored = artifacts / "previews" / "lm" / "validation" / "text"
     assert (stored / "0" / "tokens.json").read_bytes() == preview_files(
         TokenRows(jnp.asarray([[1, 2]]))
     )[0][1]

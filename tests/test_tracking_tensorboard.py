@@ -13,6 +13,7 @@ import pytest
 from _checks import rejects
 
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
+from dew.naming import Split, preview_name
 from dew.telemetry.records import (
     FitEnded,
     FitStarted,
@@ -231,12 +232,14 @@ def test_images_are_pngs_under_validation_samples_row_index(tmp_path):
     rgb = rng.random((3, 6, 5, 3)).astype(np.float32)
     gray = rng.random((2, 4, 7, 1)).astype(np.float32)
     with TensorBoardTracker(tmp_path) as tracker:
-        tracker.log_artifact("samples", Images(jnp.asarray(rgb)), step=7)
-        tracker.log_artifact("samples", Images(jnp.asarray(gray)), step=9)
+        tracker.log_artifact("diffusion/validation/samples", Images(jnp.asarray(rgb)), step=7)
+        tracker.log_artifact("diffusion/validation/samples", Images(jnp.asarray(gray)), step=9)
     events = _accumulator(tmp_path)
-    assert sorted(events.Tags()["images"]) == [f"validation/samples/{i}" for i in range(3)]
+    assert sorted(events.Tags()["images"]) == [
+        f"diffusion/validation/samples/{i}" for i in range(3)
+    ]
     for index in range(3):
-        images = events.Images(f"validation/samples/{index}")
+        images = events.Images(f"diffusion/validation/samples/{index}")
         assert images[0].step == 7
         assert (images[0].width, images[0].height) == (5, 6)
         decoded = Image.open(io.BytesIO(images[0].encoded_image_string))
@@ -254,11 +257,14 @@ def test_clips_are_animated_gifs_with_every_frame(tmp_path):
     rng = np.random.default_rng(1)
     videos = rng.random((2, 4, 9, 7, 3)).astype(np.float32)
     with TensorBoardTracker(tmp_path) as tracker:
-        tracker.log_artifact("clips", Clips(jnp.asarray(videos)), step=3)
+        tracker.log_artifact("diffusion/validation/clips", Clips(jnp.asarray(videos)), step=3)
     events = _accumulator(tmp_path)
-    assert sorted(events.Tags()["images"]) == ["validation/clips/0", "validation/clips/1"]
+    assert sorted(events.Tags()["images"]) == [
+        "diffusion/validation/clips/0",
+        "diffusion/validation/clips/1",
+    ]
     for index in range(2):
-        (image,) = events.Images(f"validation/clips/{index}")
+        (image,) = events.Images(f"diffusion/validation/clips/{index}")
         assert (image.step, image.width, image.height) == (3, 7, 9)
         gif = Image.open(io.BytesIO(image.encoded_image_string))
         assert gif.format == "GIF"
@@ -274,10 +280,12 @@ def test_representations_become_a_histogram_of_their_per_dimension_spread(tmp_pa
     features = np.random.default_rng(2).standard_normal((50, 24)).astype(np.float32)
     features *= np.linspace(0.1, 3.0, 24, dtype=np.float32)
     with TensorBoardTracker(tmp_path) as tracker:
-        tracker.log_artifact("features", Representations(jnp.asarray(features)), step=4)
+        tracker.log_artifact(
+            "jepa/validation/features", Representations(jnp.asarray(features)), step=4
+        )
     events = _accumulator(tmp_path)
-    assert events.Tags()["histograms"] == ["validation/features/spread"]
-    (event,) = events.Histograms("validation/features/spread")
+    assert events.Tags()["histograms"] == ["jepa/validation/features/spread"]
+    (event,) = events.Histograms("jepa/validation/features/spread")
     histo = event.histogram_value
     expected = histogram(features)
     assert event.step == 4
@@ -288,16 +296,18 @@ def test_representations_become_a_histogram_of_their_per_dimension_spread(tmp_pa
     assert histo.min == pytest.approx(spread.min())
     assert histo.max == pytest.approx(spread.max())
     assert histo.sum == pytest.approx(spread.sum())
-    assert list(events.PluginTagToContent("histograms")) == ["validation/features/spread"]
+    assert list(events.PluginTagToContent("histograms")) == ["jepa/validation/features/spread"]
 
 
 def test_token_rows_become_a_text_table_of_generated_tokens(tmp_path):
     tokens = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
     mask = np.array([[True, True, False], [False, True, True]])
     with TensorBoardTracker(tmp_path) as tracker:
-        tracker.log_artifact("text", TokenRows(jnp.asarray(tokens)), step=2)
-        tracker.log_artifact("text", TokenRows(jnp.asarray(tokens), jnp.asarray(mask)), step=3)
-    texts = _texts(_accumulator(tmp_path), "validation/text/tokens")
+        tracker.log_artifact("lm/validation/text", TokenRows(jnp.asarray(tokens)), step=2)
+        tracker.log_artifact(
+            "lm/validation/text", TokenRows(jnp.asarray(tokens), jnp.asarray(mask)), step=3
+        )
+    texts = _texts(_accumulator(tmp_path), "lm/validation/text/tokens")
     assert texts == [(2, ["1 2 3", "4 5 6"]), (3, ["1 2", "5 6"])]
 
 
@@ -330,6 +340,31 @@ def test_plain_values_are_text_under_artifacts_name(tmp_path):
     assert json.loads(text) == {"rows": [1, 2], "score": "NaN"}
     ((_, text),) = _texts(events, "artifacts/thing")
     assert text.startswith("<object object at")
+
+
+def test_two_stages_previews_keep_their_own_tags(tmp_path):
+    rng = np.random.default_rng(5)
+    shown = {stage: rng.random((2, 4, 4, 3)).astype(np.float32) for stage in ("pre", "tune")}
+    with TensorBoardTracker(tmp_path) as tracker:
+        for stage, generated in shown.items():  # both at step 5, as two fits' own steps are
+            name = preview_name(stage, Split.VALIDATION, "samples")
+            tracker.log_artifact(name, Images(jnp.asarray(generated)), step=5)
+    events = _accumulator(tmp_path)
+    assert sorted(events.Tags()["images"]) == [
+        f"{stage}/validation/samples/{row}" for stage in ("pre", "tune") for row in range(2)
+    ]
+    for stage, generated in shown.items():
+        for row in range(2):
+            (image,) = events.Images(f"{stage}/validation/samples/{row}")
+            decoded = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)))
+            np.testing.assert_array_equal(decoded, to_uint8(generated[row]))
+
+
+def test_a_preview_under_a_bare_name_is_refused_before_anything_is_written(tmp_path):
+    message = "a preview's name is stage/split/name, got 'x'"
+    with TensorBoardTracker(tmp_path) as tracker, pytest.raises(ValueError, match=message):
+        tracker.log_artifact("x", Images(jnp.ones((1, 2, 2, 1))), step=1)
+    assert _summary_events(tmp_path) == []
 
 
 def test_artifact_names_must_be_tag_segments(tmp_path):
@@ -366,26 +401,26 @@ def test_every_kind_goes_to_one_event_file_flushed_before_each_call_returns(tmp_
     tracker.log_metrics({"lm/train/loss": 1.0}, step=1)
     assert [e.value for e in _accumulator(tmp_path).Scalars("lm/train/loss")] == [1.0]
     tracker.log_artifact("fit_ended", FitEnded(status="completed", step=1), step=1)
-    tracker.log_artifact("samples", Images(jnp.ones((2, 3, 3, 3))), step=1)
-    tracker.log_artifact("clips", Clips(jnp.ones((1, 2, 3, 3, 1))), step=2)
-    tracker.log_artifact("features", Representations(jnp.ones((4, 3))), step=1)
-    tracker.log_artifact("text", TokenRows(jnp.ones((1, 2), jnp.int32)), step=1)
+    tracker.log_artifact("diffusion/validation/samples", Images(jnp.ones((2, 3, 3, 3))), step=1)
+    tracker.log_artifact("diffusion/validation/clips", Clips(jnp.ones((1, 2, 3, 3, 1))), step=2)
+    tracker.log_artifact("jepa/validation/features", Representations(jnp.ones((4, 3))), step=1)
+    tracker.log_artifact("lm/validation/text", TokenRows(jnp.ones((1, 2), jnp.int32)), step=1)
     tracker.log_artifact("notes", "done")
     tags = _accumulator(tmp_path).Tags()
     assert sorted(tags["tensors"]) == [
         "_hparams_/session_start_info",
         "artifacts/notes",
         "custom_scalars__config__",
+        "lm/validation/text/tokens",
         "params",
         "reporting/fit_ended",
-        "validation/text/tokens",
     ]
     assert sorted(tags["images"]) == [
-        "validation/clips/0",
-        "validation/samples/0",
-        "validation/samples/1",
+        "diffusion/validation/clips/0",
+        "diffusion/validation/samples/0",
+        "diffusion/validation/samples/1",
     ]
-    assert tags["histograms"] == ["validation/features/spread"]
+    assert tags["histograms"] == ["jepa/validation/features/spread"]
     tracker.close()
     assert len(list(tmp_path.iterdir())) == 1
     _event_file(tmp_path)

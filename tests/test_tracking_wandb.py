@@ -21,7 +21,7 @@ import pytest
 from _checks import rejects
 
 from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
-from dew.naming import Split
+from dew.naming import Split, preview_name
 from dew.telemetry.records import FitEnded, RunRecord, record_from_json
 from dew.tracking import preview_files
 from dew.tracking._render import histogram
@@ -142,6 +142,7 @@ IMAGES = Images(jnp.asarray(RNG.random((3, 6, 5, 3)), jnp.float32), prompts=("a"
 CLIPS = Clips(jnp.asarray(RNG.random((2, 4, 9, 7, 3)), jnp.float32))
 TOKENS = TokenRows(jnp.asarray([[1, 2, 3], [4, 5, 6]]), jnp.asarray([[True, True, False]] * 2))
 FEATURES = Representations(jnp.asarray(RNG.standard_normal((10, 4)), jnp.float32))
+TUNED = Images(jnp.asarray(RNG.random((2, 6, 5, 3)), jnp.float32))  # a second stage's
 RUN_RECORD = RunRecord(model={"name": "mlp"}, data={}, optim={"learning_rate": 0.1})
 
 
@@ -164,10 +165,11 @@ def full(tmp_path_factory):
     tracker.log_metrics({"lm/train/loss": float("nan"), "lm/validation/psnr": -np.inf}, step=5)
     tracker.log_artifact("run_record", RUN_RECORD)  # at the latest step, 5
     tracker.log_metrics({"lm/train/loss": np.float32(0.5), "lm/train/count": 3}, step=10)
-    tracker.log_artifact("samples", IMAGES, step=10)
-    tracker.log_artifact("clips", CLIPS, step=11)
-    tracker.log_artifact("text", TOKENS, step=11)
-    tracker.log_artifact("features", FEATURES, step=11)
+    tracker.log_artifact("diffusion/validation/samples", IMAGES, step=10)
+    tracker.log_artifact(preview_name("tune", Split.VALIDATION, "samples"), TUNED, step=10)
+    tracker.log_artifact("diffusion/validation/clips", CLIPS, step=11)
+    tracker.log_artifact("lm/validation/text", TOKENS, step=11)
+    tracker.log_artifact("jepa/validation/features", FEATURES, step=11)
     tracker.log_artifact("notes", {"text": "three epochs", "score": float("nan")}, step=11)
     tracker.log_artifact("fit_ended", FitEnded(status="completed", step=12), step=12)
     global_runs.append(wandb.run)
@@ -226,24 +228,35 @@ def test_records_are_html_panels_holding_their_json(full):
 def test_images_and_clips_are_the_local_renderers_files(full):
     rows = full.read.rows
     for index, (_, content) in enumerate(preview_files(IMAGES)):
-        item = rows[10][f"validation/samples/{index}"]
+        item = rows[10][f"diffusion/validation/samples/{index}"]
         assert (item["_type"], item["caption"]) == ("image-file", "abc"[index])
         assert _media(full.read, item) == content
     for index, (_, content) in enumerate(preview_files(CLIPS)):
-        item = rows[11][f"validation/clips/{index}"]
+        item = rows[11][f"diffusion/validation/clips/{index}"]
         assert item["_type"] == "video-file"
         assert _media(full.read, item) == content
 
 
+def test_two_stages_previews_keep_their_own_keys(full):
+    row = full.read.rows[10]
+    for stage, shown in (("diffusion", IMAGES), ("tune", TUNED)):
+        for index, (_, content) in enumerate(preview_files(shown)):
+            assert _media(full.read, row[f"{stage}/validation/samples/{index}"]) == content
+    assert sorted(key for key in row if "/samples/" in key) == [
+        *(f"diffusion/validation/samples/{index}" for index in range(3)),
+        *(f"tune/validation/samples/{index}" for index in range(2)),
+    ]
+
+
 def test_token_rows_are_a_table_and_representations_a_histogram(full):
     rows = full.read.rows
-    table = json.loads(_media(full.read, rows[11]["validation/text/tokens"]))
+    table = json.loads(_media(full.read, rows[11]["lm/validation/text/tokens"]))
     assert table["columns"] == ["row", "tokens", "mask"]
     assert table["data"] == [
         [0, [1, 2, 3], [True, True, False]],
         [1, [4, 5, 6], [True, True, False]],
     ]
-    spread = rows[11]["validation/features/spread"]
+    spread = rows[11]["jepa/validation/features/spread"]
     expected = histogram(FEATURES.features)
     assert spread["_type"] == "histogram"
     assert spread["values"] == expected["counts"]
@@ -273,6 +286,8 @@ def test_mistakes_are_refused_before_anything_is_sent(tmp_path):
         tracker.log_artifact("bad", object(), step=5)
     with pytest.raises(ValueError, match="artifact name 'a/b' may not contain '/'"):
         tracker.log_artifact("a/b", 1, step=5)
+    with pytest.raises(ValueError, match="a preview's name is stage/split/name, got 'samples'"):
+        tracker.log_artifact("samples", IMAGES, step=5)
     tracker.log_metrics({"lm/train/loss": 0.5}, step=5)
     tracker.close()
     tracker.close()  # closing twice is harmless

@@ -22,7 +22,7 @@ from dew.events import BEST_MODEL, EARLY_STOP, Decision, EventSink, TrainingEven
 from dew.naming import Split, metric_tag
 from dew.steps import MetricHistory, TrainState
 from dew.telemetry.records import FitEnded, FitStarted, Record
-from dew.tracking import Tracker
+from dew.tracking import ScalarTracker
 from dew.tracking._protocol import set_notes
 
 __all__ = ["LoopEngine", "verbose_console", "with_history"]
@@ -82,7 +82,7 @@ class LoopEngine:
         current: Callable[[], TrainState],
         history: MetricHistory,
         sinks: Sequence[EventSink] = (),
-        tracker: Tracker | None = None,
+        tracker: ScalarTracker | None = None,
         early_stopper: EarlyStopper | None = None,
         stopping: EarlyStoppingState | None = None,
         progress: bool = False,

@@ -17,9 +17,10 @@ import numpy as np
 
 from dew._checks import check_integer
 from dew.naming import Split, metric_tag
+from dew.tracking._protocol import takes_artifacts
 
 if TYPE_CHECKING:
-    from dew.tracking import Tracker
+    from dew.tracking import ScalarTracker
 
 __all__ = ["Decision", "EventSink", "TrackerEventSink", "TrainingEvent"]
 
@@ -105,7 +106,9 @@ class TrackerEventSink:
     For each event with metrics it makes one `tracker.log_metrics` call whose
     keys are `metric_tag(event.stage, event.split, name)`, at `event.step`. A
     decision event logs nothing, so a measurement reaches the tracker once. It
-    never calls `log_params` or `log_artifact`.
+    never calls `log_params` or `log_artifact`, so any tracker with
+    `log_metrics(values, *, step)` will do (`dew.tracking.ScalarTracker`); anything
+    else raises a `TypeError` naming it.
 
     ```python
     >>> from dew.tracking import InMemoryTracker
@@ -119,7 +122,8 @@ class TrackerEventSink:
     ```
     """
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: ScalarTracker) -> None:
+        takes_artifacts(tracker)  # a TypeError now for anything without log_metrics(step=)
         self.tracker = tracker
 
     def on_event(self, event: TrainingEvent) -> None:

@@ -2,11 +2,12 @@
 
 A metric name is bare snake_case (`loss`, `perplexity`). A *metric tag* is the
 namespaced identity of a recorded series, `stage/split/metric`, always three
-segments. An *artifact tag* names what a tracker shows of an artifact
-(`validation/samples/0`, `reporting/fit_ended`). A *parameter path* is a key path
-through a nested parameter mapping. All use `/` as their only separator, and no
-segment may be empty or contain it, so parsing always recovers exactly the parts a
-string was built from.
+segments. A *preview name* is the name a preview is logged under, `stage/split/name`
+(`lm/validation/samples`), so two stages' previews never share a tag or a file. An
+*artifact tag* names what a tracker shows of an artifact (`lm/validation/samples/0`,
+`reporting/fit_ended`). A *parameter path* is a key path through a nested parameter
+mapping. All use `/` as their only separator, and no segment may be empty or contain
+it, so parsing always recovers exactly the parts a string was built from.
 
 No other module in dew joins or splits these strings.
 """
@@ -14,7 +15,8 @@ No other module in dew joins or splits these strings.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from dew._checks import check_integer
@@ -24,7 +26,9 @@ __all__ = [
     "ArtifactKind",
     "ArtifactTag",
     "MetricTag",
+    "PreviewName",
     "Split",
+    "bare_metric_name",
     "check_metric_name",
     "check_index",
     "check_name",
@@ -32,8 +36,12 @@ __all__ = [
     "artifact_tag",
     "flatten_parameters",
     "metric_tag",
+    "metric_tag_pattern",
     "parse_artifact_tag",
     "parse_metric_tag",
+    "parse_parameter_path",
+    "parse_preview_name",
+    "preview_name",
 ]
 
 SEPARATOR = "/"
@@ -61,6 +69,11 @@ class MetricTag(NamedTuple):
     stage: str
     split: Split
     metric: str
+
+    @property
+    def series(self) -> str:
+        """`stage/split`: which of a bare metric's series the tag is (a plot's line)."""
+        return SEPARATOR.join((self.stage, self.split.value))
 
 
 def _allowed_splits() -> str:
@@ -228,16 +241,104 @@ def parse_metric_tag(tag: str) -> MetricTag:
     return MetricTag(stage, _as_split(split), metric)
 
 
-class ArtifactKind(enum.StrEnum):
-    """What an artifact tag shows; its value is the tag's first segment.
+def bare_metric_name(name: str) -> str:
+    """The bare metric name of a metric tag (`parse_metric_tag`), or `name` itself
+    when it is a bare name already.
 
-    - `PREVIEW`: one piece of a preview, `validation/<name>/<part>`, where `<part>` is
-      a generated row's index, `tokens` or `spread`.
+    ```python
+    >>> bare_metric_name("lm/validation/perplexity"), bare_metric_name("loss")
+    ('perplexity', 'loss')
+
+    ```
+    """
+    return parse_metric_tag(name).metric if SEPARATOR in name else check_metric_name(name)
+
+
+def metric_tag_pattern(stage: str, splits: Iterable[Split | str], metric: str) -> str:
+    """The regular expression matching exactly the tags of `metric` in `stage` over
+    `splits` (each segment escaped), as TensorBoard's custom scalars take it.
+
+    ```python
+    >>> metric_tag_pattern("lm", ["validation", "train"], "loss")
+    '^lm/(train|validation)/loss$'
+
+    ```
+    """
+    tags = [parse_metric_tag(metric_tag(stage, split, metric)) for split in splits]
+    alternatives = "|".join(sorted({re.escape(tag.split.value) for tag in tags}))
+    escaped = [re.escape(stage), f"({alternatives})", re.escape(metric)]
+    return f"^{SEPARATOR.join(escaped)}$"
+
+
+class PreviewName(NamedTuple):
+    """The three parts of a preview name, as `parse_preview_name` returns them."""
+
+    stage: str
+    split: Split
+    name: str
+
+
+def _check_preview_parts(stage: str, split: object, name: str) -> PreviewName:
+    check_path_segment("stage", stage)
+    split = _as_split(split)
+    return PreviewName(stage, split, check_path_segment("preview name", name))
+
+
+def preview_name(stage: str, split: Split | str, name: str) -> str:
+    """Build `stage/split/name`, the name a preview is logged under (`log_artifact`):
+    trackers build its tags and files from all three parts, so a second stage's
+    previews never overwrite the first's. Each part is a path segment
+    (`check_path_segment`); `split` is a `Split`.
+
+    **Raises:** `ValueError` naming the bad part, `TypeError` for a part that is not a
+    string.
+
+    ```python
+    >>> preview_name("diffusion", Split.VALIDATION, "samples")
+    'diffusion/validation/samples'
+
+    ```
+    """
+    return SEPARATOR.join(_check_preview_parts(stage, split, name))
+
+
+def parse_preview_name(text: str) -> PreviewName:
+    """Recover the `(stage, split, name)` a preview name was built from.
+
+    **Raises:** `ValueError` when `text` is not a name `preview_name` builds (a bare
+    `"samples"` names no stage), `TypeError` when it is not a string.
+
+    ```python
+    >>> parse_preview_name("lm/validation/samples")
+    PreviewName(stage='lm', split=<Split.VALIDATION: 'validation'>, name='samples')
+
+    ```
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"a preview's name must be a string, got {type(text).__name__}.")
+    segments = text.split(SEPARATOR)
+    if len(segments) != 3:
+        raise ValueError(
+            f"a preview's name is stage{SEPARATOR}split{SEPARATOR}name, got {text!r}: build it "
+            "with dew.naming.preview_name(stage, split, name), e.g. 'lm/validation/samples'."
+        )
+    return _check_preview_parts(*segments)
+
+
+class ArtifactKind(enum.StrEnum):
+    """What an artifact tag shows.
+
+    - `PREVIEW`: one piece of a preview, `<preview name>/<part>`, four segments
+      `stage/split/name/part`, where `<part>` is a generated row's index, `tokens` or
+      `spread`.
     - `RECORD`: a typed record, `reporting/<record type>`.
     - `VALUE`: any other value a tracker shows as text, `artifacts/<name>`.
+
+    A record's and a value's tag start with the kind's value; a preview's starts with
+    its stage, and its four segments tell it from the two of the others.
     """
 
-    PREVIEW = "validation"
+    PREVIEW = "preview"
     RECORD = "reporting"
     VALUE = "artifacts"
 
@@ -259,12 +360,14 @@ def _as_artifact_kind(value: object) -> ArtifactKind:
 
 
 def _check_artifact_parts(kind: ArtifactKind, name: str, part: str | None) -> None:
-    check_path_segment("record type" if kind is ArtifactKind.RECORD else "artifact name", name)
     if kind is ArtifactKind.PREVIEW:
+        parse_preview_name(name)
         if part is None:
             raise ValueError("a preview's artifact tag needs a part (a row, tokens or spread).")
         check_path_segment("preview part", part)
-    elif part is not None:
+        return
+    check_path_segment("record type" if kind is ArtifactKind.RECORD else "artifact name", name)
+    if part is not None:
         raise ValueError(f"a {kind.name.lower()}'s artifact tag has no part, got {part!r}.")
 
 
@@ -273,17 +376,19 @@ def artifact_tag(kind: ArtifactKind | str, name: str, part: str | None = None) -
 
     **Arguments:**
 
-    - `kind`: the `ArtifactKind` (or its value, `"validation"`).
-    - `name`: the artifact's name, or a record's type for `ArtifactKind.RECORD`.
+    - `kind`: the `ArtifactKind` (or its value, `"preview"`).
+    - `name`: a preview name (`preview_name`) for `ArtifactKind.PREVIEW`, a record's
+      type for `ArtifactKind.RECORD`, the artifact's name for `ArtifactKind.VALUE`.
     - `part`: for a preview only, the piece it shows (`"0"`, `"tokens"`, `"spread"`).
 
     **Raises:** `ValueError` when `kind` is not an `ArtifactKind`, when a segment is
-    not a path segment (`check_path_segment`), or when `part` is missing for a preview
-    or given for another kind; `TypeError` when a segment is not a string.
+    not a path segment (`check_path_segment`) or a preview's name no preview name, or
+    when `part` is missing for a preview or given for another kind; `TypeError` when a
+    segment is not a string.
 
     ```python
-    >>> artifact_tag(ArtifactKind.PREVIEW, "samples", "0")
-    'validation/samples/0'
+    >>> artifact_tag(ArtifactKind.PREVIEW, "diffusion/validation/samples", "0")
+    'diffusion/validation/samples/0'
     >>> artifact_tag(ArtifactKind.RECORD, "fit_ended")
     'reporting/fit_ended'
 
@@ -291,33 +396,35 @@ def artifact_tag(kind: ArtifactKind | str, name: str, part: str | None = None) -
     """
     kind = _as_artifact_kind(kind)
     _check_artifact_parts(kind, name, part)
-    segments = (kind.value, name) if part is None else (kind.value, name, part)
+    segments = (kind.value, name) if part is None else (name, part)
     return SEPARATOR.join(segments)
 
 
 def parse_artifact_tag(tag: str) -> ArtifactTag:
-    """Recover the `(kind, name, part)` an artifact tag was built from.
+    """Recover the `(kind, name, part)` an artifact tag was built from: four segments
+    are a preview's (`name` its preview name), two a record's or a value's.
 
     **Raises:** `ValueError` when `tag` is not a tag `artifact_tag` builds, `TypeError`
     when it is not a string.
 
     ```python
-    >>> parse_artifact_tag("validation/samples/0")
-    ArtifactTag(kind=<ArtifactKind.PREVIEW: 'validation'>, name='samples', part='0')
+    >>> parse_artifact_tag("lm/validation/samples/0")
+    ArtifactTag(kind=<ArtifactKind.PREVIEW: 'preview'>, name='lm/validation/samples', part='0')
 
     ```
     """
     if not isinstance(tag, str):
         raise TypeError(f"tag must be a string, got {tag!r} of type {type(tag).__name__}.")
     segments = tag.split(SEPARATOR)
-    kind = _as_artifact_kind(segments[0])
-    shape = ("name", "part") if kind is ArtifactKind.PREVIEW else ("name",)
-    if len(segments) != 1 + len(shape):
+    if len(segments) == 4:
+        kind, name, part = ArtifactKind.PREVIEW, SEPARATOR.join(segments[:3]), segments[3]
+    elif len(segments) == 2 and segments[0] != ArtifactKind.PREVIEW.value:
+        kind, name, part = _as_artifact_kind(segments[0]), segments[1], None
+    else:
         raise ValueError(
-            f"artifact tag {tag!r} must have {1 + len(shape)} segments "
-            f"{SEPARATOR.join((kind.value, *shape))}, got {len(segments)}."
+            f"artifact tag {tag!r} must be stage/split/name/part (a preview), reporting/type "
+            f"or artifacts/name, got {len(segments)} segments."
         )
-    name, part = segments[1], segments[2] if kind is ArtifactKind.PREVIEW else None
     _check_artifact_parts(kind, name, part)
     return ArtifactTag(kind, name, part)
 
@@ -363,3 +470,22 @@ def _flatten_into(flat: dict[str, Any], prefix: tuple[str, ...], values: Mapping
             _flatten_into(flat, path, value)
         else:
             flat[SEPARATOR.join(path)] = value
+
+
+def parse_parameter_path(path: str) -> tuple[str, ...]:
+    """The keys of a parameter path (`flatten_parameters`), outermost first.
+
+    **Raises:** `ValueError` for an empty key (`"a//b"`), `TypeError` for a non-string.
+
+    ```python
+    >>> parse_parameter_path("optimizer/learning_rate")
+    ('optimizer', 'learning_rate')
+
+    ```
+    """
+    if not isinstance(path, str):
+        raise TypeError(f"parameter path must be a string, got {type(path).__name__}.")
+    keys = tuple(path.split(SEPARATOR))
+    if not all(keys):
+        raise ValueError(f"parameter path {path!r} has an empty key.")
+    return keys

@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from dew.naming import Split, bare_metric_name, parse_metric_tag
+
 _HIGHER_IS_BETTER = (
     "accuracy",
     "psnr",
@@ -23,7 +25,7 @@ perplexity, errors, FID, CRPS) is better lower. dew's `Metric` records no direct
 
 def higher_is_better(metric: str) -> bool:
     """Whether a larger value of `metric` (a bare name or a full tag) is better."""
-    bare = metric.rsplit("/", 1)[-1]
+    bare = bare_metric_name(metric)
     return any(word in bare for word in _HIGHER_IS_BETTER)
 
 
@@ -145,8 +147,6 @@ def end_lines(
 ) -> list[str]:
     """The end-of-run summary: the final values (`summary`), the time taken and the speed,
     and each validation metric's last and best value with their steps."""
-    from dew.naming import Split, parse_metric_tag
-
     if trained > 0 and seconds > 0:
         speed = f"  {trained} steps in {seconds:.1f} s ({trained / seconds:.2f} steps/s)"
     else:

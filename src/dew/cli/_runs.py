@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from dew.cli._console import higher_is_better, value_text
+from dew.naming import Split, parse_metric_tag, parse_parameter_path
 
 _FILTER = re.compile(r"^(?P<key>[^=~<>]+?)(?P<op>=|~|<|>)(?P<value>.*)$")
 _FILTER_FORMS = "KEY=VALUE, KEY~REGEX, KEY<NUMBER or KEY>NUMBER"
@@ -27,9 +28,16 @@ class _Row:
     best_trial: dict[str, Any] | None = None  # a sweep's: index, overrides, value, direction
 
 
-def _param_name(key: str) -> str:
-    """params.json's `config/optim/learning_rate` as the `--set` path `optim.learning_rate`."""
-    return ".".join(part for part in key.removeprefix("config/").split("/") if part != "kwargs")
+def _param_name(key: str) -> str | None:
+    """params.json's `config/optim/learning_rate` as the `--set` path `optim.learning_rate`;
+    `None` for a key outside `config`."""
+    try:
+        section, *keys = parse_parameter_path(key)
+    except (TypeError, ValueError):
+        return None
+    if section != "config" or not keys:
+        return None
+    return ".".join(part for part in keys if part != "kwargs")
 
 
 def _direction(folder: pathlib.Path) -> str:
@@ -52,10 +60,9 @@ def _row(name: str, folder: pathlib.Path, journal: Any) -> _Row:
             status, ended = record.status, record.step
         elif record.type == "trial_finished":
             trials.append(record)
+    named = ((_param_name(key), value) for key, value in journal.params.items())
     params = {
-        _param_name(key): value
-        for key, value in journal.params.items()
-        if key.startswith("config/") and _param_name(key) not in _HIDDEN_PARAMS
+        name: value for name, value in named if name is not None and name not in _HIDDEN_PARAMS
     }
     metrics = {tag: series[-1] for tag, series in journal.scalars.items() if series}
     last = max((step for series in journal.scalars.values() for step, _ in series), default=None)
@@ -105,11 +112,20 @@ def _tag(rows: list[_Row], metric: str) -> str | None:
     tags = {tag for row in rows for tag in row.metrics}
     if metric in tags:
         return metric
-    for split in ("validation", "train"):
-        matches = sorted(tag for tag in tags if tag.endswith(f"/{split}/{metric}"))
+    for split in (Split.VALIDATION, Split.TRAIN):
+        matches = sorted(tag for tag in tags if _names(tag, split, metric))
         if matches:
             return matches[0]
     return None
+
+
+def _names(tag: str, split: Split, metric: str) -> bool:
+    """Whether `tag` is a metric tag of `metric` on `split` (a journal's odd key is not)."""
+    try:
+        parsed = parse_metric_tag(tag)
+    except (TypeError, ValueError):
+        return False
+    return parsed.split is split and parsed.metric == metric
 
 
 def _cell(row: _Row, key: str) -> Any:

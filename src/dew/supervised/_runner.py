@@ -32,7 +32,8 @@ from dew.naming import Split, check_name
 from dew.objectives.base import trainable
 from dew.objectives.supervised import SupervisedObjective
 from dew.steps import EMPTY_HISTORY, TrainState, train_step
-from dew.tracking import Tracker
+from dew.tracking import ScalarTracker
+from dew.tracking._protocol import takes_artifacts
 
 __all__ = [
     "Batch",
@@ -192,7 +193,7 @@ def run_supervised(
     early_stopper: EarlyStopper | None = None,
     event_sinks: Sequence[EventSink] = (),
     stage: str = "supervised",
-    tracker: Tracker | None = None,
+    tracker: ScalarTracker | None = None,
     progress: bool = False,
     on_nonfinite: str = "raise",
 ) -> TrainState:
@@ -208,8 +209,9 @@ def run_supervised(
 
     The loop is observed by the same engine as `Trainer.fit`: pass `tracker` to give
     it the `FitStarted` / `FitEnded` records (its metrics still arrive through a
-    `TrackerEventSink` among `event_sinks`), and `progress=True` for a printed line
-    per report and a bar over the epochs.
+    `TrackerEventSink` among `event_sinks`; a tracker that takes scalars only,
+    `dew.tracking.ScalarTracker`, gets no records), and `progress=True` for a printed
+    line per report and a bar over the epochs.
 
     `on_nonfinite="raise"` (the default) stops the run with a `ValueError` naming the
     step and the value at the end of the first epoch whose training loss is NaN or
@@ -235,7 +237,7 @@ def run_supervised(
         current=current,
         history=history,
         sinks=event_sinks,
-        tracker=tracker,
+        tracker=tracker if tracker is not None and takes_artifacts(tracker) else None,
         early_stopper=early_stopper,
         progress=progress,
         total=epochs,

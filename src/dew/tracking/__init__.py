@@ -11,6 +11,7 @@ from dew.tracking._journal import Journal as Journal
 from dew.tracking._journal import read_journal as read_journal
 from dew.tracking._memory import InMemoryTracker as InMemoryTracker
 from dew.tracking._preview import preview_files as preview_files
+from dew.tracking._protocol import ScalarTracker as ScalarTracker
 from dew.tracking._protocol import Tracker as Tracker
 from dew.tracking.local import LocalTracker as LocalTracker
 from dew.tracking.mlflow import MLflowTracker as MLflowTracker
@@ -24,6 +25,7 @@ __all__ = [
     "Journal",
     "LocalTracker",
     "MLflowTracker",
+    "ScalarTracker",
     "TensorBoardTracker",
     "Tracker",
     "Trackers",

@@ -80,8 +80,8 @@ class AbstractRunTracker(AbstractTracker):
     calls the hook a subclass fills in (`_log_params`, `_log_metrics`, `_log_artifact`,
     `_close`). A subclass also says how the refusal names it (`_describe`). The hooks
     get the arguments as given and check them (a step with `dew.naming.check_index`,
-    an artifact name with `check_path_segment`), so each tracker names a bad value in
-    its own terms before it writes anything.
+    an artifact name with `dew.tracking._preview.check_artifact_name`), so each tracker
+    names a bad value in its own terms before it writes anything.
 
     - `closed`: True once `close()` has run. Closing again does nothing; any other
       report raises `RuntimeError("<description> is closed; it records nothing more.")`.

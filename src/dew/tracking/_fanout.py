@@ -1,17 +1,23 @@
 """Reporting to several trackers at once."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dew.naming import check_index, check_path_segment
+from dew.naming import check_index
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._protocol import Tracker, set_notes
+from dew.tracking._preview import check_artifact_name
+from dew.tracking._protocol import ScalarTracker, set_notes, takes_artifacts
 
 __all__ = ["Trackers"]
 
 
 class Trackers(AbstractRunTracker):
     """Fan every report out to several trackers.
+
+    A tracker that only takes scalars (`dew.tracking.ScalarTracker`: `log_metrics`
+    alone, or document 001's `log_artifact(name, value)` without a step) receives the
+    metrics, and the parameters where it has `log_params`, but no artifact; anything
+    without `log_metrics(values, *, step)` is refused with a `TypeError` naming it.
 
     Every tracker receives each report even if another one fails; after all were
     called, the first failure is raised (later failures are attached to it as
@@ -23,7 +29,8 @@ class Trackers(AbstractRunTracker):
     that exception, where it has one, else `close()`), so MLflow and W&B end the run
     failed. There
     is no background queue: a report has reached every tracker when the call returns.
-    A step that is not an integer >= 0, or an artifact name that is not a path segment
+    A step that is not an integer >= 0, or an artifact name that is neither a preview
+    name for a preview (`dew.naming.preview_name`) nor a path segment for anything else
     (`dew.naming.check_path_segment`), raises before any tracker is called.
 
     ```python
@@ -37,18 +44,15 @@ class Trackers(AbstractRunTracker):
     ```
     """
 
-    def __init__(self, *trackers: Tracker) -> None:
-        for tracker in trackers:
-            if not isinstance(tracker, Tracker):
-                raise TypeError(
-                    f"Trackers takes trackers (log_params, log_metrics, log_artifact, close), "
-                    f"got {tracker!r} of type {type(tracker).__name__}."
-                )
+    def __init__(self, *trackers: ScalarTracker) -> None:
+        artifacts = [takes_artifacts(tracker) for tracker in trackers]  # raises for non-trackers
         self.trackers = trackers
+        self._artifacts = [t for t, takes in zip(trackers, artifacts, strict=True) if takes]
+        self._params = [t for t in trackers if callable(getattr(t, "log_params", None))]
 
-    def _each(self, call: Callable[[Tracker], Any]) -> None:
+    def _each(self, call: Callable[[Any], Any], trackers: Sequence[Any] | None = None) -> None:
         failures: list[BaseException] = []
-        for tracker in self.trackers:
+        for tracker in self.trackers if trackers is None else trackers:
             try:
                 call(tracker)
             except BaseException as failure:  # a Ctrl-C in one tracker too: the rest report
@@ -68,30 +72,28 @@ class Trackers(AbstractRunTracker):
         return "Trackers"
 
     def _log_params(self, values: Mapping[str, Any]) -> None:
-        self._each(lambda tracker: tracker.log_params(values))
+        self._each(lambda tracker: tracker.log_params(values), self._params)
 
     def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         checked = check_index("step", step)
         self._each(lambda tracker: tracker.log_metrics(values, step=checked))
 
     def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_path_segment("artifact name", name)
+        check_artifact_name(name, value)
         checked = None if step is None else check_index("step", step)
-        self._each(lambda tracker: tracker.log_artifact(name, value, step=checked))
+        self._each(lambda tracker: tracker.log_artifact(name, value, step=checked), self._artifacts)
 
     def _close(self) -> None:
         leaving = self._leaving
-        if leaving is None:
-            self._each(lambda tracker: tracker.close())
-        else:  # each tracker leaves as if the block had been its own: MLflow ends FAILED
-            self._each(lambda tracker: _leave(tracker, leaving))
+        self._each(lambda tracker: _leave(tracker, leaving))
 
 
-def _leave(tracker: Tracker, leaving: tuple[Any, BaseException, Any]) -> None:
-    """Close `tracker` while `leaving` (`__exit__`'s arguments) is in flight: through its
-    own `__exit__` where it has one, so it marks its run failed; else `close()`."""
-    leave = getattr(tracker, "__exit__", None)
-    if leave is None:
-        tracker.close()
-    else:
+def _leave(tracker: Any, leaving: tuple[Any, BaseException, Any] | None) -> None:
+    """Close `tracker`; while `leaving` (`__exit__`'s arguments) is in flight, through its
+    own `__exit__` where it has one, so it marks its run failed (MLflow ends FAILED). A
+    tracker with neither (a scalar-only one) has nothing to close."""
+    leave = None if leaving is None else getattr(tracker, "__exit__", None)
+    if leave is not None:
         leave(*leaving)
+    elif callable(getattr(tracker, "close", None)):
+        tracker.close()

@@ -17,7 +17,6 @@ __all__ = ["Journal", "read_journal"]
 SCALARS = "scalars.jsonl"
 RECORDS = "records.jsonl"
 PARAMS = "params.json"
-PREVIEWS = "previews"
 RUN_RECORD = "run.json"
 RESUME = "resume"
 """The key marking a resume boundary line: `{"step": 4, "values": {}, "resume": true}`."""

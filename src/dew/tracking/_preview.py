@@ -4,33 +4,73 @@
 become one `Picture` (PNG) per generated row, `Clips` one `Animation` (GIF) per
 row, `TokenRows` one `TokenTable`, `Representations` one `Spread` histogram.
 Each piece knows the file it is stored as (`preview_files`: what the local journal
-and MLflow store) and the last segment of its tag (`dew.naming.artifact_tag`);
-TensorBoard and W&B map the pieces to their own summaries and media.
+and MLflow store, under `preview_folder`) and the last segment of its tag
+(`dew.naming.artifact_tag`); TensorBoard and W&B map the pieces to their own
+summaries and media. A preview is logged under a preview name,
+`stage/split/name` (`dew.naming.preview_name`), so two stages' previews never
+share a tag or a folder; `check_artifact_name` is the one check of an artifact's
+name every tracker makes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import PurePosixPath
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
+from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
+from dew.naming import check_index, check_path_segment, parse_preview_name
 from dew.tracking._render import gif_bytes, histogram, png_bytes, to_uint8
 
 __all__ = [
+    "PREVIEWS",
+    "PREVIEW_TYPES",
     "Animation",
     "Piece",
     "Picture",
     "Refusal",
     "Spread",
     "TokenTable",
+    "check_artifact_name",
     "preview_files",
+    "preview_folder",
     "render_preview",
 ]
 
+PREVIEWS = "previews"
+"""The folder under which the local journal and MLflow store preview files."""
+PREVIEW_TYPES = (Images, Clips, TokenRows, Representations)
+"""The artifacts that have a preview form."""
 _PREVIEWS = "Images, Clips, TokenRows or Representations previews"
+
+
+def check_artifact_name(name: Any, value: Any) -> None:
+    """Check the name `value` is logged under, before anything is written.
+
+    A preview (`PREVIEW_TYPES`) is logged under a preview name, `stage/split/name`
+    (`dew.naming.preview_name`); a record or another value under a path segment
+    (`dew.naming.check_path_segment`). Another artifact (`TokenScores`) passes
+    unchecked: the tracker refuses it for having no preview form.
+
+    **Raises:** `ValueError` naming the bad name and the rule, `TypeError` for a name
+    that is not a string.
+    """
+    if isinstance(value, PREVIEW_TYPES):
+        parse_preview_name(name)
+    elif not isinstance(value, Artifact):
+        check_path_segment("artifact name", name)
+
+
+def preview_folder(name: str, step: Any) -> PurePosixPath:
+    """`previews/<stage>/<split>/<name>/<step>`: where the files of the preview logged as
+    `name` (a preview name) go (`none` for `step=None`), relative to a run's folder or
+    an MLflow run's artifacts."""
+    parsed = parse_preview_name(name)
+    shown = "none" if step is None else str(check_index("step", step))
+    return PurePosixPath(PREVIEWS, parsed.stage, parsed.split.value, parsed.name, shown)
 
 
 class Picture(NamedTuple):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Tracker", "set_notes"]
+__all__ = ["ScalarTracker", "Tracker", "set_notes", "takes_artifacts"]
 
 
 _OWN_NOTES = "_dew_notes"  # on an exception: {source: the notes that source added}
@@ -62,3 +63,59 @@ class Tracker(Protocol):
 
     def close(self) -> None:
         """Flush and release everything."""
+
+
+@runtime_checkable
+class ScalarTracker(Protocol):
+    """The least a runner takes as a tracker: `log_metrics(values, *, step)` alone.
+
+    Document 000's "tracker that only takes scalars" is one, and so is document 001's
+    `ExperimentTracker`, whose `log_artifact(name, value)` has no step and which its
+    runners only ever give metrics: `Trainer.fit` and `run_supervised` report their
+    metrics to it and skip the records and previews (`takes_artifacts`).
+    """
+
+    def log_metrics(self, values: Mapping[str, Any], *, step: int) -> None:
+        """Record metric tag to scalar, at one step."""
+
+
+_PROTOCOL = (
+    "a tracker has log_metrics(values, *, step), and log_artifact(name, value, *, step=None) "
+    "for records and previews (one without it takes the scalars only)"
+)
+
+
+def _takes_step(method: Any) -> bool:
+    """Whether `method` can be called with a `step` keyword."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): trust it
+        return True
+    return any(
+        parameter.kind is parameter.VAR_KEYWORD
+        or (parameter.name == "step" and parameter.kind is not parameter.POSITIONAL_ONLY)
+        for parameter in parameters
+    )
+
+
+def takes_artifacts(tracker: object) -> bool:
+    """Check that a runner can report to `tracker`; say whether it takes artifacts too.
+
+    `tracker` needs a `log_metrics` that takes a `step` keyword. It takes artifacts
+    (records and previews) when it also has a `log_artifact` that takes `step`; without
+    one, or with document 001's `log_artifact(name, value)`, it takes the scalars only
+    (`ScalarTracker`): a runner skips its records and previews, and it turns no preview
+    on.
+
+    **Raises:** `TypeError` naming the tracker and the method it lacks.
+    """
+    described = f"tracker {tracker!r} of type {type(tracker).__name__}"
+    log_metrics = getattr(tracker, "log_metrics", None)
+    if not callable(log_metrics):
+        raise TypeError(f"{described} has no log_metrics method; {_PROTOCOL}.")
+    if not _takes_step(log_metrics):
+        raise TypeError(f"{described}: its log_metrics takes no step keyword; {_PROTOCOL}.")
+    log_artifact = getattr(tracker, "log_artifact", None)
+    if log_artifact is not None and not callable(log_artifact):
+        raise TypeError(f"{described}: its log_artifact is not a method; {_PROTOCOL}.")
+    return log_artifact is not None and _takes_step(log_artifact)

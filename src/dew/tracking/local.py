@@ -12,7 +12,7 @@ import numpy as np
 
 from dew import _json
 from dew.artifacts import Artifact
-from dew.naming import check_index, check_path_segment, flatten_parameters, parse_metric_tag
+from dew.naming import check_index, flatten_parameters, parse_metric_tag
 from dew.telemetry.records import (
     FitStarted,
     Record,
@@ -22,7 +22,6 @@ from dew.telemetry.records import (
 from dew.tracking._base import AbstractRunTracker
 from dew.tracking._journal import (
     PARAMS,
-    PREVIEWS,
     RECORDS,
     RESUME,
     RUN_RECORD,
@@ -30,7 +29,7 @@ from dew.tracking._journal import (
     _read_params,
     _reopen_journal,
 )
-from dew.tracking._preview import preview_files
+from dew.tracking._preview import check_artifact_name, preview_files, preview_folder
 
 __all__ = ["LocalTracker"]
 
@@ -73,14 +72,16 @@ class LocalTracker(AbstractRunTracker):
       value, `{"name": ..., "step": ..., "record": {...}}` / `"value": ...`;
       previews add a line pointing at their files.
     - `params.json`: the flattened parameters logged so far (replaced atomically).
-    - `previews/<name>/<step>/...`: PNG images, animated GIF clips, JSON token
-      rows and histograms (`dew.tracking.preview_files`).
+    - `previews/<stage>/<split>/<name>/<step>/...`: PNG images, animated GIF clips,
+      JSON token rows and histograms (`dew.tracking.preview_files`) of a preview
+      logged under the preview name `stage/split/name` (`dew.naming.preview_name`).
     - `run.json`: the first `RunRecord` logged, written (atomically) only when
       absent: a recipe's run.json is never overwritten.
 
     Metric tags must be `stage/split/metric` (`dew.naming.parse_metric_tag`), steps
-    integers >= 0, artifact names path segments (`dew.naming.check_path_segment`): a
-    bad one raises before anything is written. Non-finite values are written as
+    integers >= 0, a preview's name `stage/split/name`, any other artifact's name a
+    path segment (`dew.naming.check_path_segment`): a bad one raises before anything
+    is written. Non-finite values are written as
     `"NaN"`, `"+Inf"`, `"-Inf"`, NumPy and JAX scalars as Python numbers. Reopening
     a folder appends to its journals. With `plots=True` (extra `plots`), closing
     renders one PNG per bare metric under `plots/`.
@@ -159,7 +160,7 @@ class LocalTracker(AbstractRunTracker):
             self._last_step = step
 
     def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_path_segment("artifact name", name)
+        check_artifact_name(name, value)
         if step is not None:
             step = check_index("step", step)
         entry: dict[str, Any] = {"name": name, "step": step}
@@ -171,7 +172,7 @@ class LocalTracker(AbstractRunTracker):
                 self._write_run_record(value)
         elif isinstance(value, Artifact):
             files = preview_files(value)  # render first: a refused preview leaves no folder
-            folder = self.path / PREVIEWS / name / ("none" if step is None else str(step))
+            folder = self.path / preview_folder(name, step)
             folder.mkdir(parents=True, exist_ok=True)
             written = []
             for suffix, content in files:

@@ -12,14 +12,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
 from dew.artifacts import Artifact
-from dew.naming import SEPARATOR, check_index, check_path_segment, flatten_parameters
+from dew.naming import check_index, check_path_segment, flatten_parameters, parse_parameter_path
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._preview import preview_files
+from dew.tracking._preview import check_artifact_name, preview_files, preview_folder
 
 __all__ = ["DEFAULT_ARTIFACTS", "DEFAULT_STORE", "MLflowTracker"]
 
@@ -152,9 +153,10 @@ class MLflowTracker(AbstractRunTracker):
       is sent; logging the same value again is a no-op.
     - `log_artifact`: a record becomes `records/<type>-<step>.json` (`record.to_json()`,
       `none` for step None; a repeated path gets `-2`, `-3`, ... before `.json`); a
-      preview (`Images`, `Clips`, `TokenRows`, `Representations`) is uploaded as the
-      files the local renderers write, under `previews/<name>/<step>/`; other JSON
-      values become `artifacts/<name>-<step>.json`. `name` must be a non-empty path
+      preview (`Images`, `Clips`, `TokenRows`, `Representations`), logged under a
+      preview name `stage/split/name` (`dew.naming.preview_name`), is uploaded as the
+      files the local renderers write, under `previews/<stage>/<split>/<name>/<step>/`;
+      other JSON values become `artifacts/<name>-<step>.json`, their `name` a path
       segment (no `/`). `TokenScores` raises `TypeError`.
     - `close()` ends the run `FAILED` when a `FitEnded` record with a status other than
       `completed` was logged, or when the tracker's `with` block raised; else `FINISHED`.
@@ -245,13 +247,16 @@ class MLflowTracker(AbstractRunTracker):
                 marker = "...[truncated]"
                 text = text[: self._param_limit - len(marker)] + marker
             sent[key] = text
-        for key in full:  # the full text is uploaded to a path built from the key
-            for segment in key.split(SEPARATOR):
+        uploads = {}  # the full text is uploaded to a path built from the key
+        for key, text in full.items():
+            keys = parse_parameter_path(key)
+            for segment in keys:
                 check_path_segment(f"parameter key {key!r} (it names params/{key}.txt)", segment)
+            uploads[PurePosixPath("params", *keys[:-1], f"{keys[-1]}.txt").as_posix()] = text
         params = [self._param(key, text) for key, text in sent.items()]
         with self._allowed():
-            for key, text in full.items():
-                self.client.log_text(self.run_id, text, f"params/{key}.txt")
+            for path, text in uploads.items():
+                self.client.log_text(self.run_id, text, path)
             for start in range(0, len(params), _PARAMS_PER_BATCH):
                 chunk = params[start : start + _PARAMS_PER_BATCH]
                 self.client.log_batch(self.run_id, params=chunk, synchronous=True)
@@ -277,15 +282,15 @@ class MLflowTracker(AbstractRunTracker):
                 self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
 
     def _unique(self, folder: str, stem: str) -> str:
-        path, count = f"{folder}/{stem}.json", 1
+        path, count = PurePosixPath(folder, f"{stem}.json").as_posix(), 1
         while path in self._paths:
             count += 1
-            path = f"{folder}/{stem}-{count}.json"
+            path = PurePosixPath(folder, f"{stem}-{count}.json").as_posix()
         self._paths.add(path)
         return path
 
     def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_path_segment("artifact name", name)
+        check_artifact_name(name, value)
         step_name = _step_name(step)
         if isinstance(value, Record):
             record_type = check_path_segment("record type", value.type)
@@ -295,11 +300,12 @@ class MLflowTracker(AbstractRunTracker):
             return
         if isinstance(value, Artifact):
             files = preview_files(value)
+            where = preview_folder(name, step).as_posix()
             with tempfile.TemporaryDirectory(prefix="dew-mlflow-") as folder:
                 for suffix, content in files:
                     (pathlib.Path(folder) / suffix).write_bytes(content)
                 with self._allowed():
-                    self.client.log_artifacts(self.run_id, folder, f"previews/{name}/{step_name}")
+                    self.client.log_artifacts(self.run_id, folder, where)
             return
         try:
             text = json.dumps(encode_json_value(value), allow_nan=False)

@@ -52,8 +52,7 @@ def journal_figures(path: str | os.PathLike[str], *, run: str | None = None) -> 
     by_metric: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for tag, series in journal.scalars.items():
         parsed = parse_metric_tag(tag)
-        label = f"{parsed.stage}/{parsed.split.value}"
-        by_metric.setdefault(parsed.metric, {})[label] = series
+        by_metric.setdefault(parsed.metric, {})[parsed.series] = series
     figures = {}
     for metric, series_by_label in sorted(by_metric.items()):
         figure = figure_class(figsize=(6.4, 4.0), dpi=100)

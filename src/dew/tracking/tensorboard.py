@@ -10,7 +10,6 @@ import functools
 import json
 import os
 import pathlib
-import re
 import time
 import types
 from collections.abc import Mapping
@@ -23,13 +22,21 @@ from dew.naming import (
     ArtifactKind,
     artifact_tag,
     check_index,
-    check_path_segment,
     flatten_parameters,
+    metric_tag_pattern,
     parse_metric_tag,
 )
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._preview import Animation, Picture, Piece, Refusal, TokenTable, render_preview
+from dew.tracking._preview import (
+    Animation,
+    Picture,
+    Piece,
+    Refusal,
+    TokenTable,
+    check_artifact_name,
+    render_preview,
+)
 
 __all__ = ["TensorBoardTracker", "scalars_layout"]
 
@@ -117,8 +124,7 @@ def scalars_layout(tags: Any) -> Any:
     for stage, metrics in sorted(charts.items()):
         category = layout.category.add(title=stage)
         for metric, splits in sorted(metrics.items()):
-            alternatives = "|".join(re.escape(split) for split in sorted(splits))
-            regex = f"^{re.escape(stage)}/({alternatives})/{re.escape(metric)}$"
+            regex = metric_tag_pattern(stage, splits, metric)
             category.chart.add(title=metric).multiline.tag.append(regex)
     return layout
 
@@ -294,7 +300,7 @@ class TensorBoardTracker(AbstractRunTracker):
         )
 
     def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_path_segment("artifact name", name)
+        check_artifact_name(name, value)
         event = self._event(0 if step is None else _check_step(step))
         if isinstance(value, Record):
             self._text(event, artifact_tag(ArtifactKind.RECORD, value.type), value.to_json())

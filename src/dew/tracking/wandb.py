@@ -19,12 +19,19 @@ from dew.naming import (
     ArtifactKind,
     artifact_tag,
     check_index,
-    check_path_segment,
     flatten_parameters,
 )
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._preview import Animation, Picture, Piece, Refusal, TokenTable, render_preview
+from dew.tracking._preview import (
+    Animation,
+    Picture,
+    Piece,
+    Refusal,
+    TokenTable,
+    check_artifact_name,
+    render_preview,
+)
 
 __all__ = ["WandbTracker"]
 
@@ -172,7 +179,7 @@ class WandbTracker(AbstractRunTracker):
         self._step = step
 
     def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_path_segment("artifact name", name)
+        check_artifact_name(name, value)
         step = self._step if step is None else self._check_step(step)
         wandb = self._wandb
         if isinstance(value, Record):

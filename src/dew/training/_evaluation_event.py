@@ -16,10 +16,10 @@ from dew.data import Dataset, Partition, _lazily
 from dew.evaluation import run_pass
 from dew.events import VALIDATION_END
 from dew.metrics import MetricSet
-from dew.naming import Split
+from dew.naming import Split, preview_name
 from dew.objectives.base import ReportsSampling
 from dew.steps import generation_params
-from dew.tracking import Tracker
+from dew.tracking import ScalarTracker
 
 if TYPE_CHECKING:
     from dew.training._trainer import Trainer
@@ -41,7 +41,7 @@ def evaluation_event(
     data: Dataset,
     metric_set: MetricSet,
     step: int,
-    tracker: Tracker | None,
+    tracker: ScalarTracker | None,
     preview: bool,
     progress: bool,
 ) -> bool:
@@ -75,7 +75,8 @@ def evaluation_event(
             trainer.objective, params, result.first_batch, preview_key, result.first_artifact
         )
         if tracker is not None and artifact is not None:
-            tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
+            name = preview_name(engine.stage, Split.VALIDATION, PREVIEW_NAME)
+            tracker.log_artifact(name, artifact, step=step)
     scores = result.scores
     counts = engine.counts_note(
         result.batches, result.records, result.uneven_shards, key_text(event_key)

@@ -21,12 +21,13 @@ from dew._processes import is_multiprocess, replicated
 from dew.data import Dataset, Partition
 from dew.events import STEP_END, EventSink, TrackerEventSink
 from dew.metrics import Metric, MetricSet
-from dew.naming import Split, check_name
+from dew.naming import Split, check_path_segment
 from dew.objectives.base import Objective, ReportsSampling
 from dew.profiling import Profile
 from dew.steps import EMPTY_HISTORY, LearningRate, TrainState
 from dew.telemetry.records import CheckpointRequested
-from dew.tracking import Tracker
+from dew.tracking import ScalarTracker
+from dew.tracking._protocol import takes_artifacts
 from dew.training._batches import _draw_block, _opened, _stack
 from dew.training._compiled_step import (
     Telemetry,
@@ -57,7 +58,8 @@ class Trainer:
     - `objective`: what to train (its `name` is the default stage).
     - `optimizer`: an optax `GradientTransformation` over the objective's params.
     - `key`: the run key; step keys and evaluation keys derive from it.
-    - `stage`: the first segment of every metric tag (default: the objective's name).
+    - `stage`: the first segment of every metric tag and preview name (default: the
+      objective's name); a path segment (`dew.naming.check_path_segment`).
     - `checkpoint_dir`: where `fit` saves checkpoints (orbax-checkpoint) and resumes
       from: a fit started again with the same directory continues at its latest
       checkpoint.
@@ -90,7 +92,8 @@ class Trainer:
         self.objective = objective
         self.optimizer = optimizer
         self.key = key
-        self.stage = check_name("stage", objective.name if stage is None else stage)
+        # a path segment: a preview's folders are named after it (`dew.naming.preview_name`)
+        self.stage = check_path_segment("stage", objective.name if stage is None else stage)
         if checkpoint_dir is not None and not os.fspath(checkpoint_dir):
             raise ValueError("checkpoint_dir must be None or a non-empty path, got ''.")
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
@@ -115,7 +118,7 @@ class Trainer:
         log_every: int,
         eval_every: int | None = None,
         metrics: Sequence[Metric] = (),
-        tracker: Tracker | None = None,
+        tracker: ScalarTracker | None = None,
         event_sinks: Sequence[EventSink] = (),
         preview: bool = False,
         early_stopper: EarlyStopper | None = None,
@@ -148,13 +151,18 @@ class Trainer:
           (`validation_end` events, `<stage>/validation/<metric>`) or a preview; and
           once more at the fit's last step (`steps`, or an early stop) when the cadence
           missed it, unless `final_eval=False`.
-        - Previews (`tracker.log_artifact("samples", ...)`) only with `preview=True`
-          and a tracker; the base preview reuses the first scoring artifact. An
-          objective that declares no metrics (diffusion) still previews.
+        - Previews (`tracker.log_artifact("<stage>/validation/samples", ...)`, the
+          preview name `dew.naming.preview_name(stage, "validation", "samples")`) only
+          with `preview=True` and a tracker that takes artifacts; the base preview
+          reuses the first scoring artifact. An objective that declares no metrics
+          (diffusion) still previews.
         - EMA: when the objective declares an `ema_decay`, the state carries
           `ema_params`, updated in the compiled step after every optimizer step, and
           validation scores and previews with them (`dew.steps.generation_params`).
-        - The tracker is borrowed, never closed. It receives `FitStarted`,
+        - The tracker is borrowed, never closed. One whose `log_artifact` is missing
+          or takes no `step` (`dew.tracking.ScalarTracker`) gets the metrics alone and
+          turns no preview on; one without `log_metrics(values, *, step)` raises a
+          `TypeError` before any work. Any other receives `FitStarted`,
           `CheckpointRequested`, `ProfileWindow` and `FitEnded` (`completed`,
           `failed` with the error, or `interrupted`), and from an objective that
           generates what it is scored on (`ReportsSampling`: diffusion) its
@@ -223,13 +231,16 @@ class Trainer:
                 "Trainer with checkpoint_dir=..."
             )
         metric_set = MetricSet(metrics)
+        artifacts = tracker is not None and takes_artifacts(tracker)  # refuses a non-tracker
         placement, previewing, tracker, progress = fit_setup(
-            self.optimizer, self.param_sharding, preview and tracker is not None, tracker, progress
+            self.optimizer, self.param_sharding, preview and artifacts, tracker, progress
         )
         evaluating = (
             data.val is not None and eval_every is not None and (bool(metrics) or previewing)
         )
         sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
+        if not artifacts:  # a tracker that takes scalars only gets no records, no previews
+            tracker = None
 
         checkpoints = None
         if self.checkpoint_dir is not None:
@@ -299,7 +310,7 @@ class Trainer:
         log_every: int,
         eval_every: int | None,
         metric_set: MetricSet,
-        tracker: Tracker | None,
+        tracker: ScalarTracker | None,
         sinks: list[EventSink],
         preview: bool,
         early_stopper: EarlyStopper | None,
