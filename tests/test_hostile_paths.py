@@ -136,17 +136,27 @@ def test_hostile_names_and_steps_are_refused_before_anything_is_written(kind, ru
                 with pytest.raises((ValueError, TypeError)) as caught:
                     _call(tracker, "log_artifact", name, value, step=2)
                 refused.append(str(caught.value))
+            for preview in (f"{name}/validation/samples", f"lm/{name}/x", f"lm/validation/{name}"):
+                for value in (IMAGES, TOKENS):  # a hostile part of a preview's name
+                    with pytest.raises((ValueError, TypeError)) as caught:
+                        _call(tracker, "log_artifact", preview, value, step=2)
+                    refused.append(str(caught.value))
         for step in _hostile_steps(tmp_path):
-            for value in (IMAGES, FitEnded("completed", 1), {"note": 1}):
+            for name, value in (
+                ("lm/validation/samples", IMAGES),
+                ("fit_ended", FitEnded("completed", 1)),
+                ("notes", {"note": 1}),
+            ):
                 with pytest.raises((ValueError, TypeError)) as caught:
-                    _call(tracker, "log_artifact", "samples", value, step=step)
+                    _call(tracker, "log_artifact", name, value, step=step)
                 refused.append(str(caught.value))
             with pytest.raises((ValueError, TypeError)) as caught:
                 _call(tracker, "log_metrics", {"lm/train/loss": 2.0}, step=step)
             refused.append(str(caught.value))
         if kind in STILL:
             assert _snapshot(run) == before
-        unnamed = [m for m in refused if not m.startswith(("artifact name", "step must"))]
+        named = ("artifact name", "step must", "a preview's name", "stage", "split", "preview")
+        unnamed = [m for m in refused if not m.startswith(named)]
         assert unnamed == []
     finally:
         tracker.close()
@@ -159,15 +169,15 @@ def test_hostile_names_and_steps_are_refused_before_anything_is_written(kind, ru
 def test_numpy_integer_steps_are_steps(kind, run):
     with TRACKERS[kind](run) as tracker:
         tracker.log_metrics({"lm/train/loss": 1.0}, step=np.int64(3))
-        tracker.log_artifact("samples", IMAGES, step=np.int32(4))
+        tracker.log_artifact("lm/validation/samples", IMAGES, step=np.int32(4))
         tracker.log_artifact("fit_started", FitStarted("lm", 0, 5), step=np.uint8(5))
     if kind in ("local", "trackers"):
         folder = run if kind == "local" else run / "local"
         journal = read_journal(folder)
         assert journal.scalars == {"lm/train/loss": [(3, 1.0)]}
-        assert journal.artifacts[0][:2] == ("samples", 4)
+        assert journal.artifacts[0][:2] == ("lm/validation/samples", 4)
         assert journal.records[0][:2] == ("fit_started", 5)
-        assert (folder / "previews" / "samples" / "4" / "0.png").is_file()
+        assert (folder / "previews" / "lm" / "validation" / "samples" / "4" / "0.png").is_file()
 
 
 def test_a_long_parameter_uploaded_to_a_path_from_its_key_is_checked_first(run):
@@ -198,7 +208,8 @@ def test_the_path_segment_rule_names_the_value_and_what_is_allowed():
 
 
 def test_the_journal_line_of_a_refused_preview_is_not_written(run):
-    with LocalTracker(run) as tracker, pytest.raises(ValueError, match="may not contain '/'"):
-        tracker.log_artifact("../samples", IMAGES, step=1)
+    message = r"preview name '\.\.' may not be"
+    with LocalTracker(run) as tracker, pytest.raises(ValueError, match=message):
+        tracker.log_artifact("lm/validation/..", IMAGES, step=1)
     assert (run / "records.jsonl").read_text() == ""
     assert not (run / "previews").exists()

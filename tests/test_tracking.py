@@ -1,9 +1,13 @@
 """dew.tracking: the protocol, the context-manager base and InMemoryTracker."""
 
+import jax.numpy as jnp
 import pytest
 from _checks import rejects
 
+from dew.artifacts import Images
+from dew.naming import Split, flatten_parameters, preview_name
 from dew.tracking import AbstractTracker, InMemoryTracker, Tracker, Trackers
+from dew.tracking._protocol import takes_artifacts
 
 
 class FailingClose(AbstractTracker):
@@ -115,8 +119,108 @@ def test_trackers_reach_every_tracker_even_when_one_fails():
 
 
 def test_trackers_refuse_non_trackers():
-    with rejects(TypeError, "Trackers takes trackers", parameter="trackers"):
+    message = "tracker 'runs/x' of type str has no log_metrics"
+    with rejects(TypeError, message, parameter="trackers"):
         Trackers(InMemoryTracker(), "runs/x")
+
+
+class ExperimentTracker:
+    """Document 001's InMemoryTracker, as its page writes it (an ExperimentTracker)."""
+
+    def __init__(self):
+        self.params = {}
+        self.scalars = {}
+        self.artifacts = {}
+
+    def log_params(self, values):
+        self.params.update(flatten_parameters(values))
+
+    def log_metrics(self, values, *, step):
+        for tag, value in values.items():
+            self.scalars.setdefault(tag, []).append((step, value))
+
+    def log_artifact(self, name, value):
+        self.artifacts[name] = value
+
+
+class OnlyScalars:
+    """Document 000's "tracker that only takes scalars"."""
+
+    def __init__(self):
+        self.scalars = []
+
+    def log_metrics(self, values, *, step):
+        self.scalars.append((step, dict(values)))
+
+
+class OldProtocol:
+    """Document 000's wording of the protocol: log(scalars, step), artifact(value, step)."""
+
+    def log(self, scalars, step):
+        pass
+
+    def artifact(self, value, step):
+        pass
+
+    def close(self):
+        pass
+
+
+class NoStep:
+    def log_metrics(self, values):
+        pass
+
+
+class ArtifactAttribute:
+    log_artifact = "samples"
+
+    def log_metrics(self, values, *, step):
+        pass
+
+
+def test_what_a_runner_takes_as_a_tracker():
+    assert takes_artifacts(InMemoryTracker()) and takes_artifacts(Trackers())
+    assert not takes_artifacts(ExperimentTracker())  # its runners never give it artifacts
+    assert not takes_artifacts(OnlyScalars())
+    for tracker, missing in [
+        (OldProtocol(), "has no log_metrics method"),
+        (NoStep(), "its log_metrics takes no step keyword"),
+        (ArtifactAttribute(), "its log_artifact is not a method"),
+        (None, "tracker None of type NoneType has no log_metrics method"),
+    ]:
+        with pytest.raises(TypeError, match=missing) as caught:
+            takes_artifacts(tracker)
+        assert "a tracker has log_metrics(values, *, step)" in str(caught.value)
+
+
+def test_scalar_only_trackers_in_trackers_get_the_metrics_and_params_they_take():
+    experiment, scalars, memory = ExperimentTracker(), OnlyScalars(), InMemoryTracker()
+    with Trackers(experiment, scalars, memory) as tracker:
+        tracker.log_params({"optimizer": {"name": "sgd"}})
+        tracker.log_metrics({"lm/train/loss": 1.0}, step=2)
+        tracker.log_artifact("notes", "three epochs of SGD", step=2)
+    assert experiment.scalars == memory.scalars == {"lm/train/loss": [(2, 1.0)]}
+    assert scalars.scalars == [(2, {"lm/train/loss": 1.0})]
+    assert experiment.params == memory.params == {"optimizer/name": "sgd"}
+    assert experiment.artifacts == {}
+    assert memory.artifacts == {"notes": [(2, "three epochs of SGD")]}
+    assert memory.closed
+    with rejects(TypeError, "its log_metrics takes no step keyword", parameter="trackers"):
+        Trackers(memory, NoStep())
+
+
+def test_two_stages_previews_keep_their_own_names_in_memory():
+    shown = {"a": Images(jnp.zeros((1, 2, 2, 1))), "b": Images(jnp.ones((1, 2, 2, 1)))}
+    memory = InMemoryTracker()
+    with Trackers(memory) as tracker:
+        for stage, images in shown.items():
+            tracker.log_artifact(preview_name(stage, Split.VALIDATION, "samples"), images, step=3)
+        with pytest.raises(ValueError, match="a preview's name is stage/split/name"):
+            tracker.log_artifact("samples", shown["a"], step=3)  # checked before any tracker
+    assert memory.artifacts == {
+        "a/validation/samples": [(3, shown["a"])],
+        "b/validation/samples": [(3, shown["b"])],
+    }
 
 
 class FailsOn(InMemoryTracker):

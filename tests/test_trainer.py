@@ -1,6 +1,8 @@
 """Trainer.fit: the guide's LM example, cadence rules, events, records and failures."""
 
+import inspect
 import itertools
+import json
 import traceback
 
 import jax
@@ -10,7 +12,7 @@ import pytest
 
 from dew import Trainer, metrics
 from dew.data import Dataset
-from dew.naming import Split
+from dew.naming import Split, flatten_parameters, parse_metric_tag
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
 from dew.supervised import EarlyStopper
@@ -115,10 +117,116 @@ def test_previews_need_preview_true_and_a_tracker(objective):
     assert "samples" not in quiet.artifacts
     shown = InMemoryTracker()
     trainer.fit(_data(), tracker=shown, preview=True, **common)
-    ((step, rows),) = shown.artifacts["samples"]
+    ((step, rows),) = shown.artifacts["lm/validation/samples"]
     assert step == 5
     assert rows.tokens.shape[0] == objective.samples.num_samples
     trainer.fit(_data(), preview=True, **common)  # no tracker: no preview work, no error
+
+
+@pytest.mark.slow
+def test_two_stages_previews_into_one_tracker_keep_their_own(objective, tmp_path):
+    """Two fits of different stages share one tracker: each keeps its own preview files,
+    journal lines and TensorBoard tags; neither overwrites the other."""
+    from dew.tracking import LocalTracker, Trackers, read_journal
+
+    tensorboard = pytest.importorskip("dew.tracking.tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    memory = InMemoryTracker()
+    common = {"steps": 5, "log_every": 5, "eval_every": 5, "preview": True, "progress": False}
+    with Trackers(
+        LocalTracker(tmp_path / "local"), tensorboard.TensorBoardTracker(tmp_path / "tb"), memory
+    ) as tracker:
+        for stage, seed in (("pretrain", 1), ("finetune", 2)):
+            trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(seed), stage=stage)
+            trainer.fit(_data(), tracker=tracker, **common)
+    shown = {
+        stage: memory.artifacts[f"{stage}/validation/samples"][0][1].tokens
+        for stage in ("pretrain", "finetune")
+    }
+    assert not np.array_equal(*shown.values())  # two keys drew two different previews
+    previews = read_journal(tmp_path / "local").artifacts
+    assert [(name, step) for name, step, _ in previews] == [
+        ("pretrain/validation/samples", 5),
+        ("finetune/validation/samples", 5),
+    ]
+    for (_, _, (file,)), (stage, tokens) in zip(previews, shown.items(), strict=True):
+        assert file == f"previews/{stage}/validation/samples/5/tokens.json"
+        written = json.loads((tmp_path / "local" / file).read_text())["tokens"]
+        assert written == np.asarray(tokens).tolist()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert sorted(tag for tag in events.Tags()["tensors"] if "samples" in tag) == [
+        "finetune/validation/samples/tokens",
+        "pretrain/validation/samples/tokens",
+    ]
+
+
+class ExperimentTracker:
+    """Document 001's InMemoryTracker, as its page writes it (an ExperimentTracker)."""
+
+    def __init__(self):
+        self.params = {}
+        self.scalars = {}
+        self.artifacts = {}
+
+    def log_params(self, values):
+        self.params.update(flatten_parameters(values))
+
+    def log_metrics(self, values, *, step):
+        for tag, value in values.items():
+            self.scalars.setdefault(tag, []).append((step, value))
+
+    def log_artifact(self, name, value):
+        self.artifacts[name] = value
+
+
+class OnlyScalars:
+    """Document 000's "tracker that only takes scalars"."""
+
+    def __init__(self):
+        self.scalars = {}
+
+    def log_metrics(self, values, *, step):
+        for tag, value in values.items():
+            self.scalars.setdefault(tag, []).append((step, value))
+
+
+def test_a_tracker_that_takes_scalars_gets_them_and_turns_no_preview_on(objective, capsys):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    for tracker in (ExperimentTracker(), OnlyScalars()):
+        trainer.fit(_data(), steps=5, log_every=5, eval_every=5, tracker=tracker, preview=True)
+        assert [step for step, _ in tracker.scalars["lm/train/loss"]] == [5]
+        assert "previewed" not in capsys.readouterr().out  # no evaluation event at all
+    assert {parse_metric_tag(tag).split for tag in tracker.scalars} == {Split.TRAIN}
+    experiment = ExperimentTracker()
+    trainer.fit(
+        _data(),
+        steps=5,
+        log_every=5,
+        eval_every=5,
+        metrics=(metrics.perplexity(),),
+        tracker=experiment,
+        preview=True,
+        progress=False,
+    )
+    assert [step for step, _ in experiment.scalars["lm/validation/perplexity"]] == [5]
+    assert experiment.artifacts == {}  # no record, no preview
+
+
+def test_a_tracker_without_log_metrics_is_refused_before_any_work(objective, tmp_path):
+    class OldProtocol:  # document 000's wording: log(scalars, step), artifact(value, step)
+        def log(self, scalars, step):
+            pass
+
+        def artifact(self, value, step):
+            pass
+
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0), checkpoint_dir=tmp_path)
+    fit = inspect.unwrap(Trainer.fit)  # past the session's type checker, as a user calls it
+    with pytest.raises(TypeError, match="has no log_metrics method; a tracker has log_metrics"):
+        fit(trainer, _data(), steps=5, log_every=5, tracker=OldProtocol(), progress=False)
+    assert list(tmp_path.iterdir()) == []  # nothing trained, nothing saved
 
 
 def test_a_tracker_does_not_change_the_scores(objective):
