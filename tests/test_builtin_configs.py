@@ -96,7 +96,7 @@ def test_dew_train_config_writes_the_run_folder_and_its_previews(trained, missin
     stage = expected.objective.name
     losses = journal.scalars[f"{stage}/train/loss"]
     assert [step for step, _ in losses] == list(range(1, STEPS + 1))
-    previews = folder / "previews" / "samples" / str(STEPS)
+    previews = folder / "previews" / stage / "validation" / "samples" / str(STEPS)
     files = sorted(previews.iterdir())
     if name == "tiny_jepa":  # the scored features' spread, one count per feature
         assert [path.name for path in files] == ["histogram.json"]
@@ -113,7 +113,7 @@ def test_dew_train_config_writes_the_run_folder_and_its_previews(trained, missin
                 assert len(frames) == expected.model.kwargs.get("frames", 1)
     # The journal points at the files.
     entries = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
-    (shown,) = [entry for entry in entries if entry["name"] == "samples"]
+    (shown,) = [entry for entry in entries if entry["name"] == f"{stage}/validation/samples"]
     assert shown["step"] == STEPS and len(shown["files"]) == len(files)
 
 
@@ -297,8 +297,9 @@ def test_the_recipe_previews_into_the_local_run_folder_when_the_config_asks(tmp_
     watched = InMemoryTracker()
     config = _tiny_run(tmp_path, name="shown", preview=True)
     config.train(metrics=scored, tracker=watched, progress=False)
-    assert sorted(path.name for path in (tmp_path / "shown" / "previews" / "samples").iterdir())
-    assert [step for step, _ in watched.artifacts["samples"]] == [2]  # and to the tracker
+    shown = tmp_path / "shown" / "previews" / "lm" / "validation" / "samples"
+    assert sorted(path.name for path in shown.iterdir())
+    assert [step for step, _ in watched.artifacts["lm/validation/samples"]] == [2]  # and to it
     # The argument overrides the field: preview=False turns the configured previews off.
     _tiny_run(tmp_path, name="off", preview=True).train(
         metrics=scored, preview=False, progress=False

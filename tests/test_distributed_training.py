@@ -177,7 +177,8 @@ def test_only_process_zero_writes_tracking_output_and_prints(main, out):
         json.loads(line)["name"]
         for line in (out / "local" / "records.jsonl").read_text().splitlines()
     ]
-    assert records == ["fit_started", "samples", "samples", "fit_ended"]  # previews at 3, 6
+    previews = "lm/validation/samples"
+    assert records == ["fit_started", previews, previews, "fit_ended"]  # previews at 3, 6
     assert len(list((out / "tb").iterdir())) == 1  # one event file
     assert "step 3  lm/train/loss" in outputs[0]
     assert "lm/train/loss" not in outputs[1]

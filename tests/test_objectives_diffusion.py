@@ -425,7 +425,7 @@ def test_a_tracker_and_previews_change_no_draw():
     alone = run()
     tracker = InMemoryTracker()
     watched = run(tracker=tracker, preview=True)
-    assert [step for step, _ in tracker.artifacts["samples"]] == [2, 4]
+    assert [step for step, _ in tracker.artifacts["diffusion/validation/samples"]] == [2, 4]
     for got, want in zip(
         jax.tree.leaves((watched.params, watched.ema_params)),
         jax.tree.leaves((alone.params, alone.ema_params)),
@@ -437,7 +437,7 @@ def test_a_tracker_and_previews_change_no_draw():
     # Without preview=True a tracker gets no samples.
     quiet = InMemoryTracker()
     run(tracker=quiet)
-    assert "samples" not in quiet.artifacts
+    assert "diffusion/validation/samples" not in quiet.artifacts
 
 
 # -- EMA ----------------------------------------------------------------------------------
@@ -523,7 +523,7 @@ def test_validation_generates_with_the_ema_params():
 
     assert scored == mse(state.ema_params)
     assert scored != mse(state.params)
-    _, shown = tracker.artifacts["samples"][0]
+    _, shown = tracker.artifacts["diffusion/validation/samples"][0]
     preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
     expected = objective.preview(state.ema_params, batch, preview_key).generated
     np.testing.assert_array_equal(shown.generated, expected)

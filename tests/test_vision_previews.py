@@ -25,6 +25,7 @@ from dew import metrics
 from dew._domains import PREVIEW_DOMAIN
 from dew.artifacts import Clips, Images, Representations
 from dew.data import Partition
+from dew.naming import Split, preview_name
 from dew.nn.backbones.dit import DiT
 from dew.nn.backbones.vit import ViT
 from dew.objectives.diffusion import PREVIEW_ROWS, DiffusionObjective, Sampling
@@ -144,6 +145,7 @@ def fit(request, tmp_path_factory):
             **kwargs,
         )
 
+    shown_as = preview_name(objective.name, Split.VALIDATION, "samples")  # as the trainer does
     trackers = _trackers(folder, name)
     with Trackers(*trackers.values()) as tracker:
         watched = run(tracker=tracker, preview=True)
@@ -168,7 +170,8 @@ def fit(request, tmp_path_factory):
         quiet=quiet,
         quiet_tracker=quiet_tracker,
         batch=batch,
-        shown=dict(trackers["memory"].artifacts["samples"]),
+        shown_as=shown_as,
+        shown=dict(trackers["memory"].artifacts[shown_as]),
         expected=expected,
     )
 
@@ -183,7 +186,7 @@ def _needs(extra):
 
 @pytest.mark.slow
 def test_one_preview_per_evaluation_event_holding_the_fits_samples(fit):
-    shown = fit.trackers["memory"].artifacts["samples"]
+    shown = fit.trackers["memory"].artifacts[fit.shown_as]
     assert [step for step, _ in shown] == EVENTS
     for step, artifact in shown:
         expected = fit.expected[step]
@@ -209,7 +212,7 @@ def test_one_preview_per_evaluation_event_holding_the_fits_samples(fit):
 
 @pytest.mark.slow
 def test_a_fit_without_preview_true_previews_nothing(fit):
-    assert "samples" not in fit.quiet_tracker.artifacts
+    assert fit.shown_as not in fit.quiet_tracker.artifacts
     assert read_journal(fit.folder / "quiet").artifacts == []
     assert not (fit.folder / "quiet" / "previews").exists()
     # The fit did evaluate: its scores reached the tracker.
@@ -287,15 +290,15 @@ def test_local_previews_are_png_gif_and_json_files_pillow_decodes(fit):
     folder = fit.folder / "local"
     found = [(step, files) for name, step, files in read_journal(folder).artifacts]
     assert [step for step, _ in found] == EVENTS
-    assert all(name == "samples" for name, _, _ in read_journal(folder).artifacts)
+    assert all(name == fit.shown_as for name, _, _ in read_journal(folder).artifacts)
     for step, files in found:
         if fit.name == "jepa":
-            assert files == [f"previews/samples/{step}/histogram.json"]
+            assert files == [f"previews/{fit.shown_as}/{step}/histogram.json"]
             summary = json.loads((folder / files[0]).read_text())
             assert summary == histogram(fit.shown[step].features)
             _check_spread(fit, step, summary["counts"], summary["edges"])
             continue
-        assert files == [f"previews/samples/{step}/{name}" for name in _parts(fit)[1]]
+        assert files == [f"previews/{fit.shown_as}/{step}/{name}" for name in _parts(fit)[1]]
         _check_media(fit, step, [(folder / file).read_bytes() for file in files])
 
 
@@ -307,14 +310,14 @@ def test_tensorboard_previews_are_image_summaries_and_a_histogram(fit):
     events = _accumulator(fit.folder / "events")
     if fit.name == "jepa":
         assert events.Tags()["images"] == []
-        assert events.Tags()["histograms"] == ["validation/samples/spread"]
-        histograms = events.Histograms("validation/samples/spread")
+        assert events.Tags()["histograms"] == [f"{fit.shown_as}/spread"]
+        histograms = events.Histograms(f"{fit.shown_as}/spread")
         assert [event.step for event in histograms] == EVENTS
         for event in histograms:
             histo = event.histogram_value
             _check_spread(fit, event.step, histo.bucket, histo.bucket_limit)
         return
-    tags = [f"validation/samples/{part}" for part in _parts(fit)[0]]
+    tags = [f"{fit.shown_as}/{part}" for part in _parts(fit)[0]]
     assert sorted(events.Tags()["images"]) == tags
     by_step = {step: [] for step in EVENTS}
     for tag in tags:
@@ -336,9 +339,10 @@ def test_mlflow_previews_are_the_files_its_client_downloads(fit, tmp_path, monke
     tracker = fit.trackers["mlflow"]
     stored = _files(tracker, "previews")
     names = _parts(fit)[1]
-    assert stored == sorted(f"previews/samples/{step}/{name}" for step in EVENTS for name in names)
+    folder = f"previews/{fit.shown_as}"
+    assert stored == sorted(f"{folder}/{step}/{name}" for step in EVENTS for name in names)
     for step in EVENTS:
-        paths = [f"previews/samples/{step}/{name}" for name in names]
+        paths = [f"{folder}/{step}/{name}" for name in names]
         contents = [_download(tracker, path, tmp_path / str(step)).read_bytes() for path in paths]
         if fit.name == "jepa":
             summary = json.loads(contents[0])
@@ -353,7 +357,7 @@ def test_wandb_previews_are_media_files_and_a_histogram_in_the_offline_run(fit):
     from test_tracking_wandb import _media, _read
 
     read = _read(fit.trackers["wandb"])
-    keys = [f"validation/samples/{part}" for part in _parts(fit)[0]]
+    keys = [f"{fit.shown_as}/{part}" for part in _parts(fit)[0]]
     assert sorted(step for step, row in read.rows.items() if keys[0] in row) == EVENTS
     for step in EVENTS:
         items = [read.rows[step][key] for key in keys]
@@ -418,11 +422,12 @@ def test_an_rgba_clip_models_previews_reach_the_trackers_as_gifs_of_their_colour
 
         trackers.append(TensorBoardTracker(tmp_path / "events"))
     with Trackers(*trackers) as tracker:
-        tracker.log_artifact("samples", shown, step=1)
+        tracker.log_artifact("diffusion/validation/samples", shown, step=1)
     assert isinstance(shown, Clips) and shown.generated.shape == (4, 2, 16, 16, 4)
     expected = to_uint8(shown.generated[..., :3])
     ((_, _, files),) = read_journal(tmp_path / "local").artifacts
-    assert files == [f"previews/samples/1/{row}.gif" for row in range(len(expected))]
+    folder = "previews/diffusion/validation/samples/1"
+    assert files == [f"{folder}/{row}.gif" for row in range(len(expected))]
     for file, frames in zip(files, expected, strict=True):
         _check_gif((tmp_path / "local" / file).read_bytes(), frames)
     if EXTRAS["tensorboard"]:
@@ -430,5 +435,5 @@ def test_an_rgba_clip_models_previews_reach_the_trackers_as_gifs_of_their_colour
 
         events = _accumulator(tmp_path / "events")
         for row, frames in enumerate(expected):
-            (image,) = events.Images(f"validation/samples/{row}")
+            (image,) = events.Images(f"diffusion/validation/samples/{row}")
             _check_gif(image.encoded_image_string, frames)

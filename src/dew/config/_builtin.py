@@ -68,7 +68,8 @@ def tiny_diffusion() -> RunConfig:
     steps of 32 images with a cosine-decayed Adam (2e-3), keeping EMA weights (decay 0.99),
     as the run `tiny-diffusion` under `runs/`. Every 500 steps it checkpoints and previews
     four samples generated with the EMA weights (20 Euler steps, conditioned on the first
-    validation rows' labels) as PNGs under the run folder's `previews/samples/<step>/`.
+    validation rows' labels) as PNGs under the run folder's
+    `previews/diffusion/validation/samples/<step>/`.
 
     Its validation metric is FID (`dew.metrics.fid()`, the 64 held-out rows against as many
     samples) when pytorch-fid's weights are at `dew.nn.inception.default_weights_path()`;
@@ -163,7 +164,8 @@ def tiny_jepa() -> RunConfig:
     (`val/batch_linear_probe_accuracy`, `val/batch_knn_probe_accuracy`: fitted on half of
     each validation batch, tested on the other half; chance is 1/3), and previews those
     features as the `histogram.json` of their per-dimension spread under the run folder's
-    `previews/samples/<step>/`; `dew eval` rescores the last checkpoint's EMA encoder.
+    `previews/jepa/validation/samples/<step>/`; `dew eval` rescores the last checkpoint's EMA
+    encoder.
 
     Measured with `dew train --config tiny_jepa` on 2 CPU cores: 26 s wall, the loss
     falling from 1.08 at step 1 to 0.013 at step 600 (target feature std 0.14 -> 0.047),
