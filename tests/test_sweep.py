@@ -579,6 +579,35 @@ def test_the_tracker_gets_each_score_and_record_once(tmp_path):
     }
 
 
+def test_a_tracker_that_takes_scalars_gets_the_scores_and_a_non_tracker_trains_nothing(
+    tmp_path,
+):
+    class OnlyScalars:  # document 000's "tracker that only takes scalars"
+        def __init__(self):
+            self.scores = []
+
+        def log_metrics(self, values, *, step):
+            self.scores.append((step, dict(values)))
+
+    space, train = {"optim.learning_rate": RATES}, Recorder()
+    tracker = OnlyScalars()
+    trials = sweep(
+        config(), space, train=train, trials=2, ledger=tmp_path / "l.json", tracker=tracker
+    )
+    assert tracker.scores == [(trial.index, {VALUE_TAG: trial.value}) for trial in trials]
+
+    class Stepless:
+        def log_metrics(self, values):
+            pass
+
+    trained = len(train.runs)
+    with pytest.raises(TypeError, match="its log_metrics takes no step keyword"):
+        sweep(
+            config(), space, train=train, trials=2, ledger=tmp_path / "m.json", tracker=Stepless()
+        )
+    assert len(train.runs) == trained
+
+
 def test_the_tracker_is_told_after_the_ledger(tmp_path):
     ledger = tmp_path / "l.json"
 

@@ -17,7 +17,8 @@ from dew.config.sweep._search import Search, SearchRun, Trial, random_search
 from dew.config.sweep._space import _checked_space, _is_int, _is_real, _space_json
 from dew.naming import Split, check_index, metric_tag
 from dew.telemetry.records import TrialFinished, decode_json_value, encode_json_value
-from dew.tracking import Tracker
+from dew.tracking import ScalarTracker
+from dew.tracking._protocol import takes_artifacts
 
 VALUE_TAG = metric_tag("sweep", Split.VALIDATION, "value")
 """The tag each trial's score is logged under, at the trial's index: `sweep/validation/value`."""
@@ -47,7 +48,7 @@ def sweep(
     train: Callable[[RunConfig], float],
     trials: int,
     ledger: str | os.PathLike[str],
-    tracker: Tracker | None = None,
+    tracker: ScalarTracker | None = None,
     search: Search = random_search,
     direction: str = "minimize",
 ) -> list[Trial]:
@@ -68,7 +69,8 @@ def sweep(
       refused. Its folder also gets `<ledger>.lock` (the lock processes sharing it take).
     - `tracker`: receives each trial this call finishes, after it is in the ledger: its
       score as `VALUE_TAG` (`sweep/validation/value`) at step `index`, and its
-      `TrialFinished` record as artifact `"trial_finished"` at step `index`.
+      `TrialFinished` record as artifact `"trial_finished"` at step `index` (not a
+      tracker that takes scalars only, `dew.tracking.ScalarTracker`).
     - `search`: `random_search` (default), `grid_search`, `optuna_search` or another `Search`.
     - `direction`: `"minimize"` (default) or `"maximize"` the score: the ledger records it
       (`dew runs` shows a sweep's best trial by it) and refuses a rerun with the other.
@@ -220,8 +222,9 @@ def _run_trials(
     run: SearchRun,
     resume: list[tuple[int, dict[str, Any]]],
     train: Callable[[RunConfig], float],
-    tracker: Tracker | None,
+    tracker: ScalarTracker | None,
 ) -> None:
+    artifacts = tracker is not None and takes_artifacts(tracker)  # refuses a non-tracker now
     pending = iter(resume)
     proposals = itertools.chain(pending, iter(lambda: _next(book, run), None))
     while True:
@@ -250,6 +253,7 @@ def _run_trials(
             run.tell(trial)
             if tracker is not None:
                 tracker.log_metrics({VALUE_TAG: trial.value}, step=index)
+            if artifacts:  # a tracker that takes scalars only gets the value alone
                 record = TrialFinished(trial=index, overrides=trial.overrides, value=trial.value)
                 tracker.log_artifact(TRIAL_FINISHED, record, step=index)
 
