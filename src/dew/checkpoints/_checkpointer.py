@@ -30,7 +30,7 @@ from dew.checkpoints._layout import (
     structure_differences,
 )
 from dew.checkpoints._location import checkpoint_location, is_remote
-from dew.checkpoints._orbax import attempting, disk_error, orbax, quiet_orbax
+from dew.checkpoints._orbax import disk_error, orbax, quiet_orbax, reading
 from dew.steps import TrainState
 from dew.telemetry.records import decode_json_value, encode_json_value
 
@@ -94,15 +94,16 @@ class Checkpointer:
         )
         self._ocp = ocp
         self._pending: int | None = None  # the step of the save in flight
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=options,
-            # Registered handlers let `item_metadata` read a checkpoint before restoring it.
-            item_handlers={
-                STATE_ITEM: ocp.StandardCheckpointHandler(),
-                EXTRA_ITEM: ocp.JsonCheckpointHandler(),
-            },
-        )
+        with reading():  # orbax reads every step's metadata, a damaged step's too
+            self._manager = ocp.CheckpointManager(
+                self.directory,
+                options=options,
+                # Registered handlers let `item_metadata` read a checkpoint before restoring.
+                item_handlers={
+                    STATE_ITEM: ocp.StandardCheckpointHandler(),
+                    EXTRA_ITEM: ocp.JsonCheckpointHandler(),
+                },
+            )
 
     def latest_step(self) -> int | None:
         """The step of the newest complete checkpoint, or `None`."""
@@ -130,18 +131,21 @@ class Checkpointer:
             yield
         except Exception as error:
             self._pending = None
-            latest = self._manager.latest_step()
-            note = (
-                f"Checkpoint step {step} was not saved; "
-                + ("no checkpoint is complete yet." if latest is None else "the latest ")
-                + ("" if latest is None else f"complete checkpoint is step {latest}.")
-            )
+            notes = [] if step is None else [self._not_saved(step)]
             found = disk_error(error, self.directory)
             if found is None:
-                error.add_note(note)
+                for note in notes:
+                    error.add_note(note)
                 raise
-            found.add_note(note)
+            for note in notes:
+                found.add_note(note)
             raise found from error
+
+    def _not_saved(self, step: int) -> str:
+        latest = self._manager.latest_step()
+        if latest is None:
+            return f"Checkpoint step {step} was not saved; no checkpoint is complete yet."
+        return f"Checkpoint step {step} was not saved; the latest complete one is step {latest}."
 
     def save(self, step: int, state: TrainState, extra: Mapping[str, Any] | None = None) -> None:
         """Submit a save of `state` (and JSON `extra`) as checkpoint `step`; does not wait.
@@ -218,7 +222,8 @@ class Checkpointer:
         for found, why in sorted(skipped.items(), reverse=True):
             self._set_aside(found, why, step)
         if skipped:
-            self._manager.reload()
+            with reading():
+                self._manager.reload()
         return restored
 
     def _set_aside(self, found: int, why: str, restored: int | None) -> None:
@@ -241,7 +246,7 @@ class Checkpointer:
         self._check_structure(step, template)
         outcome: bool | BaseException = True
         try:
-            with attempting():
+            with reading():
                 restored = self._read(step, template)
         except Exception as error:
             if not damage(error):
@@ -295,7 +300,7 @@ class Checkpointer:
         orbax's metadata, without restoring) differ in number, shape or dtype from
         `template`'s: a checkpoint written for another model or optimizer."""
         try:
-            with attempting():
+            with reading():
                 saved = [
                     (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
                     for leaf in self._manager.item_metadata(step)[STATE_ITEM].tree
@@ -322,7 +327,8 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for pending saves and release the manager."""
         self.wait()
-        self._manager.close()
+        with self._saving(None):  # orbax writes the last metadata as it closes
+            self._manager.close()
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -10,6 +10,7 @@ not, and is raised as it is.
 """
 
 import json
+import re
 from typing import Any
 
 from dew.checkpoints._orbax import transient
@@ -21,6 +22,13 @@ SET_ASIDE = "damaged"
 
 _JSON_FILES = ("state/_METADATA", "extra/metadata")
 _SHOWN = 160
+_STATUS = re.compile(r"([A-Z_]+): ")
+_LOCAL_FILE = re.compile(r'local file "([^"]+)"')
+_STATUS_WORDS = {
+    "NOT_FOUND": "is missing",
+    "OUT_OF_RANGE": "is cut short",
+    "DATA_LOSS": "is corrupt",
+}
 
 
 class DamagedCheckpointWarning(UserWarning):
@@ -40,6 +48,22 @@ def _first_line(error: BaseException) -> str:
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
+def _unreadable_file(folder: Any, error: BaseException) -> str | None:
+    """A TensorStore read failure as the file it could not read, relative to the step
+    folder, and what is wrong with it (`None`: not such a failure)."""
+    text = str(error)
+    status = _STATUS.match(text)
+    files = _LOCAL_FILE.findall(text)
+    if status is None or not files:
+        return None
+    name = files[-1]  # the innermost: the file itself, not the database holding it
+    prefix = f"{str(folder).rstrip('/')}/"
+    if name.startswith(prefix):
+        name = name[len(prefix) :]
+    what = _STATUS_WORDS.get(status.group(1), f"cannot be read ({status.group(1)})")
+    return f"the array data under {name} {what}" if name.endswith("/") else f"{name} {what}"
+
+
 def reason(folder: Any, items: tuple[str, ...], error: BaseException) -> str:
     """What is wrong with the step folder `folder` (an `epath.Path`), in a few words, for
     a restore that failed with `error`: the folder empty, an item missing, a JSON file
@@ -57,7 +81,7 @@ def reason(folder: Any, items: tuple[str, ...], error: BaseException) -> str:
             json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError):
             return f"{name} is not valid JSON (cut short?)"
-    return _first_line(error)
+    return _unreadable_file(folder, error) or _first_line(error)
 
 
 def misplaced_steps(directory: Any) -> dict[int, str]:

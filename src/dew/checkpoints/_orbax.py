@@ -9,15 +9,14 @@ failure once, as one error, so `quiet_orbax` keeps out of the console:
 
 - orbax's log records that carry a traceback (`logging.exception`: a failure orbax
   raises again to its caller) or a `KeyboardInterrupt` (Ctrl-C in orbax's wait);
-- every orbax record while dew tries to restore a checkpoint that may be damaged
-  (`attempting`): a damaged step is dew's to report;
-- asyncio's "exception was never retrieved" for a future of orbax's, and the unraisable
-  `Event loop is closed` errors.
+- every orbax record while dew reads a checkpoint directory that may hold damaged steps
+  (`reading`: listing its steps, restoring one): a damaged step is dew's to report;
+- asyncio's "exception was never retrieved" for a future of orbax's or TensorStore's,
+  and the unraisable `Event loop is closed` errors.
 
 Anything else orbax logs (its warnings about a run) is left as it is.
 """
 
-import asyncio
 import contextlib
 import errno
 import logging
@@ -30,9 +29,10 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-__all__ = ["attempting", "disk_error", "orbax", "quiet_orbax"]
+__all__ = ["disk_error", "orbax", "quiet_orbax", "reading", "transient"]
 
 _ORBAX_FOLDER = os.sep + os.path.join("orbax", "checkpoint") + os.sep
+_TENSORSTORE = "[tensorstore_spec="  # how every TensorStore error message ends
 
 
 def orbax() -> Any:
@@ -56,30 +56,36 @@ def _through_orbax(traceback: TracebackType | None) -> bool:
     return False
 
 
-class _Attempts:
-    """How many restore attempts are in progress (any thread may log for one)."""
+class _Reads:
+    """How many reads of a checkpoint directory are in progress (any thread may log for
+    one)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.lock = threading.Lock()
 
 
-_ATTEMPTS = _Attempts()
+_READS = _Reads()
 
 
 def _orbax_record_shown(record: logging.LogRecord) -> bool:
     """Whether an absl record reaches the console (see the module's docstring)."""
     if _ORBAX_FOLDER not in record.pathname:
         return True
-    if _ATTEMPTS.count:
+    if _READS.count:
         return False
     return not record.exc_info
 
 
 def _asyncio_record_shown(record: logging.LogRecord) -> bool:
-    """Whether an asyncio record reaches the console: not a lost exception of orbax's."""
+    """Whether an asyncio record reaches the console: not while dew reads checkpoints,
+    nor a lost exception of orbax's or TensorStore's (which orbax raised once already)."""
+    if _READS.count:
+        return False
     exc_info = record.exc_info
-    return not (exc_info and exc_info[1] is not None and _through_orbax(exc_info[2]))
+    if not exc_info or exc_info[1] is None:
+        return True
+    return not (_through_orbax(exc_info[2]) or _TENSORSTORE in str(exc_info[1]))
 
 
 def _loop_closed(unraisable: Any) -> bool:
@@ -110,16 +116,16 @@ def quiet_orbax() -> None:
 
 
 @contextlib.contextmanager
-def attempting() -> Iterator[None]:
-    """A restore attempt: orbax's records are held back until it ends (dew reports what
-    failed, and a step that restores needs no commentary)."""
-    with _ATTEMPTS.lock:
-        _ATTEMPTS.count += 1
+def reading() -> Iterator[None]:
+    """While dew reads a checkpoint directory, orbax's log records are dropped: dew
+    reports a damaged step itself, and a step that restores needs no commentary."""
+    with _READS.lock:
+        _READS.count += 1
     try:
         yield
     finally:
-        with _ATTEMPTS.lock:
-            _ATTEMPTS.count -= 1
+        with _READS.lock:
+            _READS.count -= 1
 
 
 _OS_ERROR_CODE = re.compile(r"\[os_error_code='(\d+)'\]")
@@ -158,6 +164,3 @@ def transient(error: BaseException) -> bool:
         return True
     code = disk_error(error, "")
     return code is not None and code.errno in (errno.EACCES, errno.EPERM, errno.EIO)
-
-
-_ = asyncio  # asyncio's logger is configured above by name; the module is imported for it

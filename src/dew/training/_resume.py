@@ -85,6 +85,8 @@ def closed_after_interrupt(checkpoints: "Checkpointer") -> None:
     except Exception as error:
         if in_flight is None or in_flight is error:
             raise
+        if _same_failure(error, in_flight):  # the disk that failed the save failed again
+            return
         notes = " ".join(getattr(error, "__notes__", ()))
         add_note_once(in_flight, f"Closing the checkpoints also failed: {error} {notes}".strip())
 
@@ -96,3 +98,12 @@ def last_completed(state: TrainState, step: int) -> int:
         return int(state.step)
     except RuntimeError:
         return step
+
+
+def _same_failure(error: BaseException, other: BaseException) -> bool:
+    """Whether two errors are the operating system's same error on the same path."""
+    return (
+        isinstance(error, OSError)
+        and isinstance(other, OSError)
+        and (error.errno, error.filename) == (other.errno, other.filename)
+    )
