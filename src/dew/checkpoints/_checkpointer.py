@@ -161,6 +161,7 @@ class Checkpointer:
         ocp = self._ocp
         self.wait()
         with self._saving(int(step)):
+            self._check_writable()
             self._manager.save(
                 int(step),
                 args=ocp.args.Composite(
@@ -171,6 +172,16 @@ class Checkpointer:
                 ),
             )
         self._pending = int(step)
+
+    def _check_writable(self) -> None:
+        """A local directory this process cannot write to (a read-only disk, a folder
+        without write permission) raises here: orbax would fail in its threads, leaving
+        coroutines never awaited to warn at exit."""
+        if is_remote(self.directory) or os.access(self.directory, os.W_OK):
+            return
+        read_only = os.statvfs(self.directory).f_flag & os.ST_RDONLY
+        code = errno.EROFS if read_only else errno.EACCES
+        raise OSError(code, os.strerror(code), self.directory)
 
     def restore(
         self, template: TrainState, step: int | None = None

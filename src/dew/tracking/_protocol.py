@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Tracker", "add_note_once"]
+__all__ = ["Tracker", "add_note_once", "same_failure"]
 
 
 def add_note_once(error: BaseException, note: str) -> None:
@@ -13,6 +13,18 @@ def add_note_once(error: BaseException, note: str) -> None:
     again (a tracker that keeps failing with one instance) never collects copies."""
     if note not in getattr(error, "__notes__", ()):
         error.add_note(note)
+
+
+def same_failure(error: BaseException, other: BaseException) -> bool:
+    """Whether two errors are one failure: the same object, or the operating system's
+    same error on the same path (a full disk failing each write to one file)."""
+    if error is other:
+        return True
+    return (
+        isinstance(error, OSError)
+        and isinstance(other, OSError)
+        and (error.errno, error.filename) == (other.errno, other.filename)
+    )
 
 
 @runtime_checkable

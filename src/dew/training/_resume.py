@@ -10,7 +10,7 @@ import jax
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._interrupts import FitInterrupted
 from dew.steps import TrainState, generation_params
-from dew.tracking._protocol import add_note_once
+from dew.tracking._protocol import add_note_once, same_failure
 from dew.training._placement import Placement
 
 if TYPE_CHECKING:
@@ -83,9 +83,9 @@ def closed_after_interrupt(checkpoints: "Checkpointer") -> None:
             raise FitInterrupted(in_flight.step, None) from None
         raise
     except Exception as error:
-        if in_flight is None or in_flight is error:
+        if in_flight is None:
             raise
-        if _same_failure(error, in_flight):  # the disk that failed the save failed again
+        if same_failure(error, in_flight):  # the disk that failed the save failed again
             return
         notes = " ".join(getattr(error, "__notes__", ()))
         add_note_once(in_flight, f"Closing the checkpoints also failed: {error} {notes}".strip())
@@ -98,12 +98,3 @@ def last_completed(state: TrainState, step: int) -> int:
         return int(state.step)
     except RuntimeError:
         return step
-
-
-def _same_failure(error: BaseException, other: BaseException) -> bool:
-    """Whether two errors are the operating system's same error on the same path."""
-    return (
-        isinstance(error, OSError)
-        and isinstance(other, OSError)
-        and (error.errno, error.filename) == (other.errno, other.filename)
-    )

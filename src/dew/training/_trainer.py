@@ -489,5 +489,7 @@ class Trainer:
                 window.close(leaves)
             if checkpoints is not None and saved_step != int(current().step):
                 checkpoint(int(current().step))
+            if checkpoints is not None:  # a failed save ends the fit as failed, not completed
+                checkpoints.wait()
             verify(step)  # the state fit returns is checked like a saved one
         return engine.state()
