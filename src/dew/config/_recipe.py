@@ -9,11 +9,11 @@ Layout of a run named `name` with `trainer.checkpoint_dir = root`:
   identity: a `step_budget` line in records.jsonl notes the change; decision 0020);
 - `root/name/scalars.jsonl`, `records.jsonl`, `params.json`: the `LocalTracker` journals.
 
-When `root` is a `file://` URI, it names the local folder `root` stands for. When it is a
-remote store's (`gs://bucket/runs`), the checkpoints go there and the local tracker writes
-under `runs/<name>` in the working directory; the recipe prints both, whatever `progress`
-says. A URI of another scheme is refused by `TrainerConfig` (`dew.checkpoints`'s
-`checkpoint_location`) before anything is written.
+When `root` is a `file:///absolute/path` URI, the run folder is under the folder it names.
+When it is a remote store's (`gs://bucket/runs`), the checkpoints go there and the local
+tracker writes under `runs/<name>` in the working directory; the recipe prints both, whatever
+`progress` says. `TrainerConfig` refuses a URI of another scheme before anything is written
+(decision 0030).
 
 Under `jax.distributed` every process trains (each reads its own `Partition`, so
 `trainer.batch_size` is the rows of one process's batch and the global batch is the process
