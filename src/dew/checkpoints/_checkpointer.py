@@ -260,14 +260,18 @@ class Checkpointer:
             with reading():
                 restored = self._read(step, template)
         except Exception as error:
-            if not damage(error):
-                raise
-            why = reason(self._path() / str(step), ITEMS, error)
-            outcome = _DamagedStepError(
-                f"checkpoint step {step} under {self.directory!r} is damaged: {why}.", step, why
-            )
-            outcome.__cause__ = error
-        if is_multiprocess():  # every process raises when any found the step damaged
+            if damage(error):
+                why = reason(self._path() / str(step), ITEMS, error)
+                outcome = _DamagedStepError(
+                    f"checkpoint step {step} under {self.directory!r} is damaged: {why}.",
+                    step,
+                    why,
+                )
+            else:  # the store unreachable or unreadable: not the step's fault, no fallback
+                outcome = disk_error(error, self.directory) or error
+            if outcome is not error:
+                outcome.__cause__ = error
+        if is_multiprocess():  # every process raises when any failed (damaged or not)
             agree_process_phase(f"restoring checkpoint step {step}", outcome)
         if isinstance(outcome, BaseException):
             raise outcome
