@@ -201,7 +201,9 @@ class Checkpointer:
 
         `FileNotFoundError` when there is no such checkpoint (or none at all);
         `ValueError` naming the directory when no step is intact, when `step` is given
-        and damaged, and when the checkpoint was written for another model or optimizer.
+        and damaged, and when the checkpoint was written for another model or optimizer;
+        `OSError` naming the directory when it cannot be read (permissions, a store out
+        of reach): that is no damage, and no step is passed over for it.
         """
         if step is not None:
             if step not in self._manager.all_steps():
