@@ -1,11 +1,13 @@
 """Checkpoints and resume (orbax-checkpoint), and profile windows (jax.profiler)."""
 
+import logging
 import os
 import pathlib
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -308,3 +310,42 @@ def test_resuming_a_checkpoint_of_another_model_or_optimizer_says_what_differs(
     assert len(message.splitlines()) <= 12, message
     assert f"the checkpoint at step 4 under {str(tmp_path / 'run')!r}" in message
     assert re.search(differs, message), message
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_ctrl_c_inside_orbax_wait_leaves_the_interrupt_to_the_caller(objective, tmp_path):
+    """orbax logged a Ctrl-C in its wait with the interrupt's traceback (absl), before the
+    caller's own report; now only the `KeyboardInterrupt` comes out, and the save still
+    completes when waited for again."""
+    from orbax.checkpoint import checkpoint_manager
+
+    manager = checkpoint_manager.CheckpointManager
+    finalize = manager._finalize
+    state = TrainState.create(objective, OPTIMIZER, key=jax.random.key(2))
+    shown = _Records()
+    logging.getLogger("absl").addHandler(shown)
+
+    def slow(self, *args):
+        time.sleep(1.5)
+        return finalize(self, *args)
+
+    try:
+        manager._finalize = slow
+        with Checkpointer(tmp_path) as checkpoints:
+            checkpoints.save(1, state)
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            with pytest.raises(KeyboardInterrupt):
+                checkpoints.wait()
+    finally:
+        manager._finalize = finalize
+        logging.getLogger("absl").removeHandler(shown)
+    assert [record.getMessage() for record in shown.records if record.exc_info] == []
+    assert Checkpointer(tmp_path).all_steps() == [1]

@@ -3,6 +3,7 @@ Ctrl-C and resume."""
 
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
 from dew.registry import datasets
 from dew.tracking import read_journal
 
+HERE = pathlib.Path(__file__).parent
 TINY = {
     "vocab_size": 16,
     "emb_features": 16,
@@ -220,3 +222,24 @@ def test_ctrl_c_saves_the_step_and_the_same_command_resumes_bitwise(tmp_path):
     whole = _saved_leaves(tmp_path / "runs" / "whole", again)
     assert len(resumed) == len(whole) > 0
     assert all(np.array_equal(a, b) for a, b in zip(resumed, whole, strict=True))
+
+
+@pytest.mark.slow
+def test_ctrl_c_inside_orbax_wait_is_dews_one_line(tmp_path):
+    """Ctrl-C while the main thread waits for a save in orbax's threads: dew's line only
+    (orbax logged the interrupt with its traceback through absl before dew's line)."""
+    path = _write_config(tmp_path, steps=1_000, log_every=2, eval_every=None, checkpoint_every=2)
+    marker = tmp_path / "waiting"
+    worker = [sys.executable, str(HERE / "_slow_save_worker.py"), str(marker)]
+
+    def waiting():
+        if not marker.exists():
+            return False
+        time.sleep(0.5)  # past the marker, into orbax's join
+        return True
+
+    status, errors = _interrupt([*worker, "train", str(path), "--quiet"], tmp_path, waiting)
+    assert status == 130, errors
+    assert re.fullmatch(r"dew train: interrupted at step \d+; the same command [^\n]*\n", errors), (
+        errors
+    )

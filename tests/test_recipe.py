@@ -140,6 +140,23 @@ def test_names_are_required_and_checked(tmp_path):
         config.train(name="../escape", progress=False)
 
 
+def test_a_run_at_a_file_uri_is_a_local_run_folder_and_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # nothing may land in the working directory
+    root = tmp_path / "my runs"
+    config = _config(root.as_uri(), steps=3, eval_every=None)  # file:///.../my%20runs
+    assert run_folder(config, "tiny") == (str(root / "tiny" / "checkpoints"), root / "tiny")
+    config.train(progress=False)
+    resumed = _config(root.as_uri(), steps=6, eval_every=None).train(progress=False)
+    assert int(resumed.step) == 6
+    assert sorted(path.name for path in (root / "tiny" / "checkpoints").iterdir()) == ["3", "6"]
+    starts = [
+        r.start_step for _, _, r in read_journal(root / "tiny").records if r.type == "fit_started"
+    ]
+    assert starts == [0, 3]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["my runs"]
+    assert capsys.readouterr().out == ""  # a local run: nothing to say where
+
+
 def test_checkpoints_at_a_uri_keep_tracking_local(tmp_path):
     config = _config("gs://bucket/runs")
     checkpoints, folder = run_folder(config, "tiny")
@@ -175,7 +192,10 @@ def test_each_sweep_trial_is_an_ordinary_run_with_its_own_record(tmp_path):
         assert recorded.trainer.name == f"rate/trial-{index}"
 
 
-def test_a_run_checkpointing_to_a_uri_tracks_locally_and_says_where(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("progress", [True, False])
+def test_a_run_checkpointing_to_a_uri_tracks_locally_and_says_where(
+    tmp_path, monkeypatch, capsys, progress
+):
     import dew.config._recipe as recipe
 
     given = []
@@ -191,7 +211,7 @@ def test_a_run_checkpointing_to_a_uri_tracks_locally_and_says_where(tmp_path, mo
     monkeypatch.setattr(recipe, "Trainer", LocalStandIn)
     monkeypatch.chdir(tmp_path)
     config = _config("gs://bucket/runs", eval_every=None, checkpoint_every=None)
-    config.train(progress=True)
+    config.train(progress=progress)  # said whatever the progress setting
     assert given == ["gs://bucket/runs/tiny/checkpoints"]
     local = tmp_path / "runs" / "tiny"
     assert f"local tracking at {local}" in capsys.readouterr().out

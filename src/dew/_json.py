@@ -147,7 +147,8 @@ def write_atomic(
 ) -> None:
     """Write `content` to `path` through a temporary file beside it, then replace `path`,
     so `path` is always either its whole old or its whole new content. `durable` also
-    fsyncs the file and its folder, so the new content survives a power cut."""
+    fsyncs the file and its folder, so the new content survives a power cut. An `OSError`
+    (a full or read-only disk) names `path`, and leaves it and its folder as they were."""
     path = pathlib.Path(path)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     data = content.encode("utf-8") if isinstance(content, str) else content
@@ -159,9 +160,11 @@ def write_atomic(
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             temporary.unlink()
+        if isinstance(error, OSError) and error.errno is not None:
+            raise OSError(error.errno, error.strerror, str(path)) from error  # not the temp's
         raise
     if durable:
         _fsync_directory(path.parent)

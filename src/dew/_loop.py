@@ -23,7 +23,7 @@ from dew.naming import Split, metric_tag
 from dew.steps import MetricHistory, TrainState
 from dew.telemetry.records import FitEnded, FitStarted, Record
 from dew.tracking import ScalarTracker
-from dew.tracking._protocol import set_notes
+from dew.tracking._protocol import same_failure, set_notes
 
 __all__ = ["LoopEngine", "verbose_console", "with_history"]
 
@@ -264,7 +264,7 @@ class LoopEngine:
         try:
             self.record("fit_ended", ended, ended.step)
         except Exception as report_error:
-            if report_error is error:  # the same failure again: nothing new to tell
+            if same_failure(report_error, error):  # the same failure again: nothing new to tell
                 return
             note = (
                 f"Reporting FitEnded({ended.status!r}) to the tracker also failed: "

@@ -40,7 +40,7 @@ from dew.cli._cluster import _check_processes, _join, cluster_settings
 from dew.cli._commands import _eval, _sweep, _sweep_inputs, _train, _train_config
 from dew.cli._commands import _space as _space  # tests read a space file with it
 from dew.cli._config_command import _config
-from dew.cli._errors import _caused_by_user, _message
+from dew.cli._errors import _caused_by_user, _message, one_line_warnings
 from dew.cli._inputs import _config_arguments
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
@@ -134,9 +134,11 @@ def _preflight(args: argparse.Namespace) -> int:
 
 
 def _outcome(args: argparse.Namespace, launched: bool, run: Callable[[], int]) -> int:
-    """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status."""
+    """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status, and
+    each warning of dew's one line."""
     try:
-        return run()
+        with one_line_warnings(args.command):
+            return run()
     except KeyboardInterrupt as interrupt:
         if not launched:  # a launched process leaves the one line to its launcher
             print(f"dew {args.command}: {_interrupted(args.command, interrupt)}", file=sys.stderr)

@@ -1,8 +1,16 @@
-"""The `dew` command's errors: which are the user's to fix, and each as one line."""
+"""The `dew` command's errors: which are the user's to fix, and each as one line; and
+dew's warnings, one line each."""
 
+import contextlib
 import errno
 import os
 import pathlib
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+_DEW = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _message(error: BaseException) -> str:
@@ -45,3 +53,26 @@ def _caused_by_user(error: BaseException) -> bool:
     if isinstance(error, ImportError):  # a missing optional dependency, not a broken import
         return error.name is not None and error.name.split(".")[0] != "dew"
     return False
+
+
+@contextlib.contextmanager
+def one_line_warnings(command: str) -> Iterator[None]:
+    """While the command runs, a warning dew raises is one line on stderr,
+    `dew <command>: warning: <message>`, not the two lines (file, line, source) Python
+    shows; other packages' warnings are shown as Python shows them."""
+    shown = warnings.showwarning
+
+    def show(
+        message: Any, category: type[Warning], filename: str, *args: Any, **kwargs: Any
+    ) -> None:
+        if not pathlib.Path(filename).resolve().is_relative_to(_DEW):
+            shown(message, category, filename, *args, **kwargs)
+            return
+        text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+        print(f"dew {command}: warning: {text}", file=sys.stderr)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown

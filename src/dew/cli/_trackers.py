@@ -97,14 +97,15 @@ def checked_trackers(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _store(args: argparse.Namespace, config: Any) -> str:
     """`--mlflow-uri`, else `MLFLOW_TRACKING_URI`, else `<runs root>/mlflow.db` (SQLite)."""
-    from dew.config._recipe import LOCAL_ROOT, is_uri
+    from dew.checkpoints._location import checkpoint_location, is_remote
+    from dew.config._recipe import LOCAL_ROOT
 
     if args.mlflow_uri is not None:
         return args.mlflow_uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    root = config.trainer.checkpoint_dir
-    folder = pathlib.Path(LOCAL_ROOT if is_uri(root) else root)
+    root = checkpoint_location(config.trainer.checkpoint_dir, "trainer.checkpoint_dir")
+    folder = pathlib.Path(LOCAL_ROOT if is_remote(root) else root)
     return f"sqlite:///{(folder / MLFLOW_DATABASE).resolve()}"
 
 

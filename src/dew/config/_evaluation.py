@@ -11,8 +11,9 @@ import jax
 
 from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
 from dew.checkpoints import Checkpointer
+from dew.checkpoints._location import is_remote
 from dew.config._config import RunConfig
-from dew.config._recipe import build_objective, is_uri, run_folder
+from dew.config._recipe import build_objective, run_folder
 from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
 from dew.steps import TrainState, generation_params
@@ -72,7 +73,7 @@ def evaluate_run(
         ema=getattr(objective, "ema_decay", None) is not None,
     )
     checkpoints: Any = folder / "checkpoints"
-    if is_uri(config.trainer.checkpoint_dir) and config.trainer.name is not None:
+    if is_remote(config.trainer.checkpoint_dir) and config.trainer.name is not None:
         checkpoints, _ = run_folder(config, config.trainer.name)  # the run's remote store
     elif not checkpoints.is_dir():
         raise FileNotFoundError(f"{folder} has no checkpoints folder to evaluate.")

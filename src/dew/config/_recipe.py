@@ -9,8 +9,11 @@ Layout of a run named `name` with `trainer.checkpoint_dir = root`:
   identity: a `step_budget` line in records.jsonl notes the change; decision 0020);
 - `root/name/scalars.jsonl`, `records.jsonl`, `params.json`: the `LocalTracker` journals.
 
-When `root` is a URI (`gs://bucket/runs`), the checkpoints go there and the local
-tracker writes under `runs/<name>` in the working directory; the recipe prints that path.
+When `root` is a `file:///absolute/path` URI, the run folder is under the folder it names.
+When it is a remote store's (`gs://bucket/runs`), the checkpoints go there and the local
+tracker writes under `runs/<name>` in the working directory; the recipe prints both, whatever
+`progress` says. `TrainerConfig` refuses a URI of another scheme before anything is written
+(decision 0030).
 
 Under `jax.distributed` every process trains (each reads its own `Partition`, so
 `trainer.batch_size` is the rows of one process's batch and the global batch is the process
@@ -31,6 +34,7 @@ import jax
 from dew._domains import MODEL_DOMAIN, OBJECTIVE_DOMAIN, RUN_DOMAIN
 from dew._json import read_json
 from dew._processes import agree_process_phase, is_multiprocess, is_process_zero
+from dew.checkpoints._location import checkpoint_location, is_remote
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset
 from dew.metrics import Metric
@@ -50,16 +54,11 @@ STEP_BUDGET = "step_budget"
 """The journal artifact noting a run continued to another step total (decision 0020)."""
 
 
-def is_uri(path: str) -> bool:
-    """Whether `path` names a remote store (`scheme://...`) rather than a local folder."""
-    return "://" in path
-
-
 def run_folder(config: "RunConfig", name: str) -> tuple[str, pathlib.Path]:
     """Where a run named `name` keeps its checkpoints, and its local folder (journals
     and run.json)."""
-    root = config.trainer.checkpoint_dir
-    if is_uri(root):
+    root = checkpoint_location(config.trainer.checkpoint_dir, "trainer.checkpoint_dir")
+    if is_remote(root):
         return f"{root.rstrip('/')}/{name}/checkpoints", pathlib.Path(LOCAL_ROOT) / name
     folder = pathlib.Path(root) / name
     return str(folder / "checkpoints"), folder
@@ -129,12 +128,12 @@ def _step_budget(
     raises, naming both."""
     if saved is None:
         return None
-    from dew.checkpoints import _orbax
+    from dew.checkpoints._orbax import orbax
     from dew.tracking import read_journal
 
     # The finished steps, read from the folder by this process alone (a CheckpointManager
     # would wait for the other processes of a multi-process run).
-    latest = max(_orbax().utils.checkpoint_steps(checkpoints), default=None)
+    latest = max(orbax().utils.checkpoint_steps(checkpoints), default=None)
     if latest is not None and latest > steps:
         raise ValueError(
             f"the run at {folder} is at step {latest} (its latest checkpoint), past "
@@ -216,7 +215,10 @@ def train_run(
                 folder, checkpoints, _check_same_run(folder, record), settings.steps
             )
             # A file where a folder goes fails here, before training, not in orbax's threads.
-            for needed in (folder, *(() if is_uri(checkpoints) else (pathlib.Path(checkpoints),))):
+            for needed in (
+                folder,
+                *(() if is_remote(checkpoints) else (pathlib.Path(checkpoints),)),
+            ):
                 needed.mkdir(parents=True, exist_ok=True)
         except Exception as error:
             if is_multiprocess():
@@ -232,7 +234,7 @@ def train_run(
         built,
         config.optim.build(settings.steps),
         key=jax.random.fold_in(seed, RUN_DOMAIN),
-        checkpoint_dir=checkpoints if is_uri(checkpoints) else os.fspath(checkpoints),
+        checkpoint_dir=checkpoints,
         # the schedule the optimizer was built with, over this fit's total (decision 0020)
         learning_rate=config.optim.learning_rate_schedule(settings.steps),
     )
@@ -251,7 +253,7 @@ def train_run(
     )
     if not writing:  # no local tracker, run.json or journals here; `tracker` is the caller's
         return fit(tracker=tracker)
-    if is_uri(checkpoints) and progress:
+    if is_remote(checkpoints):  # said whatever `progress` is: the run's files are in two places
         print(f"checkpoints at {checkpoints}; local tracking at {folder.absolute()}")
     with LocalTracker(folder) as local:
         reporting = local if tracker is None else Trackers(local, tracker)

@@ -9,6 +9,7 @@ import optax
 from jaxtyping import PRNGKeyArray
 
 from dew import _registry as registry
+from dew.checkpoints._location import checkpoint_location
 from dew.config._fields import (
     _EMPTY,
     SCHEDULES,
@@ -213,7 +214,9 @@ class TrainerConfig(_Section):
 
     - `name`: `None` or a run name of `/`-separated segments (`"lm-rate/trial-0"`), each
       non-empty and not blank, `.` or `..`.
-    - `checkpoint_dir`: the directory runs are kept under.
+    - `checkpoint_dir`: the directory runs are kept under: a local folder, a
+      `file:///absolute/path` URI naming one, or a `gs://bucket/folder` URI (the
+      checkpoints go there; the run's journals and run.json to `runs/<name>` locally).
     - `steps`, `batch_size`, `log_every`: integers `>= 1`; `eval_every` and
       `checkpoint_every`: `None` (never) or integers `>= 1`. `batch_size` is the rows of
       each process's batch: a run of N processes (`jax.distributed`) trains on global
@@ -244,7 +247,9 @@ class TrainerConfig(_Section):
     def __post_init__(self) -> None:
         where = _where(self)
         _set(self, "name", _run_name(f"{where}.name", self.name))
-        _set(self, "checkpoint_dir", _string(f"{where}.checkpoint_dir", self.checkpoint_dir))
+        directory = _string(f"{where}.checkpoint_dir", self.checkpoint_dir)
+        checkpoint_location(directory, f"{where}.checkpoint_dir")  # a URI orbax writes to
+        _set(self, "checkpoint_dir", directory)
         for field in ("steps", "batch_size", "log_every"):
             _set(self, field, _integer(f"{where}.{field}", getattr(self, field), least=1))
         for field in ("eval_every", "checkpoint_every"):

@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ScalarTracker", "Tracker", "set_notes", "takes_artifacts"]
+__all__ = ["ScalarTracker", "Tracker", "same_failure", "set_notes", "takes_artifacts"]
 
 
 _OWN_NOTES = "_dew_notes"  # on an exception: {source: the notes that source added}
@@ -34,6 +34,18 @@ def set_notes(error: BaseException, source: str, notes: Sequence[str]) -> None:
             added.append(note)
     if added:
         owned[source] = added
+
+
+def same_failure(error: BaseException, other: BaseException) -> bool:
+    """Whether two errors are one failure: the same object, or the operating system's
+    same error on the same path (a full disk failing each write to one file)."""
+    if error is other:
+        return True
+    return (
+        isinstance(error, OSError)
+        and isinstance(other, OSError)
+        and (error.errno, error.filename) == (other.errno, other.filename)
+    )
 
 
 @runtime_checkable

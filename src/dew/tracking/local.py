@@ -28,6 +28,7 @@ from dew.tracking._journal import (
     SCALARS,
     _read_params,
     _reopen_journal,
+    append_line,
 )
 from dew.tracking._preview import check_artifact_name, preview_files, preview_folder
 
@@ -154,8 +155,7 @@ class LocalTracker(AbstractRunTracker):
         if not simple:
             encoded = {tag: _metric_value(tag, value) for tag, value in values.items()}
             line = _ENCODER.encode({"step": step, "values": encoded})
-        self._scalars.write(line + "\n")
-        self._scalars.flush()
+        append_line(self._scalars, self.path / SCALARS, line + "\n")
         if step > self._last_step and values:
             self._last_step = step
 
@@ -181,14 +181,13 @@ class LocalTracker(AbstractRunTracker):
             entry["files"] = written
         else:
             entry["value"] = _json.encode(value, f"artifact {name!r}", default=_unjsonable(name))
-        self._records.write(json.dumps(entry, allow_nan=False) + "\n")
-        self._records.flush()
+        append_line(self._records, self.path / RECORDS, json.dumps(entry, allow_nan=False) + "\n")
 
     def _mark_resume(self, step: int) -> None:
         """Mark where a fit resumes: the steps after `step` are logged again, and
         `read_journal` keeps the last value per (tag, step)."""
-        self._scalars.write(_ENCODER.encode({"step": step, "values": {}, RESUME: True}) + "\n")
-        self._scalars.flush()
+        boundary = _ENCODER.encode({"step": step, "values": {}, RESUME: True}) + "\n"
+        append_line(self._scalars, self.path / SCALARS, boundary)
 
     def _write_run_record(self, record: RunRecord) -> None:
         target = self.path / RUN_RECORD

@@ -10,6 +10,7 @@ import jax
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._interrupts import FitInterrupted
 from dew.steps import TrainState, generation_params
+from dew.tracking._protocol import same_failure, set_notes
 from dew.training._placement import Placement
 
 if TYPE_CHECKING:
@@ -30,11 +31,12 @@ def starting_state(
     """The state a fit of `steps` steps starts from, the step its saved data iterator had
     started at (`None`: not restored) and the early stopper's saved state.
 
-    A checkpoint past `steps` is refused (a fit never goes back); one before it is
-    continued to `steps`, however many steps the fit that saved it was asked for.
+    A fit resumes from the newest intact checkpoint (`Checkpointer.restore`: a damaged
+    newer step is passed over with a warning naming it). A checkpoint past `steps` is
+    refused (a fit never goes back); one before it is continued to `steps`, however many
+    steps the fit that saved it was asked for.
     """
-    latest = None if checkpoints is None else checkpoints.latest_step()
-    if latest is None:
+    if checkpoints is None or not checkpoints.holds_checkpoints():
         if state is None:
             state = trainer._initial_state()
         else:  # the step donates its input: never let fit delete the caller's arrays
@@ -47,7 +49,8 @@ def starting_state(
             f"checkpoints (steps {checkpoints.all_steps()}); resume from the checkpoints "
             "without state=, or use a new checkpoint_dir."
         )
-    if latest > steps:
+    latest = checkpoints.latest_step()
+    if latest is not None and latest > steps:
         raise ValueError(
             f"checkpoint_dir {trainer.checkpoint_dir!r} holds a checkpoint at step {latest}, "
             f"past steps={steps}: a fit continues a run, it never goes back; fit to steps >= "
@@ -56,7 +59,7 @@ def starting_state(
     template = trainer._initial_state()
     if placement is not None:  # restored straight into the global arrays
         template = placement.state(template)
-    restored, extra = checkpoints.restore(template)
+    restored, extra = checkpoints.restore(template)  # the newest intact step
     saved = extra.get("early_stopping")
     stopping = None
     if early_stopper is not None and saved is not None:
@@ -69,7 +72,9 @@ def closed_after_interrupt(checkpoints: "Checkpointer") -> None:
     """Close `checkpoints`, waiting for every submitted save. Called in a `finally`: a
     second Ctrl-C during the wait, while a `FitInterrupted` is on its way out, stops the
     wait and raises a `FitInterrupted` that names no saved step (the save it cut short
-    never became a checkpoint; the latest complete one is where a new fit resumes)."""
+    never became a checkpoint; the latest complete one is where a new fit resumes). A
+    failed save while another error is on its way out becomes a note on that error,
+    which stays the one raised."""
     in_flight = sys.exc_info()[1]
     try:
         checkpoints.close()
@@ -77,6 +82,14 @@ def closed_after_interrupt(checkpoints: "Checkpointer") -> None:
         if isinstance(in_flight, FitInterrupted):
             raise FitInterrupted(in_flight.step, None) from None
         raise
+    except Exception as error:
+        if in_flight is None:
+            raise
+        if same_failure(error, in_flight):  # the disk that failed the save failed again
+            return
+        notes = " ".join(getattr(error, "__notes__", ()))
+        note = f"Closing the checkpoints also failed: {error} {notes}".strip()
+        set_notes(in_flight, "checkpoints' closing", [note])
 
 
 def last_completed(state: TrainState, step: int) -> int:

@@ -18,6 +18,7 @@ from dew._interrupts import FitInterrupted
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
 from dew._processes import is_multiprocess, replicated
+from dew.checkpoints._location import checkpoint_location
 from dew.data import Dataset, Partition
 from dew.events import STEP_END, EventSink, TrackerEventSink
 from dew.metrics import Metric, MetricSet
@@ -61,8 +62,9 @@ class Trainer:
     - `stage`: the first segment of every metric tag and preview name (default: the
       objective's name); a path segment (`dew.naming.check_path_segment`).
     - `checkpoint_dir`: where `fit` saves checkpoints (orbax-checkpoint) and resumes
-      from: a fit started again with the same directory continues at its latest
-      checkpoint.
+      from: a fit started again with the same directory continues at its latest intact
+      checkpoint. A local folder, a `file:///absolute/path` URI naming one, or a
+      `gs://bucket/folder` URI; another URI raises `ValueError` here.
     - `param_sharding`: how a multi-process fit lays the params out over the devices of
       every process (`None`, the default: a full copy on every device). A callable
       `(path, leaf) -> jax.sharding.Sharding`, called once per fit for every array leaf
@@ -96,7 +98,9 @@ class Trainer:
         self.stage = check_path_segment("stage", objective.name if stage is None else stage)
         if checkpoint_dir is not None and not os.fspath(checkpoint_dir):
             raise ValueError("checkpoint_dir must be None or a non-empty path, got ''.")
-        self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self.checkpoint_dir = None
+        if checkpoint_dir is not None:  # a URI orbax cannot write to is refused here
+            self.checkpoint_dir = checkpoint_location(os.fspath(checkpoint_dir))
         if param_sharding is not None and not callable(param_sharding):
             raise TypeError(
                 "param_sharding must be None or a callable (path, leaf) -> "
@@ -170,13 +174,17 @@ class Trainer:
         - Checkpoints (needs the Trainer's `checkpoint_dir`): a save is submitted
           every `checkpoint_every` steps and at the end, asynchronously
           (`CheckpointRequested` means submitted, not durable); `fit` waits for every
-          save before it returns or raises. When the directory already holds a
-          checkpoint, `fit` resumes from the latest one: its state, metric history
-          and early-stopping state, and it draws and discards the training batches
-          the saved run had consumed, so the data order continues where it was. A
-          larger `steps` than the saved fit's continues the run to it; a checkpoint past
-          `steps` raises. Ctrl-C saves the last completed step, then raises
-          `FitInterrupted` (a `KeyboardInterrupt`).
+          save before it returns or raises (a failed save raises an `OSError` naming
+          the directory when the disk is full or read-only). When the directory already
+          holds a checkpoint, `fit` resumes from the newest intact one: its state,
+          metric history and early-stopping state, and it draws and discards the
+          training batches the saved run had consumed, so the data order continues
+          where it was. A damaged newer step is passed over with a
+          `dew.checkpoints.DamagedCheckpointWarning` (`Checkpointer.restore`); when no
+          step is intact, `fit` raises naming the directory. A larger `steps` than the
+          saved fit's continues the run to it; a checkpoint past `steps` raises. Ctrl-C
+          saves the last completed step, then raises `FitInterrupted` (a
+          `KeyboardInterrupt`).
         - `profile`: a `dew.profiling.Profile` window traced with `jax.profiler`; the
           `ProfileWindow` record is reported once the trace has stopped.
         - `steps_per_call` (fused mode, opt-in): run this many steps in one compiled
@@ -492,5 +500,7 @@ class Trainer:
                 window.close(leaves)
             if checkpoints is not None and saved_step != int(current().step):
                 checkpoint(int(current().step))
+            if checkpoints is not None:  # a failed save ends the fit as failed, not completed
+                checkpoints.wait()
             verify(step)  # the state fit returns is checked like a saved one
         return engine.state()
