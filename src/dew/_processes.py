@@ -7,6 +7,7 @@ code pays nothing for it. Under `jax.distributed` (more than one process):
 - `agree_process_phase(name, ok)` gathers every process's outcome of a phase and raises
   the same error on all of them when any failed, so no process is left blocked in the
   next collective while another has raised.
+- `agreed_phase(name)` is a block whose outcome every process agrees on the same way.
 - `broadcast_json(value)` gives every process process zero's value (a decision only
   process zero can take: a sweep's next trial, whether a tracker previews).
 - `data_mesh()`, `global_batch(batch)` and `replicated(tree)` place data on the
@@ -19,6 +20,7 @@ code pays nothing for it. Under `jax.distributed` (more than one process):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Iterable, Iterator, Mapping
@@ -30,6 +32,7 @@ import numpy as np
 __all__ = [
     "PhaseFailedError",
     "agree_process_phase",
+    "agreed_phase",
     "broadcast_json",
     "coordinated",
     "data_mesh",
@@ -154,6 +157,22 @@ def _agree(name: str, ok: bool | BaseException, value: int = 0) -> list[int]:
     if local_error is not None:
         raise error from local_error
     raise error
+
+
+@contextlib.contextmanager
+def agreed_phase(name: str) -> Iterator[None]:
+    """The block as phase `name` of every process: once it is over (or raised), every
+    process agrees on its outcome (`agree_process_phase`), so an error on one process
+    raises on all of them. In one process it is the block alone."""
+    if not is_multiprocess():
+        yield
+        return
+    try:
+        yield
+    except Exception as error:
+        agree_process_phase(name, error)
+        raise
+    agree_process_phase(name, True)
 
 
 def broadcast_json(value: Any) -> Any:
