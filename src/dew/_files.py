@@ -32,7 +32,7 @@ def _refusal(path: str | os.PathLike[str]) -> OSError:
     return OSError(
         errno.ELOOP,
         f"is a symbolic link{target}, and dew never writes through a link; remove the link "
-        "(nothing was written)",
+        "(nothing was written through it)",
         os.fspath(path),
     )
 
