@@ -383,21 +383,20 @@ def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _located(trainer: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
-    """A recorded trainer section with `checkpoint_dir` and `name` saying where `folder` is
-    now, so a run read back from a moved folder (or from another working directory)
-    resumes there rather than starting anew where it once was: the recorded name when the
-    folder's path ends with it, else the folder's own name. A URI `checkpoint_dir` (the
-    checkpoints live in a store, not in the folder) is kept."""
-    root, name = trainer.get("checkpoint_dir", "runs"), trainer.get("name")
-    if not isinstance(root, str) or is_uri(root):
+    """A recorded trainer section whose `checkpoint_dir` says where `folder` is now, when
+    the folder's path ends with the run's name: a run read back from a moved folder (or
+    from another working directory) then resumes there rather than starting anew where it
+    once was. Any other folder (a record copied elsewhere, a renamed folder), and a URI
+    `checkpoint_dir` (the checkpoints live in a store, not in the folder), keep the
+    recorded values."""
+    root, name = trainer.get("checkpoint_dir"), trainer.get("name")
+    if not isinstance(root, str) or is_uri(root) or not isinstance(name, str) or not name:
         return trainer
-    segments = tuple(name.split("/")) if isinstance(name, str) and name else ()
+    segments = tuple(name.split("/"))
     for candidate in (folder, pathlib.Path(os.path.abspath(folder))):
-        if segments and candidate.parts[-len(segments) :] == segments:
-            above = candidate.parents[len(segments) - 1]
-            return {**trainer, "checkpoint_dir": os.fspath(above), "name": name}
-    here = pathlib.Path(os.path.abspath(folder))
-    return {**trainer, "checkpoint_dir": os.fspath(here.parent), "name": here.name}
+        if candidate.parts[-len(segments) :] == segments:
+            return {**trainer, "checkpoint_dir": os.fspath(candidate.parents[len(segments) - 1])}
+    return trainer
 
 
 def _latest_total(folder: pathlib.Path) -> int | None:
