@@ -103,18 +103,30 @@ def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
     return saved
 
 
-def _check_same_run(
-    folder: pathlib.Path, record: RunRecord, checkpoints: str
-) -> tuple[dict[str, Any] | None, list[str]]:
+def _record(config: "RunConfig", paths: dict[str, str] | None = None) -> RunRecord:
+    """The run's record: one field per section, under the section's name, and the local
+    paths as given (`paths`)."""
+    return RunRecord(**config.to_dict(), paths=paths or {})
+
+
+class _AnotherRunError(ValueError):
+    """A run folder's run.json records another configuration: `differing` names the
+    sections that differ."""
+
+    def __init__(self, message: str, differing: list[str]) -> None:
+        super().__init__(message)
+        self.differing = differing
+
+
+def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] | None:
     """A run folder's existing run.json must describe the same run: the same configuration
     but for `trainer.steps` (the step budget is no part of a run's identity: a larger one
     extends the run) and where the folder is (`LOCATION`), local paths compared absolute.
-    Returns the saved record (`None`: a new run) and, for a run.json of another
-    configuration whose run never completed a step, the sections that differ (the run
-    starts over with `record`)."""
+    Returns the saved record (`None`: a new run); another configuration raises
+    `_AnotherRunError` naming the sections that differ."""
     path = folder / "run.json"
     if not path.exists():
-        return None, []
+        return None
     saved = _read_run_record(path)
     # A trainer field added since the record was written reads as its default there.
     defaults = {
@@ -127,16 +139,15 @@ def _check_same_run(
     before = comparable({field: saved.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     now = comparable({field: fresh.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     differing = [field for field in SECTIONS if before[field] != now[field]]
-    if not differing:
-        return saved, []
-    if _completed_a_step(folder, checkpoints):
-        raise ValueError(
+    if differing:
+        raise _AnotherRunError(
             f"{path} records another configuration (sections that differ: "
             f"{', '.join(differing)}), and a run's run.json is never overwritten once it has "
             "completed a step: give this run another trainer.name (or name=), or remove that "
-            "folder to start it over."
+            "folder to start it over.",
+            differing,
         )
-    return None, differing
+    return saved
 
 
 def _completed_a_step(folder: pathlib.Path, checkpoints: str) -> bool:
@@ -260,7 +271,7 @@ def train_run(
     config, given = absolute_paths(config)
     settings = config.trainer
     checkpoints, folder = run_folder(config, name)
-    record = RunRecord(**config.to_dict(), paths=given)
+    record = _record(config, given)
     seed = jax.random.key(settings.seed)
     with agreed_phase("checking the configuration"):  # before anything is written
         optimizer = config.optim.build(settings.steps)
@@ -327,10 +338,14 @@ def _claim(
     return the step-budget note (`_step_budget`)."""
     folder.mkdir(parents=True, exist_ok=True)
     held.enter_context(folder_lock(folder))
-    saved, differing = _check_same_run(folder, record, checkpoints)
+    try:
+        saved = _check_same_run(folder, record)
+    except _AnotherRunError as error:
+        if _completed_a_step(folder, checkpoints):
+            raise
+        _start_over(folder, error.differing, progress)  # its first attempt failed
+        saved = None
     budget = _step_budget(folder, checkpoints, saved, steps)
-    if differing:
-        _start_over(folder, differing, progress)
     if not is_uri(checkpoints):  # a file where a folder goes fails here, not in orbax's threads
         pathlib.Path(checkpoints).mkdir(parents=True, exist_ok=True)
     return budget
@@ -384,15 +399,17 @@ def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _located(trainer: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
     """A recorded trainer section whose `checkpoint_dir` says where `folder` is now, when
-    the folder's path ends with the run's name: a run read back from a moved folder (or
-    from another working directory) then resumes there rather than starting anew where it
-    once was. Any other folder (a record copied elsewhere, a renamed folder), and a URI
-    `checkpoint_dir` (the checkpoints live in a store, not in the folder), keep the
-    recorded values."""
+    the record points elsewhere and the folder's path ends with the run's name: a run read
+    back from a moved folder (or from another working directory) then resumes there rather
+    than starting anew where it once was. Any other folder (a record copied elsewhere, a
+    renamed folder), and a URI `checkpoint_dir` (the checkpoints live in a store, not in the
+    folder), keep the recorded values."""
     root, name = trainer.get("checkpoint_dir"), trainer.get("name")
     if not isinstance(root, str) or is_uri(root) or not isinstance(name, str) or not name:
         return trainer
     segments = tuple(name.split("/"))
+    if os.path.abspath(os.path.join(root, *segments)) == os.path.abspath(folder):
+        return trainer  # where the record says: as recorded
     for candidate in (folder, pathlib.Path(os.path.abspath(folder))):
         if candidate.parts[-len(segments) :] == segments:
             return {**trainer, "checkpoint_dir": os.fspath(candidate.parents[len(segments) - 1])}
