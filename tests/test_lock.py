@@ -10,11 +10,16 @@ import time
 
 import pytest
 
+import dew
 from dew._lock import LOCK_FILE, FolderLockedError, check_unlocked, folder_lock
 
 HOLDER = textwrap.dedent(
     """
-    import sys, time
+    import sys, time, types
+    # dew._lock and dew._files alone: the dew package's __init__ imports JAX (slow).
+    package = types.ModuleType("dew")
+    package.__path__ = [sys.argv[2]]
+    sys.modules["dew"] = package
     from dew._lock import folder_lock
     with folder_lock(sys.argv[1]):
         print("locked", flush=True)
@@ -48,7 +53,9 @@ def test_check_unlocked_creates_nothing(tmp_path):
 
 def test_a_killed_holder_s_lock_is_released(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, str(tmp_path), os.path.dirname(dew.__file__)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "locked"

@@ -39,9 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
-import numpy as np
 
+from dew._checks import _as_called
 from dew._domains import MODEL_DOMAIN, OBJECTIVE_DOMAIN, RUN_DOMAIN
 from dew._json import read_json
 from dew._lock import folder_lock
@@ -364,11 +363,8 @@ def _check_first_batch(objective: Objective, data: Dataset) -> None:
             close()
     if batch is None:
         return
-    as_called = jax.tree.map(
-        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf, batch
-    )
     try:
-        objective.check_batch(as_called)
+        objective.check_batch(_as_called(batch))  # the types the compiled step reads
     except KeyError as error:  # a batch without what the objective reads: the user's input
         text = str(error.args[0]) if error.args else repr(error)
         raise ValueError(
