@@ -384,3 +384,21 @@ def test_bad_input_is_one_line_before_any_process_starts(argv, message, capsys, 
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"dew {argv[0]}: ") and message in err
+
+
+def test_a_run_folder_in_use_is_one_line_before_any_process_starts(tmp_path, capsys, monkeypatch):
+    from dew._lock import folder_lock
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(_launch, "launch", no_launch)
+    folder = tmp_path / "quickstart"
+    folder.mkdir()
+    with folder_lock(folder):
+        assert main(["train", "--checkpoint-dir", str(tmp_path), "--processes", "2"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"dew train: {folder}: the run folder is in use by process {os.getpid()} (this "
+        "process), which holds its lock run.lock; wait for that run to end (or stop it), or "
+        "train under another trainer.name"
+    ]

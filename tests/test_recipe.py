@@ -1,6 +1,7 @@
 """RunConfig.train: the run folder, run.json never overwritten, resume, objectives, trackers."""
 
 import json
+import os
 import pathlib
 
 import jax
@@ -151,10 +152,24 @@ def test_checkpoints_at_a_uri_keep_tracking_local(tmp_path):
 
 @pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_each_sweep_trial_is_an_ordinary_run_with_its_own_record(tmp_path):
+    from dew._lock import FolderLockedError, check_unlocked
+
     config = _config(tmp_path, name="rate", eval_every=None, checkpoint_every=None)
+    holders = []
+
+    class LockProbe(InMemoryTracker):
+        """Asks, while the trial trains, who holds its run folder."""
+
+        def _log_metrics(self, values, *, step):
+            try:
+                check_unlocked(run_folder(self.run, self.run.trainer.name)[1])
+            except FolderLockedError as error:
+                holders.append(error.pid)
 
     def trial(run):
-        state = run.train(progress=False)
+        probe = LockProbe()
+        probe.run = run
+        state = run.train(progress=False, tracker=probe)
         return state.metric_history["lm/train/loss"][-1][1]
 
     trials = sweep(
@@ -173,6 +188,8 @@ def test_each_sweep_trial_is_an_ordinary_run_with_its_own_record(tmp_path):
         recorded = RunConfig.from_run_record(tmp_path / "rate" / f"trial-{index}")
         assert recorded.optim.learning_rate == rate
         assert recorded.trainer.name == f"rate/trial-{index}"
+    # Each trial's folder was locked by this process while it trained.
+    assert holders and set(holders) == {os.getpid()}
 
 
 def test_a_run_checkpointing_to_a_uri_tracks_locally_and_says_where(tmp_path, monkeypatch, capsys):
