@@ -210,6 +210,18 @@ def test_a_run_folder_of_another_configuration_fails_every_process(cluster):
         assert "records another configuration (sections that differ: optim)" in output
 
 
+def test_a_run_folder_another_run_holds_fails_every_process_in_one_line(cluster):
+    out, ((_, zero), (_, one)), ranks = cluster
+    assert [rank["locked"] for rank in ranks] == [2, 2]
+    folder = out / "runs" / "quickstart"
+    for output in (zero, one):
+        assert (
+            "dew train: checking the run folder failed on process 0 of 2: "
+            f"{folder}: the run folder is in use by process "
+        ) in output
+        assert "Traceback" not in output
+
+
 def test_a_failing_process_stops_the_run_and_is_named(tmp_path):
     # 17 tokens make two windows of 9, one held out: process 1's partition has no rows.
     tiny = ["--set", "data.kwargs.num_tokens=17", "--set", "data.kwargs.val_fraction=0.5"]
