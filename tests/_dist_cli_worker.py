@@ -3,6 +3,7 @@
 process of a cluster would run them. Run as `python WORKER RANK COUNT PORT OUT ARGS...`;
 each rank's exit statuses and the state its `Trainer.fit` returned go into OUT/rank<R>.json."""
 
+import contextlib
 import json
 import pathlib
 import sys
@@ -39,4 +40,10 @@ results["eval"] = main(["eval", str(root / "quickstart")])  # already joined: no
 # The same run name with another configuration: process zero's run.json check fails, and
 # every process raises it (process 1 reads no run.json).
 results["other_config"] = main(["train", *args, "--set", "optim.learning_rate=0.5"])
+# The run folder held by another run (on process zero, a second lock of this process's):
+# process zero's lock is refused, and every process raises it as the user's error.
+from dew._lock import folder_lock  # noqa: E402
+
+with folder_lock(root / "quickstart") if rank == 0 else contextlib.nullcontext():
+    results["locked"] = main(["train", *args])
 (out / f"rank{rank}.json").write_text(json.dumps(results))

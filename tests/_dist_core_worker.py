@@ -36,6 +36,10 @@ results["agree_value_error"] = outcome(
 results["agree_other_error"] = outcome(
     lambda: agree_process_phase("setup", RuntimeError("disk full") if rank == 0 else True)
 )
+in_use = BlockingIOError(11, "the run folder is in use by process 7", "runs/x")
+results["agree_os_error"] = outcome(
+    lambda: agree_process_phase("locking", in_use if rank == 0 else True)
+)
 results["agree_false_everywhere"] = outcome(lambda: agree_process_phase("both", False))
 results["broadcast"] = outcome(
     lambda: distributed.broadcast_json({"trial": 3, "rank": rank} if rank == 0 else None)

@@ -13,6 +13,7 @@ GROUND = (
     "_domains",
     "_nonfinite",
     "_json",
+    "_files",
     "_interrupts",
     "io",
     "_processes",

@@ -209,6 +209,8 @@ def test_a_refused_run_leaves_no_event_file_behind(tmp_path, capsys):
     from dew.config._recipe import _record
 
     (run / "run.json").write_text(_record(other).to_json())
+    # It completed a step (a run that never did starts over instead: decision 0031).
+    (run / "scalars.jsonl").write_text('{"step": 1, "values": {"tracked/train/loss": 1.0}}\n')
     assert main(["train", str(config), "--tracker", "tensorboard", "--quiet"]) == 2
     assert "records another configuration" in capsys.readouterr().err
     assert not (run / "tensorboard").exists()

@@ -142,8 +142,10 @@ def test_dew_train_processes_2_trains_one_run(trained):
         "params.json",
         "records.jsonl",
         "run.json",
+        "run.lock",  # process zero's, while the run trained
         "scalars.jsonl",
     ]
+    assert (folder / "run.lock").read_text() == ""  # released
     assert "[process 1]" not in err  # process 1 succeeded: its output is not shown
 
 
@@ -208,15 +210,51 @@ def test_a_run_folder_of_another_configuration_fails_every_process(cluster):
         assert "records another configuration (sections that differ: optim)" in output
 
 
+def test_a_run_folder_another_run_holds_fails_every_process_in_one_line(cluster):
+    out, ((_, zero), (_, one)), ranks = cluster
+    assert [rank["locked"] for rank in ranks] == [2, 2]
+    folder = out / "runs" / "quickstart"
+    for output in (zero, one):
+        assert (
+            "dew train: checking the run folder failed on process 0 of 2: "
+            f"{folder}: the run folder is in use by process "
+        ) in output
+        assert "Traceback" not in output
+
+
 def test_a_failing_process_stops_the_run_and_is_named(tmp_path):
     # 17 tokens make two windows of 9, one held out: process 1's partition has no rows.
     tiny = ["--set", "data.kwargs.num_tokens=17", "--set", "data.kwargs.val_fraction=0.5"]
     argv = ["train", "--processes", "2", "--steps", "2", "--checkpoint-dir", tmp_path, *SMALL]
     code, _, err = dew(*argv, *tiny, "--set", "trainer.batch_size=1", "--process-timeout", "120")
     assert code == 2, err
-    assert "failed (exit status 2)" in err
-    assert "stopped the other processes" in err
-    assert "1 training row(s) leave none for partition 1 of 2" in err
+    # Every process agreed on the error before anything was written; process zero's line
+    # names the failing process and says why, and the launcher adds nothing to it.
+    assert _lines(err) == [
+        "dew train: checking the configuration failed on process 1 of 2: token_windows: 1 "
+        "training row(s) leave none for partition 1 of 2."
+    ]
+    assert not (tmp_path / "quickstart" / "run.json").exists()
+
+
+def _lines(err):
+    """What the command printed on stderr, but for Gloo's own connection lines."""
+    return [line for line in err.splitlines() if not line.startswith("[Gloo]")]
+
+
+def test_a_tracker_that_cannot_open_is_one_line_from_every_process(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    store = f"sqlite:///{blocker}/mlflow.db"
+    argv = ["train", "--processes", "2", "--steps", "2", "--checkpoint-dir", tmp_path, *SMALL]
+    code, _, err = dew(*argv, "--tracker", "mlflow", "--mlflow-uri", store)
+    assert code == 2, err
+    (line,) = _lines(err)
+    assert line.startswith(
+        "dew train: opening the trackers failed on process 0 of 2: MLflow cannot open the "
+        f"store {store!r}: {blocker}"
+    ), err
+    assert "Traceback" not in err and "coordination" not in err
 
 
 def test_dew_sweep_processes_2_keeps_one_ledger(tmp_path):
@@ -316,3 +354,46 @@ def test_ctrl_c_stops_every_process_with_one_line(tmp_path):
         "dew train: interrupted; run the same command again to resume"
     ]
     assert _running_with(str(root)) == []
+
+
+def test_killing_the_launcher_takes_every_process_with_it(tmp_path):
+    root = tmp_path / "runs"
+    argv = ["train", "--processes", "2", "--steps", "100000", "--checkpoint-dir", root, *SMALL]
+    cadence = ["--set", "trainer.eval_every=100000", "--set", "trainer.checkpoint_every=20"]
+    command = [sys.executable, "-c", "import sys; from dew.cli import main; sys.exit(main())"]
+    launcher = subprocess.Popen(
+        [*command, *map(str, argv), *cadence],
+        env=worker_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    checkpoints = root / "quickstart" / "checkpoints"
+
+    def saved():
+        return sorted(path.name for path in checkpoints.iterdir() if path.name.isdigit())
+
+    try:
+        deadline = time.monotonic() + 180
+        while not (checkpoints.is_dir() and saved()) and time.monotonic() < deadline:
+            assert launcher.poll() is None, "the run ended by itself"
+            time.sleep(0.1)
+        assert saved(), "the run never saved its first checkpoint"
+        children = [pid for pid in _running_with(str(root)) if pid != launcher.pid]
+        assert len(children) == 2
+        launcher.send_signal(signal.SIGKILL)  # no handler of the launcher's runs
+        launcher.wait(timeout=30)
+        at_kill = saved()
+        deadline = time.monotonic() + 10
+        while _running_with(str(root)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _running_with(str(root)) == []  # both children are gone, within seconds
+        time.sleep(2)
+        assert saved() == at_kill  # and nothing was checkpointed after the kill
+    finally:
+        for pid in _running_with(str(root)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

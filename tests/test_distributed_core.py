@@ -45,6 +45,15 @@ def test_a_value_error_on_one_process_raises_the_same_value_error_everywhere(ran
     }
 
 
+def test_an_os_error_is_bad_input_too_and_names_its_path_first(ranks):
+    # A path, a file in the way, a folder another run holds: the user's, as a ValueError.
+    assert _same_everywhere(ranks, "agree_os_error") == {
+        "error": "ValueError",
+        "message": f"locking failed on process 0 of {len(ranks)}: runs/x: the run folder is in "
+        "use by process 7",
+    }
+
+
 def test_another_error_raises_phase_failed_everywhere(ranks):
     assert _same_everywhere(ranks, "agree_other_error") == {
         "error": "PhaseFailedError",

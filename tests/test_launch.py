@@ -37,6 +37,17 @@ CHILD = textwrap.dedent(
         if what == "fail":
             print("something broke", file=sys.stderr, flush=True)
             sys.exit(3)
+        if what == "user":  # a user's error: one line, exit status 2
+            print(f"dew test: bad input seen by process {index}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        if what == "watch":  # as `dew.cli.main` does in a launched process
+            import importlib.util  # dew._launch alone (the dew package imports JAX: slow)
+            spec = importlib.util.spec_from_file_location("launch", os.environ["LAUNCH_PY"])
+            launch = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(launch)
+            assert launch.watch_launcher() and "DEW_LAUNCHER_PIPE" not in os.environ
+            (out / f"{index}.watching").write_text("")
+            time.sleep(600)
         if what == "hang":
             time.sleep(600)
     except KeyboardInterrupt:
@@ -65,11 +76,16 @@ def _pids(tmp_path, count):
 
 
 def _gone(pid):
+    """Whether `pid` has exited (a zombie that its new parent has not reaped yet counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    return False
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # no /proc (macOS): alive as far as kill can tell
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def test_every_child_gets_the_run_s_address_count_and_its_index(tmp_path, capfd):
@@ -172,6 +188,59 @@ def test_sigterm_to_the_launcher_stops_every_child(tmp_path):
     assert code == 128 + signal.SIGTERM
     assert err.strip().splitlines() == ["dew train: stopped by SIGTERM; stopped every process"]
     assert all(_gone(pid) for pid in pids)
+
+
+def test_process_zero_s_user_error_is_the_one_line(tmp_path, capfd):
+    # Process zero exiting with status 2 has said why: nothing is added to its line.
+    for behaviours in (["user", "user"], ["user", "hang"]):
+        code, elapsed = _run(tmp_path, behaviours)
+        assert code == 2
+        assert elapsed < 30
+        err = capfd.readouterr().err
+        assert err.splitlines() == ["dew test: bad input seen by process 0"]
+        assert all(_gone(pid) for pid in _pids(tmp_path, 2))
+
+
+def test_children_die_with_a_killed_launcher(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("launch", {_launch.__file__!r})
+        launch = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(launch)
+        command = [sys.executable, "-c", {CHILD!r}, {str(tmp_path)!r}, "watch", "watch"]
+        sys.exit(launch.launch(command, 2, label="dew train"))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC), "LAUNCH_PY": _launch.__file__}
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    pids = []
+    try:
+        pids = _pids(tmp_path, 2)
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / f"{index}.watching").exists() for index in range(2)):
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        parent.send_signal(signal.SIGKILL)  # no handler runs: only the kernel closes its pipe
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_gone(pid) for pid in pids)
+    finally:
+        for pid in pids:  # never leave a child behind, even when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_without_a_launcher_pipe_nothing_is_watched():
+    assert not _launch.watch_launcher({})
+    assert not _launch.watch_launcher({_launch.LAUNCHER_PIPE_ENV: "not a number"})
+    with open(os.devnull) as file:  # a descriptor that is not a pipe
+        assert not _launch.watch_launcher({_launch.LAUNCHER_PIPE_ENV: str(file.fileno())})
 
 
 def test_launch_refuses_fewer_than_one_process():
@@ -315,3 +384,21 @@ def test_bad_input_is_one_line_before_any_process_starts(argv, message, capsys, 
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"dew {argv[0]}: ") and message in err
+
+
+def test_a_run_folder_in_use_is_one_line_before_any_process_starts(tmp_path, capsys, monkeypatch):
+    from dew._lock import folder_lock
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(_launch, "launch", no_launch)
+    folder = tmp_path / "quickstart"
+    folder.mkdir()
+    with folder_lock(folder):
+        assert main(["train", "--checkpoint-dir", str(tmp_path), "--processes", "2"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"dew train: {folder}: the run folder is in use by process {os.getpid()} (this "
+        "process), which holds its lock run.lock; wait for that run to end (or stop it), or "
+        "train under another trainer.name"
+    ]

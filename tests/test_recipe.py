@@ -1,6 +1,7 @@
 """RunConfig.train: the run folder, run.json never overwritten, resume, objectives, trackers."""
 
 import json
+import os
 import pathlib
 
 import jax
@@ -168,10 +169,24 @@ def test_checkpoints_at_a_uri_keep_tracking_local(tmp_path):
 
 @pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_each_sweep_trial_is_an_ordinary_run_with_its_own_record(tmp_path):
+    from dew._lock import FolderLockedError, check_unlocked
+
     config = _config(tmp_path, name="rate", eval_every=None, checkpoint_every=None)
+    holders = []
+
+    class LockProbe(InMemoryTracker):
+        """Asks, while the trial trains, who holds its run folder."""
+
+        def _log_metrics(self, values, *, step):
+            try:
+                check_unlocked(run_folder(self.run, self.run.trainer.name)[1])
+            except FolderLockedError as error:
+                holders.append(error.pid)
 
     def trial(run):
-        state = run.train(progress=False)
+        probe = LockProbe()
+        probe.run = run
+        state = run.train(progress=False, tracker=probe)
         return state.metric_history["lm/train/loss"][-1][1]
 
     trials = sweep(
@@ -190,6 +205,8 @@ def test_each_sweep_trial_is_an_ordinary_run_with_its_own_record(tmp_path):
         recorded = RunConfig.from_run_record(tmp_path / "rate" / f"trial-{index}")
         assert recorded.optim.learning_rate == rate
         assert recorded.trainer.name == f"rate/trial-{index}"
+    # Each trial's folder was locked by this process while it trained.
+    assert holders and set(holders) == {os.getpid()}
 
 
 @pytest.mark.parametrize("progress", [True, False])
@@ -226,3 +243,138 @@ def test_the_data_seq_len_reaches_only_objectives_that_name_it():
     dpo = ObjectiveConfig("dpo", {"beta": 0.1}).build(model, seq_len=8)  # **kwargs: not offered
     assert isinstance(dpo, DPOObjective)
     assert ObjectiveConfig("lm").build(model, seq_len=8).seq_len == 8
+
+
+def _fit_starts(folder):
+    return [
+        (record.start_step, record.steps)
+        for _, _, record in read_journal(folder).records
+        if record.type == "fit_started"
+    ]
+
+
+@pytest.mark.slow  # about 8 s; CI runs it with the slow tests
+def test_a_moved_run_folder_resumes_where_it_is_now(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    # Relative checkpoint_dir first, then the same folder by its absolute path.
+    _config("runs", steps=3, eval_every=None).train(progress=False)
+    state = _config(tmp_path / "runs", eval_every=None).train(progress=False)
+    assert int(state.step) == 6
+    assert _fit_starts(tmp_path / "runs" / "tiny") == [(0, 3), (3, 6)]
+    # Moved to another root: the run continues there, from its checkpoint.
+    shutil.move(tmp_path / "runs", tmp_path / "elsewhere")
+    moved = tmp_path / "elsewhere" / "tiny"
+    state = _config(tmp_path / "elsewhere", steps=9, eval_every=None).train(progress=False)
+    assert int(state.step) == 9
+    assert _fit_starts(moved)[-1] == (6, 9)
+    # Read back from the moved folder, from another working directory, the run is located
+    # where it is now, so training it again resumes it there.
+    monkeypatch.chdir(tmp_path.parent)
+    recorded = RunConfig.from_run_record(moved)
+    assert (recorded.trainer.checkpoint_dir, recorded.trainer.name) == (str(moved.parent), "tiny")
+    assert run_folder(recorded, "tiny")[1] == moved
+    assert int(override(recorded, {"trainer.steps": 12}).train(progress=False).step) == 12
+    assert _fit_starts(moved)[-1] == (9, 12)
+    # A truly different configuration is still refused.
+    with pytest.raises(ValueError, match=r"records another configuration .*: optim\)"):
+        override(recorded, {"optim.learning_rate": 0.5}).train(progress=False)
+
+
+def test_a_run_folder_another_holder_locks_is_refused_before_anything_is_written(tmp_path):
+    from dew._lock import FolderLockedError, folder_lock
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    with folder_lock(folder), pytest.raises(FolderLockedError, match="in use by process"):
+        _config(tmp_path).train(progress=False)
+    assert sorted(path.name for path in folder.iterdir()) == ["run.lock"]
+
+
+def test_what_can_be_checked_is_checked_before_anything_is_written(tmp_path):
+    typo = override(_config(tmp_path), {"optim.optimizer": "adamm"})
+    with pytest.raises(KeyError, match="no optimizer is registered as 'adamm'"):
+        typo.train(progress=False)
+    images = override(
+        _config(tmp_path), {"data": {"name": "shapes"}, "objective.kwargs.seq_len": 8}
+    )
+    with pytest.raises(ValueError, match=r"does not fit the 'lm' objective: .*batch\['text'\]"):
+        images.train(progress=False)
+    assert list(tmp_path.iterdir()) == []  # no run folder, no run.json, no journal
+
+
+class _FailingTracker(InMemoryTracker):
+    """A tracker whose store cannot be reached: it fails at the run's first report."""
+
+    def _log_artifact(self, name, value, *, step):
+        raise OSError("the tracking store is unreachable")
+
+
+@pytest.mark.slow  # about 5 s; CI runs it with the slow tests
+def test_a_run_that_never_completed_a_step_starts_over_with_another_configuration(tmp_path, capsys):
+    first = _config(tmp_path, eval_every=None)
+    with pytest.raises(OSError, match="unreachable"):
+        first.train(tracker=_FailingTracker(), progress=False)
+    folder = tmp_path / "tiny"
+    written = (folder / "run.json").read_text()  # the failed attempt recorded its config
+    corrected = override(first, {"optim.learning_rate": 0.003})
+    state = corrected.train(progress=True)
+    assert int(state.step) == 6
+    said = [line for line in capsys.readouterr().out.splitlines() if "starts over" in line]
+    assert said == [
+        f"{folder}: its run.json recorded another configuration (sections that differ: optim) "
+        "and the run never completed a step, so it starts over with this one (the old record "
+        "is now run.json.previous)"
+    ]
+    assert RunConfig.from_run_record(folder) == corrected
+    assert (folder / "run.json.previous").read_text() == written
+    journal = read_journal(folder)
+    assert journal.params["config/optim/learning_rate"] == 0.003
+    records = [record for _, _, record in journal.records if record.type == "run_record"]
+    assert [record.optim["learning_rate"] for record in records] == [0.01, 0.003]
+    # Once it has completed a step, its record is never replaced.
+    with pytest.raises(ValueError, match=r"records another configuration .*: optim\)"):
+        first.train(progress=False)
+    assert RunConfig.from_run_record(folder) == corrected
+
+
+@pytest.mark.slow  # about 6 s; CI runs it with the slow tests
+def test_relative_data_paths_are_recorded_absolute_and_read_from_anywhere(tmp_path, monkeypatch):
+    from dew.config import evaluate_run
+
+    project = tmp_path / "project"
+    project.mkdir()
+    tokens = np.random.default_rng(0).integers(0, 16, 4096).astype(np.int32)
+    np.save(project / "licenses.npy", tokens)
+    monkeypatch.chdir(project)
+    config = override(
+        _config("runs", eval_every=None),
+        {"data": {"name": "token_windows", "kwargs": {"seq_len": 8, "path": "licenses.npy"}}},
+    )
+    config.train(progress=False)
+    record = json.loads((project / "runs" / "tiny" / "run.json").read_text())
+    assert record["data"]["kwargs"]["path"] == str(project / "licenses.npy")
+    assert record["paths"] == {"data.kwargs.path": "licenses.npy"}  # as given, for display
+    # Another working directory: evaluation and a resume read the same file.
+    monkeypatch.chdir(tmp_path)
+    scores = evaluate_run(project / "runs" / "tiny", metrics=PERPLEXITY)
+    assert scores.step == 6 and np.isfinite(scores.scores["perplexity"])
+    recorded = RunConfig.from_run_record(project / "runs" / "tiny")
+    assert int(override(recorded, {"trainer.steps": 8}).train(progress=False).step) == 8
+    # The configuration as first written, from its own directory, is the same run.
+    monkeypatch.chdir(project)
+    assert int(override(config, {"trainer.steps": 10}).train(progress=False).step) == 10
+
+
+def test_a_link_where_the_journal_goes_is_refused_and_nothing_is_written_outside(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = tmp_path / "runs" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "scalars.jsonl").symlink_to(outside / "scalars.jsonl")
+    with pytest.raises(OSError, match="is a symbolic link") as caught:
+        _config(tmp_path / "runs").train(progress=False)
+    assert caught.value.filename == str(folder / "scalars.jsonl")
+    assert list(outside.iterdir()) == []
+    assert not (folder / "run.json").exists()

@@ -497,6 +497,29 @@ def test_a_ledger_for_another_base_configuration_is_refused(tmp_path):
     assert "sections that differ: trainer" in message
 
 
+def test_a_moved_sweep_folder_continues_where_it_is_now(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    space = {"optim.learning_rate": RATES}
+    here = override(config(), {"trainer.checkpoint_dir": "runs"})  # relative
+    sweep(here, space, train=Recorder(), trials=1, ledger="runs/exp/ledger.json")
+    shutil.move(tmp_path / "runs", tmp_path / "elsewhere")
+    # Moved, and named by its absolute path: where the sweep's folder is is no part of its
+    # base configuration, so the ledger is the same sweep's and its finished trial stands.
+    moved = override(config(), {"trainer.checkpoint_dir": str(tmp_path / "elsewhere")})
+    ledger = tmp_path / "elsewhere" / "exp" / "ledger.json"
+    rerun = Recorder()
+    trials = sweep(moved, space, train=rerun, trials=3, ledger=ledger, search=random_search)
+    assert rerun.names == ["exp/trial-1", "exp/trial-2"]
+    assert [trial.index for trial in trials] == [0, 1, 2]
+    assert rerun.runs[0].trainer.checkpoint_dir == str(tmp_path / "elsewhere")
+    # A truly different base configuration is still refused.
+    _refused(
+        tmp_path, ledger, "another base configuration", base=override(moved, {"trainer.seed": 1})
+    )
+
+
 def test_a_ledger_for_paths_in_another_order_is_refused(tmp_path):
     ledger = tmp_path / "l.json"
     space = {"optim.learning_rate": RATES, "trainer.steps": [5, 6]}

@@ -6,7 +6,14 @@ Each child runs the same command line with `JAX_COORDINATOR_ADDRESS` (a free por
 reads, and `LAUNCHED_ENV`, which tells it not to launch again. Process zero's output goes
 to the terminal; the others' is kept and shown, each line prefixed with the process index,
 only when that process fails. One failing child stops the others; Ctrl-C reaches every
-child; a deadline stops a run whose process hangs.
+child; a deadline stops a run whose process hangs. Process zero exiting with status 2 has
+said why on one line (a user's error, which every process agreed on): nothing is added.
+
+The children die with their launcher, however it ends (SIGKILL included): each holds the
+read end of a pipe whose only write end the launcher holds, and `watch_launcher` (which
+`dew.cli.main` starts in every launched process) kills the child's process group when the
+pipe reports end of file, which the operating system does when the launcher dies. This
+works wherever the launcher runs (Linux and macOS: POSIX process groups and sessions).
 """
 
 from __future__ import annotations
@@ -15,24 +22,29 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import IO
 
-__all__ = ["LAUNCHED_ENV", "launch", "child_command", "free_port"]
+__all__ = ["LAUNCHED_ENV", "LAUNCHER_PIPE_ENV", "launch", "child_command", "free_port"]
 
 LAUNCHED_ENV = "DEW_LAUNCHED_PROCESS"
 """Set in each child of `launch`: the child runs its part instead of launching, and leaves
 the one Ctrl-C line to the launcher."""
+LAUNCHER_PIPE_ENV = "DEW_LAUNCHER_PIPE"
+"""Set in each child of `launch`: the descriptor of the pipe whose end of file says that the
+launcher is gone (`watch_launcher`)."""
 
 SETTLE_SECONDS = 2.0  # after a failure, how long the others get to fail by themselves
 STRAGGLER_SECONDS = 120.0  # after one process ends well, how long the others get to end
 INTERRUPT_SECONDS = 10.0  # after Ctrl-C, how long the children get to stop by themselves
 SHOWN_LINES = 200  # the last lines of a failing process's output that are shown
+USER_ERROR = 2  # the exit status of a user's error, which the command prints on one line
 
 
 class _TerminatedError(Exception):
@@ -72,6 +84,35 @@ def free_port() -> int:
 def child_command(argv: Sequence[str]) -> list[str]:
     """The command line of a child running `dew ARGV` with this Python."""
     return [sys.executable, "-c", "import sys; from dew.cli import main; sys.exit(main())", *argv]
+
+
+def watch_launcher(environ: MutableMapping[str, str] | None = None) -> bool:
+    """In a launched child: watch the launcher's pipe (`LAUNCHER_PIPE_ENV`) in a daemon
+    thread, and kill this process's group (the child and anything it started) with
+    SIGKILL once the launcher is gone. The variable is removed from `environ` (default:
+    this process's environment), so a process this one starts does not watch it. Returns
+    whether a watch started (no variable, or a descriptor that is not a pipe: none)."""
+    environ = os.environ if environ is None else environ
+    text = environ.pop(LAUNCHER_PIPE_ENV, "")
+    if not text.isdigit():
+        return False
+    descriptor = int(text)
+    try:
+        if not stat.S_ISFIFO(os.fstat(descriptor).st_mode):
+            return False
+    except OSError:
+        return False
+
+    def watch() -> None:
+        try:
+            while os.read(descriptor, 1):  # the launcher never writes: only end of file
+                pass
+        except OSError:
+            return  # the descriptor was closed here: nothing to watch
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="dew-launcher-watch", daemon=True).start()
+    return True
 
 
 def _kill(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
@@ -139,9 +180,15 @@ def launch(
     processes: list[subprocess.Popen] = []
     logs: list[IO[bytes] | None] = []
     started = time.monotonic()
+    # The children watch the read end; the write end, which no child inherits, closes when
+    # this process ends, however it ends.
+    watched, alive = os.pipe()
     try:
         with _stopping_on_termination():
-            _start(command, count, base, processes, logs)
+            try:
+                _start(command, count, base, processes, logs, watched)
+            finally:
+                os.close(watched)
             return _watch(processes, logs, label, started, timeout, straggler)
     except KeyboardInterrupt:
         _interrupt(processes)
@@ -154,6 +201,7 @@ def launch(
         return 128 + stop.signum
     finally:
         _reap(processes)
+        os.close(alive)
         for log in logs:
             if log is not None:
                 log.close()
@@ -165,8 +213,10 @@ def _start(
     base: Mapping[str, str],
     processes: list[subprocess.Popen],
     logs: list[IO[bytes] | None],
+    watched: int,
 ) -> None:
-    """Start the children (appended as they start, so any started is stopped with them)."""
+    """Start the children (appended as they start, so any started is stopped with them),
+    each holding `watched`, the read end of the launcher's pipe."""
     address = f"127.0.0.1:{free_port()}"
     for index in range(count):
         child_env = {
@@ -175,6 +225,7 @@ def _start(
             "JAX_NUM_PROCESSES": str(count),
             "JAX_PROCESS_ID": str(index),
             LAUNCHED_ENV: "1",
+            LAUNCHER_PIPE_ENV: str(watched),
         }
         log = None if index == 0 else tempfile.TemporaryFile()  # noqa: SIM115 (closed by launch)
         logs.append(log)
@@ -186,6 +237,7 @@ def _start(
                 stdout=log,
                 stderr=None if log is None else subprocess.STDOUT,
                 start_new_session=True,  # its own group: killed whole, Ctrl-C forwarded
+                pass_fds=(watched,),
             )
         )
 
@@ -236,10 +288,14 @@ def _failed(
     first: int,
 ) -> int:
     """One process failed: give the others a moment to fail by themselves (an error every
-    process agreed on ends them all), stop the rest, and report."""
+    process agreed on ends them all), stop the rest, and report, unless process zero ended
+    with status 2: it has printed the user's error on one line, which says it all."""
     settle = time.monotonic() + SETTLE_SECONDS
     while time.monotonic() < settle and any(process.poll() is None for process in processes):
         time.sleep(0.05)
+    if processes[0].poll() == USER_ERROR:
+        _reap(processes)
+        return USER_ERROR
     codes = [process.poll() for process in processes]
     others = [index for index, code in enumerate(codes) if code not in (None, 0) and index != first]
     _reap(processes)

@@ -7,6 +7,7 @@ code pays nothing for it. Under `jax.distributed` (more than one process):
 - `agree_process_phase(name, ok)` gathers every process's outcome of a phase and raises
   the same error on all of them when any failed, so no process is left blocked in the
   next collective while another has raised.
+- `agreed_phase(name)` is a block whose outcome every process agrees on the same way.
 - `broadcast_json(value)` gives every process process zero's value (a decision only
   process zero can take: a sweep's next trial, whether a tracker previews).
 - `data_mesh()`, `global_batch(batch)` and `replicated(tree)` place data on the
@@ -19,8 +20,10 @@ code pays nothing for it. Under `jax.distributed` (more than one process):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -30,6 +33,7 @@ import numpy as np
 __all__ = [
     "PhaseFailedError",
     "agree_process_phase",
+    "agreed_phase",
     "broadcast_json",
     "coordinated",
     "data_mesh",
@@ -74,8 +78,19 @@ def _encode(text: str, size: int) -> bytes:
     return data
 
 
+def _names_a_path(error: BaseException | None) -> bool:
+    return isinstance(error, OSError) and error.filename is not None and bool(error.strerror)
+
+
+def _bad_input(error: BaseException | None) -> bool:
+    """A `ValueError`, or an `OSError` naming the path it is about: the user's to fix."""
+    return isinstance(error, ValueError) or _names_a_path(error)
+
+
 def _error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if not isinstance(error, ValueError) else str(error)
+    if isinstance(error, OSError) and _names_a_path(error):  # the path first, as dew's CLI
+        return f"{os.fsdecode(error.filename)}: {error.strerror}"
+    return str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
 
 
 def agree_process_phase(name: str, ok: bool | BaseException = True) -> None:
@@ -86,8 +101,9 @@ def agree_process_phase(name: str, ok: bool | BaseException = True) -> None:
     before the next collective (a gather, a compiled call over global arrays): `ok` is
     `True`, `False`, or the exception this process caught. When any process reports a
     failure, every process raises the same error, naming the phase, the failing process
-    and its message: a `ValueError` when the first failing process's error was one (bad
-    input), else `PhaseFailedError`. On the failing process the original error is the
+    and its message: a `ValueError` when the first failing process's error was bad input
+    (a `ValueError`, or an `OSError` naming its path: a file in the way, a link, a folder
+    another run holds), else `PhaseFailedError`. On the failing process the original error is the
     cause. In one process it raises `ok` itself when `ok` is an exception (a
     `PhaseFailedError` when it is `False`) and otherwise returns at once.
 
@@ -124,7 +140,7 @@ def _agree(name: str, ok: bool | BaseException, value: int = 0) -> list[int]:
     kind = _OK
     message = b""
     if failed:
-        kind = _VALUE_ERROR if isinstance(local_error, ValueError) else _OTHER_ERROR
+        kind = _VALUE_ERROR if _bad_input(local_error) else _OTHER_ERROR
         text = "failed" if local_error is None else _error_text(local_error)
         message = _encode(text, _MESSAGE_BYTES)
     name_bytes = _encode(name, _NAME_BYTES)
@@ -154,6 +170,22 @@ def _agree(name: str, ok: bool | BaseException, value: int = 0) -> list[int]:
     if local_error is not None:
         raise error from local_error
     raise error
+
+
+@contextlib.contextmanager
+def agreed_phase(name: str) -> Iterator[None]:
+    """The block as phase `name` of every process: once it is over (or raised), every
+    process agrees on its outcome (`agree_process_phase`), so an error on one process
+    raises on all of them. In one process it is the block alone."""
+    if not is_multiprocess():
+        yield
+        return
+    try:
+        yield
+    except Exception as error:
+        agree_process_phase(name, error)
+        raise
+    agree_process_phase(name, True)
 
 
 def broadcast_json(value: Any) -> Any:

@@ -65,8 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster flags and variables (`cluster_settings`) join this process to a multi-process
     run (`dew.distributed.initialize`) before any other JAX work.
     """
-    from dew._launch import LAUNCHED_ENV
+    from dew._launch import LAUNCHED_ENV, watch_launcher
 
+    if os.environ.get(LAUNCHED_ENV):  # a launched process dies with its launcher
+        watch_launcher()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
@@ -121,9 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _preflight(args: argparse.Namespace) -> int:
     """Before starting local processes, the checks of the user's input that need no JAX
-    (the config, the sweep's space, the run folder's run.json); 0 when they pass."""
+    (the config, the sweep's space, the run folder's run.json, that no other run holds the
+    run folder); 0 when they pass."""
     if args.command == "train":
-        _train_config(args)
+        from dew._lock import check_unlocked
+        from dew.config._recipe import run_folder
+
+        config = _train_config(args)
+        check_unlocked(run_folder(config, config.trainer.name)[1])
     elif args.command == "sweep":
         _sweep_inputs(args)
     else:

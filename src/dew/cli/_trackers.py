@@ -25,6 +25,7 @@ import pathlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from dew.cli._errors import _message
 from dew.tracking import Tracker
 from dew.tracking._base import AbstractRunTracker
 
@@ -112,10 +113,18 @@ def _store(args: argparse.Namespace, config: Any) -> str:
 def _build(name: str, args: argparse.Namespace, config: Any, folder: pathlib.Path) -> Any:
     run = config.trainer.name
     group = run.split("/")[0]  # a sweep's trials `<sweep>/trial-<i>` share the sweep's
+    # A tracker that cannot open is the user's to fix (a store's path, a missing driver, a
+    # login): a ValueError naming the tracker, which every process of a multi-process run
+    # agrees on (dew.config._recipe opens the trackers as one phase).
     if name == "tensorboard":
         from dew.tracking.tensorboard import TensorBoardTracker
 
-        return TensorBoardTracker(folder / TENSORBOARD_FOLDER)
+        logdir = folder / TENSORBOARD_FOLDER
+        try:
+            return TensorBoardTracker(logdir)
+        except OSError as error:
+            message = _message(error)
+            raise ValueError(f"TensorBoard cannot write in {str(logdir)!r}: {message}") from error
     if name == "mlflow":
         from mlflow.exceptions import MlflowException
 
@@ -124,17 +133,21 @@ def _build(name: str, args: argparse.Namespace, config: Any, folder: pathlib.Pat
         store = _store(args, config)
         try:
             return MLflowTracker(group, run, uri=store)
-        except MlflowException as error:  # a store MLflow cannot open is the user's to fix
+        except MlflowException as error:
             message = error.message.strip()
             raise ValueError(f"MLflow cannot open the store {store!r}: {message}") from error
+        except (OSError, ImportError) as error:  # a store's folder, a database's driver
+            raise ValueError(
+                f"MLflow cannot open the store {store!r}: {_message(error)}"
+            ) from error
     import wandb.errors
 
     from dew.tracking.wandb import WandbTracker
 
     try:
         return WandbTracker(group, run, offline=bool(args.wandb_offline), dir=folder)
-    except wandb.errors.Error as error:  # not logged in, a bad project name, ...
-        raise ValueError(f"W&B cannot start the run: {error}") from error
+    except (wandb.errors.Error, OSError) as error:  # not logged in, a bad project name, ...
+        raise ValueError(f"W&B cannot start the run: {_message(error)}") from error
 
 
 class _OnFirstReport(AbstractRunTracker):

@@ -109,9 +109,18 @@ class RunConfig:
         """Train this configuration as the run `name` (default `trainer.name`) and return
         the final `TrainState`: the recipe.
 
+        - Checks everything it can before anything is written: the optimizer, the
+          objective, the data, and the first training batch through the objective's
+          checks (data whose batches lack what the objective reads raises `ValueError`).
+        - Locks the run folder while it trains (`run.lock`, with this process's ID): a
+          second run of the same folder raises at once, naming the holder's PID.
         - Writes `<trainer.checkpoint_dir>/<name>/run.json` (a `RunRecord`: the resolved
-          configuration and the package versions) when the run first starts, and never
-          overwrites it; a folder whose run.json records another configuration raises.
+          configuration, local paths absolute, and the package versions) when the run
+          first starts, and never overwrites it once the run has completed a step; a
+          folder whose run.json records another configuration then raises. A run that
+          never completed a step starts over with the new configuration (its old record
+          kept as `run.json.previous`). Where the folder is (`trainer.checkpoint_dir`,
+          `trainer.name`) is no part of a run's identity: a moved folder resumes.
         - Checkpoints go to `<checkpoint_dir>/<name>/checkpoints` every
           `trainer.checkpoint_every` steps and at the end; starting the run again
           resumes from them. A `LocalTracker` writes its journals in the same folder.
@@ -145,7 +154,10 @@ class RunConfig:
         """The configuration a run folder's `run.json` records (`path`: the folder or
         the file): the resolved configuration the run trained, its `trainer.name` the
         run's name, and its `trainer.steps` the total of the run's latest fit (an extended
-        run's larger one, from the journal's `FitStarted`). A run.json written before the
+        run's larger one, from the journal's `FitStarted`), and its
+        `trainer.checkpoint_dir` where the folder is now when the recorded one points
+        elsewhere and the folder's path ends with the run's name (a moved run folder, or
+        one read from another directory, trains on in place). A run.json written before the
         `optimizer` section became `optim` reads the same. `load` does this for a folder or
         a `.json` file.
 

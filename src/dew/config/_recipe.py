@@ -2,8 +2,14 @@
 
 Layout of a run named `name` with `trainer.checkpoint_dir = root`:
 
-- `root/name/run.json`: the `RunRecord` (the resolved configuration and the package
-  versions), written when the run first starts and never overwritten;
+- `root/name/run.lock`: the lock the run holds while it trains (`dew._lock`), so a second
+  run of the same folder is refused, naming the holder's PID;
+- `root/name/run.json`: the `RunRecord` (the resolved configuration, local paths absolute,
+  and the package versions), written when the run first starts and never overwritten while
+  the run has completed a step: a run that never did (its first attempt failed) starts over
+  with another configuration, its old record kept as `run.json.previous` (decision 0031).
+  A run's identity is its configuration, not where its folder is: `trainer.checkpoint_dir`
+  and `trainer.name` are no part of the comparison (`dew.config._identity`);
 - `root/name/checkpoints/<step>/`: orbax checkpoints; a run started again resumes here,
   to its new `trainer.steps` when that is larger (the step budget is no part of a run's
   identity: a `step_budget` line in records.jsonl notes the change; decision 0020);
@@ -15,12 +21,18 @@ tracker writes under `runs/<name>` in the working directory; the recipe prints b
 `progress` says. `TrainerConfig` refuses a URI of another scheme before anything is written
 (decision 0030).
 
+Everything that can be checked is checked before anything is written: the optimizer, the
+objective, the data, and one training batch through the objective's host checks.
+
 Under `jax.distributed` every process trains (each reads its own `Partition`, so
 `trainer.batch_size` is the rows of one process's batch and the global batch is the process
-count times that); process zero alone checks and writes run.json, creates the folders and
-the trackers and prints, and the checkpoints are written by every process together.
+count times that); process zero alone locks the folder, checks and writes run.json, creates
+the folders and the trackers and prints, and the checkpoints are written by every process
+together. Each of those phases ends with every process agreeing on its outcome, so a failure
+on process zero (a tracker that cannot open) is one error on every process.
 """
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -31,12 +43,15 @@ from typing import TYPE_CHECKING, Any
 import equinox as eqx
 import jax
 
+from dew._checks import _as_called
 from dew._domains import MODEL_DOMAIN, OBJECTIVE_DOMAIN, RUN_DOMAIN
 from dew._json import read_json
-from dew._processes import agree_process_phase, is_multiprocess, is_process_zero
-from dew.checkpoints._location import checkpoint_location, is_remote
+from dew._lock import folder_lock
+from dew._processes import agreed_phase, is_process_zero
+from dew.checkpoints._location import checkpoint_location, is_remote, uri_scheme
+from dew.config._identity import LOCATION, absolute_paths, comparable
 from dew.config._sections import TrainerConfig
-from dew.data import Dataset
+from dew.data import Dataset, Partition
 from dew.metrics import Metric
 from dew.objectives.base import Objective
 from dew.steps import TrainState
@@ -64,8 +79,10 @@ def run_folder(config: "RunConfig", name: str) -> tuple[str, pathlib.Path]:
     return str(folder / "checkpoints"), folder
 
 
-def _record(config: "RunConfig") -> RunRecord:
-    return RunRecord(**config.to_dict())  # one field per section, under the section's name
+SECTIONS = ("model", "data", "optim", "trainer", "objective")
+PREVIOUS = ".previous"
+"""The suffix of the run.json (and params.json) a run that never completed a step started
+over from."""
 
 
 def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
@@ -84,10 +101,27 @@ def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
     return saved
 
 
+def _record(config: "RunConfig", paths: dict[str, str] | None = None) -> RunRecord:
+    """The run's record: one field per section, under the section's name, and the local
+    paths as given (`paths`)."""
+    return RunRecord(**config.to_dict(), paths=paths or {})
+
+
+class _AnotherRunError(ValueError):
+    """A run folder's run.json records another configuration: `differing` names the
+    sections that differ."""
+
+    def __init__(self, message: str, differing: list[str]) -> None:
+        super().__init__(message)
+        self.differing = differing
+
+
 def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] | None:
-    """A run folder's existing run.json must describe the same configuration, but for
-    `trainer.steps`: the step budget is no part of a run's identity (a larger one extends
-    the run). Returns the saved record (`None`: a new run)."""
+    """A run folder's existing run.json must describe the same run: the same configuration
+    but for `trainer.steps` (the step budget is no part of a run's identity: a larger one
+    extends the run) and where the folder is (`LOCATION`), local paths compared absolute.
+    Returns the saved record (`None`: a new run); another configuration raises
+    `_AnotherRunError` naming the sections that differ."""
     path = folder / "run.json"
     if not path.exists():
         return None
@@ -99,25 +133,52 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     if isinstance(saved.get("trainer"), dict):
         saved = {**saved, "trainer": {**defaults, **saved["trainer"]}}
     fresh = record.to_dict()
-
-    def identity(section: str, plain: dict[str, Any]) -> Any:
-        value = plain.get(section, {})
-        if section == "trainer" and isinstance(value, dict):
-            return {key: item for key, item in value.items() if key != "steps"}
-        return value
-
-    differing = [
-        field
-        for field in ("model", "data", "optim", "trainer", "objective")
-        if identity(field, saved) != identity(field, fresh)
-    ]
+    ignoring = (*LOCATION, "steps")
+    before = comparable({field: saved.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
+    now = comparable({field: fresh.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
+    differing = [field for field in SECTIONS if before[field] != now[field]]
     if differing:
-        raise ValueError(
+        raise _AnotherRunError(
             f"{path} records another configuration (sections that differ: "
-            f"{', '.join(differing)}), and a run's run.json is never overwritten: give this "
-            "run another trainer.name (or name=), or remove that folder to start it over."
+            f"{', '.join(differing)}), and a run's run.json is never overwritten once it has "
+            "completed a step: give this run another trainer.name (or name=), or remove that "
+            "folder to start it over.",
+            differing,
         )
     return saved
+
+
+def _completed_a_step(folder: pathlib.Path, checkpoints: str) -> bool:
+    """Whether the run in `folder` has completed a step: a checkpoint, or a training step in
+    its journal (an unreadable journal counts as one: nothing is started over on a guess)."""
+    from dew.checkpoints import _orbax
+    from dew.tracking import read_journal
+    from dew.tracking._journal import SCALARS
+
+    stored = is_remote(checkpoints) or pathlib.Path(checkpoints).is_dir()
+    if stored and _orbax().utils.checkpoint_steps(checkpoints):
+        return True
+    if not (folder / SCALARS).exists():
+        return False
+    try:
+        return any(read_journal(folder).scalars.values())
+    except (OSError, ValueError):
+        return True
+
+
+def _start_over(folder: pathlib.Path, differing: list[str], progress: bool) -> None:
+    """A run that never completed a step, asked for another configuration: its run.json and
+    params.json move aside (`*.previous`; records.jsonl keeps every record), so the new
+    configuration is recorded afresh."""
+    for name in ("run.json", "params.json"):
+        if (folder / name).exists():
+            os.replace(folder / name, folder / f"{name}{PREVIOUS}")
+    if progress:
+        print(
+            f"{folder}: its run.json recorded another configuration (sections that differ: "
+            f"{', '.join(differing)}) and the run never completed a step, so it starts over "
+            f"with this one (the old record is now run.json{PREVIOUS})"
+        )
 
 
 def _step_budget(
@@ -202,71 +263,118 @@ def train_run(
             "RunConfig.train needs a run name, which names its folder and its checkpoints: "
             "pass name=... or set trainer.name."
         )
-    # The record holds the resolved configuration: the name the run trains under included.
+    # The record holds the resolved configuration: the name the run trains under included,
+    # local paths absolute (run.json keeps them as given too, for display).
     config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, name=name))
+    config, given = absolute_paths(config)
     settings = config.trainer
     checkpoints, folder = run_folder(config, name)
-    record = _record(config)
-    writing = is_process_zero()  # the other processes of a multi-process run write nothing
-    budget = None
-    if writing:
-        try:
-            budget = _step_budget(
-                folder, checkpoints, _check_same_run(folder, record), settings.steps
-            )
-            # A file where a folder goes fails here, before training, not in orbax's threads.
-            for needed in (
-                folder,
-                *(() if is_remote(checkpoints) else (pathlib.Path(checkpoints),)),
-            ):
-                needed.mkdir(parents=True, exist_ok=True)
-        except Exception as error:
-            if is_multiprocess():
-                agree_process_phase("checking the run folder", error)
-            raise
-    if is_multiprocess():
-        agree_process_phase("checking the run folder", True)
+    record = _record(config, given)
     seed = jax.random.key(settings.seed)
-    built = build_objective(config, objective, jax.random.fold_in(seed, MODEL_DOMAIN))
-    if data is None:
-        data = config.data.build(batch_size=settings.batch_size, seed=settings.seed)
-    trainer = Trainer(
-        built,
-        config.optim.build(settings.steps),
-        key=jax.random.fold_in(seed, RUN_DOMAIN),
-        checkpoint_dir=checkpoints,
-        # the schedule the optimizer was built with, over this fit's total (decision 0020)
-        learning_rate=config.optim.learning_rate_schedule(settings.steps),
-    )
-    fit = functools.partial(
-        trainer.fit,
-        data,
-        settings.steps,
-        log_every=settings.log_every,
-        eval_every=settings.eval_every,
-        metrics=metrics,
-        checkpoint_every=settings.checkpoint_every,
-        preview=settings.preview if preview is None else preview,
-        progress=progress,
-        train_reduction=settings.train_reduction,
-        log_optimizer=settings.log_optimizer,
-    )
-    if not writing:  # no local tracker, run.json or journals here; `tracker` is the caller's
-        return fit(tracker=tracker)
-    if is_remote(checkpoints):  # said whatever `progress` is: the run's files are in two places
-        print(f"checkpoints at {checkpoints}; local tracking at {folder.absolute()}")
-    with LocalTracker(folder) as local:
-        reporting = local if tracker is None else Trackers(local, tracker)
-        reporting.log_artifact("run_record", record)  # the local one writes run.json if absent
-        if budget is not None:  # run.json keeps the first total; the journal, each change
-            reporting.log_artifact(STEP_BUDGET, budget, step=budget["from_step"])
-        reporting.log_params({"config": config.to_dict()})
+    with agreed_phase("checking the configuration"):  # before anything is written
+        optimizer = config.optim.build(settings.steps)
+        built = build_objective(config, objective, jax.random.fold_in(seed, MODEL_DOMAIN))
+        if data is None:
+            data = config.data.build(batch_size=settings.batch_size, seed=settings.seed)
+        _check_first_batch(built, data)
+    writing = is_process_zero()  # the other processes of a multi-process run write nothing
+    with contextlib.ExitStack() as held:
+        budget = None
+        with agreed_phase("checking the run folder"):
+            if writing:
+                budget = _claim(held, folder, checkpoints, record, settings.steps, progress)
+        trainer = Trainer(
+            built,
+            optimizer,
+            key=jax.random.fold_in(seed, RUN_DOMAIN),
+            checkpoint_dir=checkpoints if is_remote(checkpoints) else os.fspath(checkpoints),
+            # the schedule the optimizer was built with, over this fit's total (decision 0020)
+            learning_rate=config.optim.learning_rate_schedule(settings.steps),
+        )
+        fit = functools.partial(
+            trainer.fit,
+            data,
+            settings.steps,
+            log_every=settings.log_every,
+            eval_every=settings.eval_every,
+            metrics=metrics,
+            checkpoint_every=settings.checkpoint_every,
+            preview=settings.preview if preview is None else preview,
+            progress=progress,
+            train_reduction=settings.train_reduction,
+            log_optimizer=settings.log_optimizer,
+        )
+        if not writing:  # no local tracker, run.json or journals here; `tracker` is the caller's
+            with agreed_phase("opening the trackers"):
+                pass
+            return fit(tracker=tracker)
+        if is_remote(checkpoints):  # said whatever `progress` is: the files are in two places
+            print(f"checkpoints at {checkpoints}; local tracking at {folder.absolute()}")
+        # The trackers open at their first report, here: a tracker that cannot open fails
+        # every process at this phase, not process zero alone inside the fit's collectives.
+        with agreed_phase("opening the trackers"):
+            local = held.enter_context(LocalTracker(folder))
+            reporting = local if tracker is None else Trackers(local, tracker)
+            reporting.log_artifact("run_record", record)  # the local one writes run.json if absent
+            if budget is not None:  # run.json keeps the first total; the journal, each change
+                reporting.log_artifact(STEP_BUDGET, budget, step=budget["from_step"])
+            reporting.log_params({"config": config.to_dict()})
         return fit(tracker=reporting)
+
+
+def _claim(
+    held: contextlib.ExitStack,
+    folder: pathlib.Path,
+    checkpoints: str,
+    record: RunRecord,
+    steps: int,
+    progress: bool,
+) -> dict[str, int] | None:
+    """Process zero's part before the run trains: lock the run folder for as long as `held`
+    lasts (before anything else is written in it), check its run.json against `record`
+    (starting over a run that never completed a step), create the checkpoint folder, and
+    return the step-budget note (`_step_budget`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    held.enter_context(folder_lock(folder))
+    try:
+        saved = _check_same_run(folder, record)
+    except _AnotherRunError as error:
+        if _completed_a_step(folder, checkpoints):
+            raise
+        _start_over(folder, error.differing, progress)  # its first attempt failed
+        saved = None
+    budget = _step_budget(folder, checkpoints, saved, steps)
+    if not is_remote(checkpoints):  # a file where a folder goes fails here, not in orbax's threads
+        pathlib.Path(checkpoints).mkdir(parents=True, exist_ok=True)
+    return budget
+
+
+def _check_first_batch(objective: Objective, data: Dataset) -> None:
+    """The first training batch through the objective's host checks (`check_batch`): data
+    whose batches lack what the objective reads fails before anything is written (a
+    `ValueError` naming what is missing). A source with no batch is left to the fit."""
+    batches = iter(data.train(Partition.current()))
+    try:
+        batch = next(batches, None)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+    if batch is None:
+        return
+    try:
+        objective.check_batch(_as_called(batch))  # the types the compiled step reads
+    except KeyError as error:  # a batch without what the objective reads: the user's input
+        text = str(error.args[0]) if error.args else repr(error)
+        raise ValueError(
+            f"the data's first training batch does not fit the {objective.name!r} objective: {text}"
+        ) from error
 
 
 def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The configuration sections a run folder's run.json records, as
-    `RunConfig.from_dict` reads them (`path`: the folder or the file)."""
+    `RunConfig.from_dict` reads them (`path`: the folder or the file), located where the
+    folder is now (`_located`)."""
     path = pathlib.Path(path)
     if path.is_dir():
         path = path / "run.json"
@@ -279,7 +387,28 @@ def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
     total = _latest_total(path.parent)
     if total is not None and isinstance(plain["trainer"], dict):  # an extended run's total
         plain["trainer"] = {**plain["trainer"], "steps": total}
+    if isinstance(plain["trainer"], dict):
+        plain["trainer"] = _located(plain["trainer"], path.parent)
     return plain
+
+
+def _located(trainer: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
+    """A recorded trainer section whose `checkpoint_dir` says where `folder` is now, when
+    the record points elsewhere and the folder's path ends with the run's name: a run read
+    back from a moved folder (or from another working directory) then resumes there rather
+    than starting anew where it once was. Any other folder (a record copied elsewhere, a
+    renamed folder), and a URI `checkpoint_dir` (the checkpoints live in a store, not in the
+    folder), keep the recorded values."""
+    root, name = trainer.get("checkpoint_dir"), trainer.get("name")
+    if not isinstance(root, str) or uri_scheme(root) or not isinstance(name, str) or not name:
+        return trainer
+    segments = tuple(name.split("/"))
+    if os.path.abspath(os.path.join(root, *segments)) == os.path.abspath(folder):
+        return trainer  # where the record says: as recorded
+    for candidate in (folder, pathlib.Path(os.path.abspath(folder))):
+        if candidate.parts[-len(segments) :] == segments:
+            return {**trainer, "checkpoint_dir": os.fspath(candidate.parents[len(segments) - 1])}
+    return trainer
 
 
 def _latest_total(folder: pathlib.Path) -> int | None:

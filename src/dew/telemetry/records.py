@@ -152,7 +152,9 @@ def package_versions(
 class RunRecord(Record):
     """The resolved configuration of a run and the package versions it ran with: one field
     per `RunConfig` section, under the section's name (`optim`; records written before it
-    was renamed say `optimizer`, which `record_from_dict` still reads)."""
+    was renamed say `optimizer`, which `record_from_dict` still reads). The sections hold
+    local file paths absolute; `paths` keeps the relative ones as the configuration gave
+    them, by dotted path (`{"data.kwargs.path": "licenses.npy"}`), for display."""
 
     type: ClassVar[str] = "run_record"
     renamed: ClassVar[Mapping[str, str]] = {"optimizer": "optim"}
@@ -162,6 +164,7 @@ class RunRecord(Record):
     trainer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     packages: Mapping[str, str] = dataclasses.field(default_factory=package_versions)
     objective: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

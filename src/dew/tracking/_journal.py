@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dew import _json
+from dew._files import open_for_writing
 from dew.telemetry.records import Record, decode_json_value, record_from_dict
 
 __all__ = ["Journal", "append_line", "read_journal"]
@@ -120,7 +121,7 @@ def _reopen_journal(path: pathlib.Path) -> list[Any]:
         try:
             entries.append(_parse_line(path, len(lines) + 1, tail))
         except ValueError:
-            with path.open("rb+") as journal:
+            with open_for_writing(path, "r+b") as journal:
                 journal.truncate(path.stat().st_size - len(tail))
             warnings.warn(
                 f"{path} ended in a torn line (a crash mid-write?); cut it back to its last "
@@ -128,7 +129,7 @@ def _reopen_journal(path: pathlib.Path) -> list[Any]:
                 stacklevel=3,
             )
         else:
-            with path.open("ab") as journal:
+            with open_for_writing(path, "ab") as journal:
                 journal.write(b"\n")  # a whole line whose newline was never written
     if malformed:
         more = f" (and {len(malformed) - 1} more malformed lines)" if len(malformed) > 1 else ""

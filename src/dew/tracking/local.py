@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from dew import _json
+from dew._files import open_for_writing
 from dew.artifacts import Artifact
 from dew.naming import check_index, flatten_parameters, parse_metric_tag
 from dew.telemetry.records import (
@@ -103,13 +104,24 @@ class LocalTracker(AbstractRunTracker):
         self.path = pathlib.Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.plots = plots
-        scalars = _reopen_journal(self.path / SCALARS)
-        _reopen_journal(self.path / RECORDS)
-        self._params: dict[str, Any] = self._reopen_params()
+        # Opened first, never through a symbolic link (`dew._files`): a link in the folder
+        # is refused before anything is read or written through it.
+        self._scalars = open_for_writing(self.path / SCALARS, "a", encoding="utf-8")
+        try:
+            self._records = open_for_writing(self.path / RECORDS, "a", encoding="utf-8")
+        except BaseException:
+            self._scalars.close()
+            raise
+        try:
+            scalars = _reopen_journal(self.path / SCALARS)
+            _reopen_journal(self.path / RECORDS)
+            self._params: dict[str, Any] = self._reopen_params()
+        except BaseException:
+            self._scalars.close()
+            self._records.close()
+            raise
         self._last_step = max((entry["step"] for entry in scalars if entry["values"]), default=-1)
         self._tags: set[str] = set()  # tags already checked
-        self._scalars = (self.path / SCALARS).open("a", encoding="utf-8")
-        self._records = (self.path / RECORDS).open("a", encoding="utf-8")
 
     def _reopen_params(self) -> dict[str, Any]:
         target = self.path / PARAMS

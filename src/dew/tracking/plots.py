@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from dew._files import open_for_writing
 from dew.naming import parse_metric_tag
 from dew.tracking._journal import read_journal
 
@@ -110,6 +111,7 @@ def plot_journal(path: str | os.PathLike[str], *, run: str | None = None) -> lis
     written = []
     for metric, figure in figures.items():
         target = out / f"{_safe(metric)}.png"
-        figure.savefig(target)
+        with open_for_writing(target, "wb") as file:  # never through a symbolic link
+            figure.savefig(file, format="png")
         written.append(target)
     return written

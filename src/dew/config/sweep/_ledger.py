@@ -13,7 +13,9 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+from dew._files import open_descriptor
 from dew._json import write_atomic
+from dew.config._identity import comparable
 from dew.config.sweep._search import Trial
 from dew.config.sweep._space import _is_int, _is_real
 from dew.telemetry.records import decode_json_value, encode_json_value
@@ -67,7 +69,7 @@ class _Ledger:
     def __enter__(self) -> _Ledger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock = self.path.with_name(self.path.name + ".lock")
-        self.descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        self.descriptor = open_descriptor(lock, os.O_RDWR | os.O_CREAT)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -154,11 +156,11 @@ class _Ledger:
                 f"ledger {str(self.path)!r} was written by a sweep to {data['direction']!r} its "
                 f"score, but this sweep would {self.direction!r} it; use another ledger path."
             )
-        if data["config"] != self.config:
+        stored = data["config"] if isinstance(data["config"], dict) else {}
+        ours, theirs = comparable(self.config), comparable(stored)
+        if data["config"] != self.config and ours != theirs:  # not where the sweep's folder is
             sections = sorted(
-                section
-                for section in {*self.config, *(data["config"] or {})}
-                if (data["config"] or {}).get(section) != self.config.get(section)
+                section for section in {*ours, *theirs} if theirs.get(section) != ours.get(section)
             )
             raise ValueError(
                 f"ledger {str(self.path)!r} was written for another base configuration (sections "

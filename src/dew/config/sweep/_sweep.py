@@ -6,10 +6,11 @@ import contextlib
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from dew._processes import agree_process_phase, broadcast_json, is_multiprocess, is_process_zero
+from dew._processes import agreed_phase as _phase
+from dew._processes import broadcast_json, is_multiprocess, is_process_zero
 from dew.config import RunConfig, override
 from dew.config.sweep._ledger import _Ledger
 from dew.config.sweep._optuna import OptunaSearch
@@ -152,21 +153,6 @@ def sweep(
         if is_multiprocess():  # every process returns the same trials
             broadcast_json([_trial_json(trial) for trial in done])
         return done
-
-
-@contextlib.contextmanager
-def _phase(name: str) -> Iterator[None]:
-    """Under several processes: agree on the outcome of `name` once it is over, so an error
-    on one process raises on all of them (nothing at all in one process)."""
-    if not is_multiprocess():
-        yield
-        return
-    try:
-        yield
-    except Exception as error:
-        agree_process_phase(name, error)
-        raise
-    agree_process_phase(name, True)
 
 
 def _trial_json(trial: Trial) -> dict[str, Any]:
