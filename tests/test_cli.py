@@ -320,6 +320,25 @@ def _damaged_checkpoint(tmp_path):
     (tmp_path / "old" / "run.json").write_text(json.dumps(_record(record).to_dict()))
 
 
+def _run_json_with(section, key, value):
+    """A run folder `old` whose run.json holds `value` at `section.key`: a hand edit."""
+
+    def make(tmp_path):
+        record = RunConfig.from_toml((tmp_path / "run.toml").read_text())
+        from dew.config._recipe import _record
+
+        data = _record(record).to_dict()
+        data[section] = value if key is None else {**data[section], key: value}
+        (tmp_path / "old").mkdir()
+        (tmp_path / "old" / "run.json").write_text(json.dumps(data))
+
+    return make
+
+
+def _file(name, text):
+    return lambda tmp_path: (tmp_path / name).write_text(text)
+
+
 SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid", "--quiet"]
 
 
@@ -345,6 +364,11 @@ SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid",
             "IntUniform(low, high). (in run.toml)",
         ),
         (None, ["sweep", "run.toml", "afile", "--trials", "1"], "afile is not valid TOML"),
+        (
+            _file("deep.toml", "a = " + "[" * 100_000),
+            ["sweep", "run.toml", "deep.toml", "--trials", "1"],
+            "deep.toml is not valid TOML: it nests lists and mappings more than 100 deep",
+        ),
         (None, [*SWEEP, "--ledger", "adir"], "adir: Is a directory"),
         (None, [*SWEEP, "--ledger", "afile/ledger.json"], "afile: File exists (afile is a file"),
         (
@@ -357,6 +381,17 @@ SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid",
         (None, ["eval", "afile"], "no run.json at 'afile/run.json'"),
         (_run_json("{not json"), ["eval", "old"], "old/run.json is not valid run.json"),
         (_run_json("[1, 2]"), ["eval", "old"], "old/run.json holds a 'list' record"),
+        (_run_json("[" * 100_000), ["eval", "old"], "old/run.json is not valid run.json (a Run"),
+        (
+            _run_json_with("optim", "learning_rate", "x"),
+            ["eval", "old"],
+            "optim.learning_rate must be a finite number > 0, got 'x'. (in the run record old/",
+        ),
+        (
+            _run_json_with("trainer", None, [1, 2]),
+            ["eval", "old"],
+            "trainer must be a mapping (a TOML table), got [1, 2] of type list. (in the run rec",
+        ),
         (_damaged_checkpoint, ["eval", "old"], "restore the latest checkpoint under old/check"),
         (None, ["runs", "afile"], "no folder 'afile'"),
     ],
