@@ -32,6 +32,7 @@ from dew.config.sweep import (
     IndexedSearch,
     IntUniform,
     Search,
+    SearchRun,
     Trial,
     Uniform,
     grid_search,
@@ -219,6 +220,7 @@ def test_sweep_trains_one_named_run_per_point_and_returns_the_ledger(tmp_path):
         "search": "random(seed=0)",
         "config": config().to_dict(),
         "direction": "minimize",
+        "budget": 4,  # the largest trial budget a sweep of this ledger had
         "trials": [
             {"index": trial.index, "overrides": trial.overrides, "value": trial.value}
             for trial in trials
@@ -543,7 +545,127 @@ def test_a_ledger_with_malformed_trials_is_refused(tmp_path):
     _refused(tmp_path, ledger, "'trials' holds index 0 twice")
     data["trials"][1] = {"index": 1, "overrides": {"optim.learning_rate": 0.01}, "value": "low"}
     ledger.write_text(json.dumps(data))
-    _refused(tmp_path, ledger, r"trials\[1\] has value 'low'")
+    _refused(tmp_path, ledger, r"trials\[1\] \(trial 1\) has value 'low', not a number")
+
+
+def _edited(data, trial=None, **changes):
+    """The ledger `data` with `changes` at its top level and, for `trial`, in its first trial."""
+    data = json.loads(json.dumps(data))
+    if trial is not None:
+        data["trials"][0].update(trial)
+    return json.dumps({**data, **changes})
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (
+            {"trial": {"index": 10**30}},
+            r"trials\[0\] has trial index 1000000000000000000000000000000, not an integer in "
+            r"\[0, 2\), the trial budget",
+        ),
+        (
+            {"trial": {"overrides": {"optim.learning_rate": "x"}}},
+            r"trials\[0\] \(trial 0\) has optim.learning_rate = 'x', not one of the choices "
+            r"\[0.01, 0.003, 0.001\]",
+        ),
+        (
+            {"trial": {"overrides": {"optim.learning_rate": 0.5}}},
+            r"has optim.learning_rate = 0.5, not one of the choices",
+        ),
+        ({"trial": {"value": 10**400}}, r"\(trial 0\) has value 1000.*\.\.\., past a float"),
+        ({"trial": {"value": True}}, r"\(trial 0\) has value True, not a number"),
+        ({"trial": {"note": "mine"}}, r"trials\[0\] has \['index', 'note', 'overrides', 'valu"),
+        ({"notes": "mine"}, r"it has unknown keys \['notes'\]"),
+        ({"budget": "x"}, r"its budget is 'x', not an integer in \[1, 9223372036854775807\]"),
+        ({"config": [1]}, r"its config is \[1\], not a JSON object"),
+        ({"space": {"optim.learning_rate": {"kind": "choice"}}}, "its space path 'optim.lea"),
+        ({"running": [{"index": 1, "overrides": {"optim.learning_rate": 0.01}}]}, "finished in"),
+    ],
+)
+def test_a_hand_edited_ledger_is_refused_naming_the_file_the_trial_and_the_value(
+    tmp_path, edit, match
+):
+    ledger = tmp_path / "l.json"
+    sweep(config(), {"optim.learning_rate": RATES}, train=Recorder(), trials=2, ledger=ledger)
+    data = json.loads(ledger.read_text())
+    ledger.write_text(_edited(data, **edit))
+    message = _refused(tmp_path, ledger, f"is malformed: (.* )?{match}")
+    assert "\n" not in message
+
+
+def test_a_ledger_without_a_budget_still_bounds_its_indices(tmp_path):
+    ledger = tmp_path / "l.json"
+    space = {"optim.learning_rate": RATES}
+    sweep(config(), space, train=Recorder(), trials=2, ledger=ledger)
+    data = json.loads(ledger.read_text())
+    del data["budget"]  # as a ledger written before the budget was recorded
+    data["trials"][1]["index"] = 7
+    ledger.write_text(json.dumps(data))
+    rerun = Recorder()  # trial 1 is missing now: it trains; trial 7 is kept
+    trials = sweep(config(), space, train=rerun, trials=2, ledger=ledger)
+    assert [trial.index for trial in trials] == [0, 1, 7] and rerun.names == ["exp/trial-1"]
+    assert json.loads(ledger.read_text())["budget"] == 8  # what its trials tell
+    assert sweep(config(), space, train=rerun, trials=2, ledger=ledger) == trials
+    data["trials"][1]["index"] = 2**63 - 1
+    ledger.write_text(json.dumps(data))
+    _refused(
+        tmp_path, ledger, r"has trial index 9223372036854775807, not an integer in \[0, 2\*\*63"
+    )
+
+
+def test_a_budget_larger_once_keeps_its_trials_readable(tmp_path):
+    ledger = tmp_path / "l.json"
+    space = {"optim.learning_rate": Uniform(1e-4, 1e-1, log=True)}
+    sweep(config(), space, train=Recorder(), trials=4, ledger=ledger)
+    again = sweep(config(), space, train=Recorder(), trials=2, ledger=ledger)
+    assert [trial.index for trial in again] == [0, 1, 2, 3]
+    assert json.loads(ledger.read_text())["budget"] == 4
+
+
+@pytest.mark.parametrize(
+    ("proposal", "match"),
+    [
+        (
+            (5, {"optim.learning_rate": 0.01}),
+            r"for trial 5: the proposal has trial index 5, not an integer in \[0, 3\)",
+        ),
+        (
+            (0, {"optim.learning_rate": 0.5}),
+            r"for trial 0: the proposal \(trial 0\) has optim.learning_rate = 0.5, not one",
+        ),
+        (
+            (0, {"optim.lr": 0.01}),
+            r"sets the paths \['optim.lr'\], not the space's \['optim.learning_rate'\]",
+        ),
+    ],
+)
+def test_a_search_proposing_what_the_ledger_would_refuse_is_refused_first(
+    tmp_path, proposal, match
+):
+    class Run(SearchRun):
+        def ask(self, taken):
+            return None if taken else proposal
+
+    class Fixed(Search):
+        name = "fixed"
+
+        def start(self, space, *, trials, finished, running):
+            return Run()
+
+    ledger = tmp_path / "l.json"
+    train = Recorder()
+    with pytest.raises(ValueError, match=r"the search proposed .*" + match):
+        sweep(
+            config(),
+            {"optim.learning_rate": RATES},
+            train=train,
+            trials=3,
+            ledger=ledger,
+            search=Fixed(),
+        )
+    assert train.runs == []
+    assert json.loads(ledger.read_text())["running"] == []  # nothing it refuses was written
 
 
 def test_a_ledger_write_leaves_no_temporary_files(tmp_path):
