@@ -874,3 +874,22 @@ def test_a_damaged_file_reads_or_is_one_line_naming_it_never_another_error(
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     assert peak < 2**20
+
+
+@pytest.mark.parity  # torch writes the files it is compared with
+@pytest.mark.parametrize("form", FORMATS)
+def test_tied_and_expanded_tensors_torch_writes_read_as_torch_load_reads_them(form, tmp_path):
+    # The array budget refuses only what a file could not hold: torch's own tied weights
+    # (one storage under two names) and a small expanded (stride 0) tensor read back.
+    torch = pytest.importorskip("torch")
+    embedding = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))
+    tensors = {"embed": embedding, "head": embedding, "bias": torch.ones(1).expand(8)}
+    path = tmp_path / "tied.pth"
+    torch.save(tensors, path, _use_new_zipfile_serialization=FORMATS[form])
+    loaded = load_torch_state_dict(path)
+    expected = torch.load(path)
+    assert {k: _bits(v) for k, v in loaded.items()} == {
+        k: _torch_bits(v) for k, v in expected.items()
+    }
+    assert expected["head"].data_ptr() == expected["embed"].data_ptr()
+    assert loaded["head"] is loaded["embed"]

@@ -40,7 +40,7 @@ from dew.config.sweep import (
     random_search,
     sweep,
 )
-from dew.telemetry.records import TrialFinished
+from dew.telemetry.records import TrialFinished, encode_json_value
 from dew.tracking import InMemoryTracker, LocalTracker, read_journal
 
 WORKER = pathlib.Path(__file__).with_name("_sweep_worker.py")
@@ -175,6 +175,45 @@ def test_random_draws_lie_in_the_space(space, index, seed):
         else:
             assert isinstance(value, int)
             assert spec.low <= value <= spec.high
+
+
+@given(
+    space=st.dictionaries(st.sampled_from("abcdef"), fields(), min_size=1, max_size=4),
+    index=st.integers(0, 10**6),
+    value=st.floats(allow_nan=True),
+    seed=st.integers(0, 2**32),
+)
+def test_the_ledger_reads_back_every_entry_a_sweep_writes(space, index, value, seed):
+    # What a sweep writes (a random point of the space, encoded as the ledger holds it, any
+    # score) reads back equal, and the same entry with its stored space: the ledger's laws.
+    from dew.config.sweep._ledger import read_entry
+    from dew.config.sweep._space import _space_from_json, _space_json
+    from dew.config.sweep._sweep import _canonical
+
+    point = _canonical(random_search(seed=seed).point(space, index))
+    entry = json.loads(
+        json.dumps(encode_json_value({"index": index, "overrides": point, "value": value}))
+    )
+    stored = _space_from_json(json.loads(json.dumps(_space_json(space))))
+    for read_space in (space, stored):
+        trial = read_entry(entry, "trials[0]", space=read_space, budget=index + 1, finished=True)
+        assert trial.index == index and trial.overrides == point
+        assert trial.value == value or (math.isnan(value) and math.isnan(trial.value))
+    with pytest.raises(ValueError, match=rf"trials\[0\] has trial index {index}, not an"):
+        read_entry(entry, "trials[0]", space=space, budget=index, finished=True)
+
+
+def test_a_choice_is_compared_as_json_so_true_is_not_one():
+    from dew.config.sweep._ledger import read_entry
+
+    space = {"p": Choice((1, 2))}
+    for bad in (True, 1.0, "1"):
+        entry = {"index": 0, "overrides": {"p": bad}}
+        with pytest.raises(ValueError, match=rf"has p = {bad!r}, not one of the choices \[1, 2\]"):
+            read_entry(entry, "running[0]", space=space, budget=1, finished=False)
+    assert read_entry(
+        {"index": 0, "overrides": {"p": 2}}, "running[0]", space=space, budget=1, finished=False
+    ).overrides == {"p": 2}
 
 
 def test_random_search_configurations():
