@@ -86,3 +86,13 @@ def test_deep_toml_is_one_error_naming_the_file(tmp_path):
     (tmp_path / "latin.toml").write_bytes(b'a = "\xe9"\n')
     with pytest.raises(ValueError, match=r"latin\.toml is not valid TOML: it is not UTF-8"):
         read_toml(tmp_path / "latin.toml")
+
+
+def test_an_integer_past_pythons_digit_limit_is_one_error_naming_the_file(tmp_path):
+    json_path, toml_path = tmp_path / "big.json", tmp_path / "big.toml"
+    json_path.write_text("1" * 5000)
+    toml_path.write_text("a = " + "1" * 5000)
+    with pytest.raises(ValueError, match=r"big\.json is not valid run\.json: Exceeds the limit"):
+        read_json(json_path, "run.json")
+    with pytest.raises(ValueError, match=r"big\.toml is not valid TOML: Exceeds the limit"):
+        read_toml(toml_path)

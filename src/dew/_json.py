@@ -241,6 +241,8 @@ def loads(data: bytes | str, subject: str, what: str = "JSON") -> Any:
         raise ValueError(f"{where}{empty}: {error}.") from error
     except RecursionError:  # json's C scanner counts nesting against the recursion limit
         raise nesting_error(f"{where}: it") from None
+    except ValueError as error:  # an integer past Python's 4300 digits
+        raise ValueError(f"{where}: {error}.") from error
     return check_depth(value, f"{where}: it")
 
 

@@ -69,6 +69,8 @@ def loads_toml(text: str, where: str) -> dict[str, Any]:
         raise ValueError(f"{invalid}: {error}.") from error
     except RecursionError:  # tomllib parses nested arrays and inline tables recursively
         raise nesting_error(f"{invalid}: it") from None
+    except ValueError as error:  # an integer past Python's 4300 digits
+        raise ValueError(f"{invalid}: {error}.") from error
     return check_depth(values, f"{invalid}: it")
 
 
