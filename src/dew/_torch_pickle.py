@@ -241,23 +241,29 @@ class Unpickler(pickle.Unpickler):
 
 class Bounded:
     """A file read no further than `end`: a read asks for no more than what is left, so a
-    length a pickle declares never sizes a buffer past the file."""
+    length a pickle declares never sizes a buffer past the file. It counts its position
+    itself (the unpickler reads an opcode at a time); read the file only through it."""
 
     def __init__(self, file, end: int):
-        self._file, self._end = file, end
+        self._file, self._end, self._position = file, end, file.tell()
 
     def read(self, size: int = -1) -> bytes:
-        left = max(self._end - self._file.tell(), 0)
-        return self._file.read(left if size is None or size < 0 else min(size, left))
+        left = max(self._end - self._position, 0)
+        data = self._file.read(left if size is None or size < 0 else min(size, left))
+        self._position += len(data)
+        return data
 
     def readline(self) -> bytes:
-        return self._file.readline(max(self._end - self._file.tell(), 0))
+        data = self._file.readline(max(self._end - self._position, 0))
+        self._position += len(data)
+        return data
 
     def tell(self) -> int:
-        return self._file.tell()
+        return self._position
 
     def seek(self, position: int) -> int:
-        return self._file.seek(position)
+        self._position = self._file.seek(position)
+        return self._position
 
 
 def load_pickle(file, storages: dict[str, Storage] | None, *, scripted: bool = False) -> Any:
