@@ -343,10 +343,6 @@ def _run_json_with(section, key, value):
     return make
 
 
-def _file(name, text):
-    return lambda tmp_path: (tmp_path / name).write_text(text)
-
-
 def _hand_edited_ledger(tmp_path):
     """The ledger `dew sweep run.toml space.toml --search grid` keeps, one trial finished
     (by a stand-in for training), then its learning rate edited by hand to "x"."""
@@ -393,11 +389,6 @@ SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid",
             "IntUniform(low, high). (in run.toml)",
         ),
         (None, ["sweep", "run.toml", "afile", "--trials", "1"], "afile is not valid TOML"),
-        (
-            _file("deep.toml", "a = " + "[" * 100_000),
-            ["sweep", "run.toml", "deep.toml", "--trials", "1"],
-            "deep.toml is not valid TOML: it nests lists and mappings more than 100 deep",
-        ),
         (None, [*SWEEP, "--ledger", "adir"], "adir: Is a directory"),
         (None, [*SWEEP, "--ledger", "afile/ledger.json"], "afile: File exists (afile is a file"),
         (
@@ -420,11 +411,6 @@ SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid",
             _run_json_with("optim", "learning_rate", "x"),
             ["eval", "old"],
             "optim.learning_rate must be a finite number > 0, got 'x'. (in the run record old/",
-        ),
-        (
-            _run_json_with("trainer", None, [1, 2]),
-            ["eval", "old"],
-            "trainer must be a mapping (a TOML table), got [1, 2] of type list. (in the run rec",
         ),
         (_damaged_checkpoint, ["eval", "old"], "restore the latest checkpoint under old/check"),
         (None, ["runs", "afile"], "no folder 'afile'"),
