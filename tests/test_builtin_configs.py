@@ -264,8 +264,10 @@ def test_trainer_preview_is_a_bool_that_round_trips(dew_checks_only, tmp_path):
         TrainerConfig(preview=0)
     path = tmp_path / "bad.toml"
     path.write_text(config.to_toml().replace("preview = true", 'preview = "yes"'))
-    with pytest.raises(TypeError, match=r"trainer\.preview must be true or false, got 'yes'"):
+    # A wrong type read from a file is the file's problem: a ValueError naming it.
+    with pytest.raises(ValueError, match=r"trainer\.preview must be true or false, got 'yes'") as e:
         RunConfig.load(path)
+    assert e.value.__notes__ == [f"(in the run config {path})"]
 
 
 def _tiny_run(root, **trainer):

@@ -189,6 +189,14 @@ def test_two_dew_sweep_workers_share_one_optuna_study(tmp_path):
         ),
         (["train", "--set", "trainer.steps=0"], "trainer.steps must be an integer >= 1, got 0"),
         (["train", "--set", "oops"], "--set takes PATH=VALUE, got 'oops'"),
+        (
+            ["train", "--set", "model.kwargs.sizes=" + "[" * 100_000],
+            "--set model.kwargs.sizes is not valid TOML: it nests lists and mappings more than",
+        ),
+        (
+            ["train", "--set", "model.kwargs.vocab_size=" + "[" * 95 + "]" * 95],
+            "model.kwargs nests lists and mappings more than 90 deep; dew writes values at most",
+        ),
         (["eval", "nowhere"], "no run.json at"),
         (["runs", "nowhere"], "no folder 'nowhere'"),
     ],
@@ -320,6 +328,42 @@ def _damaged_checkpoint(tmp_path):
     (tmp_path / "old" / "run.json").write_text(json.dumps(_record(record).to_dict()))
 
 
+def _run_json_with(section, key, value):
+    """A run folder `old` whose run.json holds `value` at `section.key`: a hand edit."""
+
+    def make(tmp_path):
+        record = RunConfig.from_toml((tmp_path / "run.toml").read_text())
+        from dew.config._recipe import _record
+
+        data = _record(record).to_dict()
+        data[section] = value if key is None else {**data[section], key: value}
+        (tmp_path / "old").mkdir()
+        (tmp_path / "old" / "run.json").write_text(json.dumps(data))
+
+    return make
+
+
+def _hand_edited_ledger(tmp_path):
+    """The ledger `dew sweep run.toml space.toml --search grid` keeps, one trial finished
+    (by a stand-in for training), then its learning rate edited by hand to "x"."""
+    from dew.cli import _space
+    from dew.config.sweep import grid_search, sweep
+
+    config = RunConfig.load(tmp_path / "run.toml")
+    ledger = tmp_path / "runs" / "tiny" / "ledger.json"
+    sweep(
+        config,
+        _space(str(tmp_path / "space.toml")),
+        train=lambda run: 0.5,
+        trials=1,
+        ledger=ledger,
+        search=grid_search,
+    )
+    data = json.loads(ledger.read_text())
+    data["trials"][0]["overrides"]["optim.learning_rate"] = "x"
+    ledger.write_text(json.dumps(data))
+
+
 SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid", "--quiet"]
 
 
@@ -353,10 +397,21 @@ SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid",
             "lock/l.json.lock: Is a directory",
         ),
         (_run_folder_holds("sweep", "file"), SWEEP, "runs/tiny/sweep is a file, not a folder"),
+        (
+            _hand_edited_ledger,
+            SWEEP,
+            "ledger.json' is malformed: trials[0] (trial 0) has optim.learning_rate = 'x', not",
+        ),
         # dew eval and dew runs: the run folder, its record and its checkpoints
         (None, ["eval", "afile"], "no run.json at 'afile/run.json'"),
         (_run_json("{not json"), ["eval", "old"], "old/run.json is not valid run.json"),
         (_run_json("[1, 2]"), ["eval", "old"], "old/run.json holds a 'list' record"),
+        (_run_json("[" * 100_000), ["eval", "old"], "old/run.json is not valid run.json (a Run"),
+        (
+            _run_json_with("optim", "learning_rate", "x"),
+            ["eval", "old"],
+            "optim.learning_rate must be a finite number > 0, got 'x'. (in the run record old/",
+        ),
         (_damaged_checkpoint, ["eval", "old"], "restore the latest checkpoint under old/check"),
         (None, ["runs", "afile"], "no folder 'afile'"),
     ],

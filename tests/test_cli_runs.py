@@ -98,7 +98,9 @@ def test_a_sweep_row_shows_its_best_trial_and_point(swept, capsys):
 def test_a_maximized_sweeps_best_is_its_highest_trial(tmp_path, capsys):
     folder = tmp_path / "runs" / "s"
     (folder).mkdir(parents=True)
-    ledger = {"version": 1, "space": {}, "search": "grid", "config": {}, "trials": []}
+    rates = {"kind": "choice", "values": [1.0, 0.1, 0.01, 0.001]}
+    space = {"optim.learning_rate": rates}
+    ledger = {"version": 1, "space": space, "search": "grid", "config": {}, "trials": []}
     (folder / "ledger.json").write_text(json.dumps({**ledger, "direction": "maximize"}))
     with LocalTracker(folder / "sweep") as tracker:
         for index, value in enumerate([0.5, 0.9, math.nan, 0.7]):
@@ -115,6 +117,42 @@ def test_a_maximized_sweeps_best_is_its_highest_trial(tmp_path, capsys):
     }
     (folder / "ledger.json").write_text(json.dumps({**ledger, "direction": "minimize"}))
     assert _listed(capsys, tmp_path)[0]["best_trial"]["index"] == 0
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (
+            {"trials": [{"index": 10**30, "overrides": {"optim.learning_rate": 0.1}, "value": 1}]},
+            "trials[0] has trial index 1000000000000000000000000000000, not an integer in [0, 4)",
+        ),
+        (
+            {"trials": [{"index": 1, "overrides": {"optim.learning_rate": "x"}, "value": 1}]},
+            "trials[0] (trial 1) has optim.learning_rate = 'x', not one of the choices [1.0,",
+        ),
+        ({"direction": "upward"}, "its direction is 'upward', not 'minimize' or 'maximize'"),
+        ({"notes": "mine"}, "it has unknown keys ['notes']"),
+        ({"budget": 0}, "its budget is 0, not an integer in [1, 9223372036854775807]"),
+    ],
+)
+def test_a_hand_edited_ledger_makes_its_sweep_unreadable_naming_it(tmp_path, capsys, edit, named):
+    folder = tmp_path / "runs" / "s"
+    folder.mkdir(parents=True)
+    space = {"optim.learning_rate": {"kind": "choice", "values": [1.0, 0.1, 0.01, 0.001]}}
+    ledger = {"version": 1, "space": space, "search": "grid", "config": {}, "budget": 4}
+    (folder / "ledger.json").write_text(json.dumps({**ledger, "trials": [], **edit}))
+    with LocalTracker(folder / "sweep") as tracker:
+        tracker.log_metrics({"sweep/validation/value": 0.5}, step=0)
+        point = {"optim.learning_rate": 1.0}
+        tracker.log_artifact("trial_finished", TrialFinished(0, point, 0.5), step=0)
+    assert main(["runs", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[1].split()[:2] == ["runs/s/sweep", "unreadable"]
+    (line,) = captured.err.splitlines()
+    assert line.startswith(
+        f"dew runs: runs/s/sweep: ledger '{folder / 'ledger.json'}' is malformed"
+    )
+    assert named in line
 
 
 @pytest.mark.slow

@@ -263,6 +263,45 @@ steps = 20
     assert config.trainer == TrainerConfig(steps=20)
 
 
+@pytest.mark.parametrize(
+    ("section", "value", "message"),
+    [
+        (
+            "optim",
+            {"learning_rate": "x"},
+            "optim.learning_rate must be a finite number > 0, got 'x'",
+        ),
+        ("trainer", [1, 2], "trainer must be a mapping (a TOML table), got [1, 2] of type list"),
+        ("model", {"name": "m", "kwargs": [1]}, "model.kwargs must be a mapping of keyword"),
+        ("model", {"name": 3}, "model.name must be a non-empty string, got 3"),
+        ("trainer", {"steps": "10"}, "trainer.steps must be an integer >= 1, got '10'"),
+        ("model", None, "run.json is not a whole run_record: it lacks model"),
+    ],
+)
+def test_a_hand_edited_run_json_is_a_value_error_naming_the_file_and_the_field(
+    dew_checks_only, tmp_path, section, value, message
+):
+    from dew.telemetry.records import FitStarted, RunRecord
+    from dew.tracking import LocalTracker
+
+    config = RunConfig(ModelConfig("m"), DataConfig("d"), trainer=TrainerConfig(name="r"))
+    data = json.loads(RunRecord(**config.to_dict()).to_json())
+    if value is None:
+        del data[section]
+    else:
+        data[section] = {**data[section], **value} if isinstance(value, dict) else value
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    # The journal's step total (an extended run's) must not hide a bad run.json.
+    with LocalTracker(tmp_path) as tracker:
+        tracker.log_artifact("fit_started", FitStarted(stage="lm", start_step=0, steps=20))
+    with pytest.raises(ValueError, match=re.escape(message.split("(")[0])) as caught:
+        RunConfig.from_run_record(tmp_path)
+    shown = " ".join([str(caught.value), *getattr(caught.value, "__notes__", [])])
+    assert message in shown
+    assert str(path) in shown
+
+
 def test_loading_a_bad_toml_file_names_the_file_and_the_field(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[model]\nname = "m"\n[data]\nname = "d"\n[trainer]\nsteps = 0\n')

@@ -1,10 +1,16 @@
 """dew.io: PyTorch and safetensors weight files read into NumPy without torch."""
 
+import functools
 import hashlib
 import json
 import os
+import pathlib
 import pickle
 import struct
+import subprocess
+import sys
+import tempfile
+import tracemalloc
 import zipfile
 
 import hypothesis.extra.numpy as hnp
@@ -394,5 +400,496 @@ def test_a_storage_claiming_more_elements_than_the_file_holds_is_refused(tmp_pat
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("greedy/data.pkl", body)
         z.writestr("greedy/data/0", np.zeros(6, np.float32).tobytes())
-    with pytest.raises(ValueError, match=r"greedy\.pth.*shorter than its 2147483647 elements"):
+    with pytest.raises(ValueError, match=r"greedy\.pth.*declares 2,147,483,647 float32 elem"):
         load_torch_state_dict(path)
+
+
+# -- hostile files: every storage's size and every view's bounds checked against the file ------
+#
+# Each file is built here from PyTorch's formats, opcode by opcode, so that it asks for what
+# torch never writes. Every one is refused in one line naming the file, the format and the
+# tensor, before anything near what it asks for is allocated.
+
+
+def _op_int(value: int) -> bytes:
+    """A pickle's opcodes pushing the int `value` (BININT1/BININT2/BININT or LONG1)."""
+    return pickle.dumps(value, protocol=2)[2:-1]
+
+
+def _op_str(text: str) -> bytes:
+    data = text.encode()
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def _op_ints(values) -> bytes:
+    return b"(" + b"".join(_op_int(value) for value in values) + b"t"
+
+
+def _op_tensor(key, numel, size, stride, offset=0, storage=b"FloatStorage", view=b"") -> bytes:
+    """`torch._utils._rebuild_tensor_v2(<storage key: numel elements>, offset, size, stride,
+    False, {})`, the storage as its persistent id (a view: `view`, a tuple's opcodes)."""
+    pid = b"(" + _op_str("storage") + b"ctorch\n" + storage + b"\n" + _op_str(key)
+    pid += _op_str("cpu") + _op_int(numel) + view + b"tQ"
+    arguments = pid + _op_int(offset) + _op_ints(size) + _op_ints(stride) + b"\x89}"
+    return b"ctorch._utils\n_rebuild_tensor_v2\n(" + arguments + b"tR"
+
+
+def _op_state_dict(tensors: dict[str, bytes]) -> bytes:
+    """A protocol-2 pickle of a dict from name to the tensor opcodes given."""
+    items = b"".join(_op_str(name) + tensor for name, tensor in tensors.items())
+    return b"\x80\x02}(" + items + b"u."
+
+
+def _zip_pth(path, body: bytes, records: dict[str, bytes], compression=zipfile.ZIP_STORED):
+    """A torch zip archive (what torch >= 1.6 writes) holding the pickle `body`."""
+    name = path.stem
+    with zipfile.ZipFile(path, "w", compression=compression) as archive:
+        archive.writestr(f"{name}/data.pkl", body)
+        archive.writestr(f"{name}/byteorder", "little")
+        for key, data in records.items():
+            archive.writestr(f"{name}/data/{key}", data)
+        archive.writestr(f"{name}/version", "3\n")
+    return path
+
+
+def _legacy_pth(path, body: bytes, storages: dict[str, bytes], itemsize=4):
+    """A legacy torch pickle stream (torch < 1.6) holding the pickle `body`, then each
+    storage's element count and bytes."""
+    headers = (0x1950A86A20F9469CFC6C, 1001, {"little_endian": True})
+    data = b"".join(pickle.dumps(value, protocol=2) for value in headers) + body
+    data += pickle.dumps(list(storages), protocol=2)
+    for raw in storages.values():
+        data += struct.pack("<q", len(raw) // itemsize) + raw
+    path.write_bytes(data)
+    return path
+
+
+def _refused(path, *phrases, form=None) -> str:
+    """The one line `load_torch_state_dict` refuses `path` with (it names the file, the
+    format read and every phrase), checked to come before any allocation near what the
+    file asks for: the peak NumPy and Python allocate meanwhile (tracemalloc) stays under
+    1 MiB past the objects unpickling the file takes (32 bytes for each byte at most)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="Cannot read weights file") as caught:
+            load_torch_state_dict(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"Cannot read weights file {str(path)!r}")
+    if form is not None:
+        assert f"{str(path)!r} as {form}: " in message
+    for phrase in phrases:
+        assert phrase in message
+    # What unpickling a pickle takes (its objects: tens of bytes each) is not what it asks.
+    assert peak < 32 * path.stat().st_size + 2**20, f"{peak:,} bytes allocated: {message}"
+    return message
+
+
+def test_the_hand_built_files_read_as_torch_writes_them(tmp_path):
+    # The builders are right: valid files read back as the arrays they hold.
+    data = np.arange(12, dtype=np.float32)
+    body = _op_state_dict(
+        {
+            "w": _op_tensor("0", 12, (3, 4), (4, 1)),
+            "t": _op_tensor("0", 12, (4, 3), (1, 4)),
+            "tied": _op_tensor("0", 12, (3, 4), (4, 1)),
+            "tail": _op_tensor("0", 12, (2,), (1,), offset=10),
+            "wide": _op_tensor("0", 12, (1, 2), (10**30, 1), offset=5),  # size 1: any stride
+        }
+    )
+    expected = {
+        "w": data.reshape(3, 4),
+        "t": data.reshape(3, 4).T,
+        "tied": data.reshape(3, 4),
+        "tail": data[10:],
+        "wide": data[5:7].reshape(1, 2),
+    }
+    for path in (
+        _zip_pth(tmp_path / "hand.pth", body, {"0": data.tobytes()}),
+        _zip_pth(tmp_path / "packed.pth", body, {"0": data.tobytes()}, zipfile.ZIP_DEFLATED),
+        _legacy_pth(tmp_path / "legacy.pth", body, {"0": data.tobytes()}),
+    ):
+        loaded = load_torch_state_dict(path)
+        assert {k: _bits(v) for k, v in loaded.items()} == {
+            k: _bits(np.ascontiguousarray(v)) for k, v in expected.items()
+        }
+        assert loaded["tied"] is loaded["w"]  # tied weights stay one array, as in torch
+        assert loaded["t"] is not loaded["w"]
+
+
+FORMS = {"zip": (_zip_pth, "a torch zip archive"), "legacy": (_legacy_pth, "a legacy torch pickle")}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_411_byte_file_asking_for_256_mib_is_refused_without_allocating_it(tmp_path, form):
+    # One float, read as 2**26 of them through a stride of 0: a 256 MiB copy.
+    write, name = FORMS[form]
+    body = _op_state_dict({"w": _op_tensor("0", 1, (2**26,), (0,))})
+    path = write(tmp_path / "expand.pth", body, {"0": np.ones(1, np.float32).tobytes()})
+    assert path.stat().st_size < 700
+    message = _refused(
+        path,
+        "tensor 'w' of shape (67108864,) (268,435,456 bytes) brings the arrays read to "
+        "268,435,456 bytes, more than the",
+        "views of one storage that overlap (a stride of 0",
+        form=name,
+    )
+    assert message.endswith("save the tensors with .clone() or .contiguous().")
+
+
+def test_peak_memory_stays_flat_reading_a_hostile_file(tmp_path):
+    # The same 411-byte file in a fresh process: its peak RSS grows by no more than 50 MiB
+    # over the same process reading a valid file first (the import and the reader's own).
+    body = _op_state_dict({"w": _op_tensor("0", 1, (2**26,), (0,))})
+    hostile = _zip_pth(tmp_path / "expand.pth", body, {"0": np.ones(1, np.float32).tobytes()})
+    valid = _zip_pth(
+        tmp_path / "valid.pth",
+        _op_state_dict({"w": _op_tensor("0", 1, (1,), (1,))}),
+        {"0": np.ones(1, np.float32).tobytes()},
+    )
+    script = (
+        "import resource, sys\n"
+        "from dew.io import load_torch_state_dict\n"
+        "load_torch_state_dict(sys.argv[1])\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n    load_torch_state_dict(sys.argv[2])\n"
+        "except ValueError as error:\n    print(error, file=sys.stderr)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(valid), str(hostile)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert "brings the arrays read to 268,435,456 bytes" in result.stderr
+    assert int(result.stdout) < 50 * 1024  # KiB: ru_maxrss counts kibibytes on Linux
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_storage_declaring_more_than_the_file_is_refused_before_it_is_read(tmp_path, form):
+    # 2**34 float32 elements (64 GiB) declared for 16 bytes, viewed whole.
+    write, name = FORMS[form]
+    body = _op_state_dict({"w": _op_tensor("0", 2**34, (2**34,), (1,))})
+    path = write(tmp_path / "greedy.pth", body, {"0": np.ones(4, np.float32).tobytes()})
+    _refused(path, "tensor 'w'", "68,719,476,736 bytes", "more than the", form=name)
+
+
+def test_a_compressed_record_unpacking_past_the_file_is_refused(tmp_path):
+    # 32 MiB of zeros deflated into a file of about 32 KiB: torch stores records unpacked.
+    numel = 2**23
+    body = _op_state_dict({"w": _op_tensor("0", numel, (numel,), (1,))})
+    records = {"0": bytes(4 * numel)}
+    path = _zip_pth(tmp_path / "bomb.pth", body, records, zipfile.ZIP_DEFLATED)
+    assert path.stat().st_size < 64 * 1024
+    _refused(path, "tensor 'w'", "33,554,432 bytes", form="a torch zip archive")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_overlapping_views_copied_past_the_files_size_are_refused(tmp_path, form):
+    # 64 views of one 256 KiB storage, each starting one element further: 16 MiB of copies.
+    write, name = FORMS[form]
+    numel = 2**16
+    tensors = {
+        f"layer.{index}": _op_tensor("0", numel, (numel - 64,), (1,), offset=index)
+        for index in range(64)
+    }
+    records = {"0": np.arange(numel, dtype=np.float32).tobytes()}
+    path = write(tmp_path / "many.pth", _op_state_dict(tensors), records)
+    message = _refused(path, "brings the arrays read to", form=name)
+    assert "tensor 'layer.1' of shape (65472,)" in message
+    # The same views, as tied weights (one view under several names), read as one array.
+    tied = {f"layer.{index}": _op_tensor("0", numel, (numel - 64,), (1,)) for index in range(64)}
+    loaded = load_torch_state_dict(write(tmp_path / "tied.pth", _op_state_dict(tied), records))
+    assert len({id(array) for array in loaded.values()}) == 1
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(
+    ("tensor", "phrases"),
+    [
+        (
+            _op_tensor("0", 4, (5,), (1,)),
+            ["tensor 'w' of shape (5,) reaches element 4 of storage '0', which holds 4"],
+        ),
+        (
+            _op_tensor("0", 4, (2,), (1,), offset=3),
+            ["tensor 'w' of shape (2,) reaches element 4 of storage '0'"],
+        ),
+        (
+            _op_tensor("0", 4, (2, 2), (3, 1)),
+            ["tensor 'w' of shape (2, 2) reaches element 4 of storage '0'"],
+        ),
+        (_op_tensor("0", 4, (2,), (1, 1)), ["tensor 'w' has size (2,) but stride (1, 1)"]),
+        (_op_tensor("0", 4, (-2,), (1,)), ["tensor 'w' has size (-2,), not ints >= 0"]),
+        (_op_tensor("0", 4, (1,) * 65, (1,) * 65), ["tensor 'w' has size (1, 1, 1"]),
+        (_op_tensor("0", 4, (0, 2**62), (1, 1)), ["tensor 'w' has shape (0, 4611686018427387904)"]),
+        (_op_tensor("0", -4, (0,), (1,)), ["size of storage '0' of tensor 'w' is -4"]),
+        (_op_tensor("0", 2**62, (1,), (1,)), ["storage '0' of tensor 'w' declares 4,611,68"]),
+    ],
+)
+def test_a_view_outside_what_numpy_or_its_storage_holds_names_the_tensor(
+    tmp_path, form, tensor, phrases
+):
+    write, name = FORMS[form]
+    path = write(tmp_path / "bad.pth", _op_state_dict({"w": tensor}), {"0": bytes(16)})
+    _refused(path, *phrases, form=name)
+
+
+def test_a_legacy_storage_view_outside_its_root_names_the_tensor(tmp_path):
+    # torch < 1.0's storage views: (view key, offset, size) inside a root storage.
+    view = b"(" + _op_str("v") + _op_int(4) + _op_int(3) + b"t"
+    body = _op_state_dict({"w": _op_tensor("0", 6, (3,), (1,), view=view)})
+    path = _legacy_pth(tmp_path / "views.pth", body, {"0": bytes(24)})
+    _refused(path, "storage view 'v' of tensor 'w' (elements 4 to 7) lies outside storage '0'")
+
+
+@pytest.mark.parametrize(
+    ("body", "phrases"),
+    [
+        # A memo index sizes the unpickler's memo: 2**31 - 1 would be 16 GiB of pointers.
+        (b"\x80\x02Nr\xff\xff\xff\x7f.", ["stores memo entry 2147483647 after 2 opcodes"]),
+        # bytearray is allowed (torch pickles use it), but never of a size the file picks.
+        (b"\x80\x02cbuiltins\nbytearray\n(\x8a\x06\x00\x00\x00\x00\x00\x01tR.", ["bytearray"]),
+        # A length (2**40) the unpickler would allocate before finding it past the end.
+        (b"\x80\x04\x8e" + struct.pack("<Q", 2**40) + b".", ["damaged, truncated or malformed"]),
+        (b"\x80\x09N.", ["damaged, truncated or malformed"]),  # no such protocol
+        (_op_state_dict({"w": _op_tensor("0", 4, (2,) * 10**5, (1,))}), ["tensor 'w' has size"]),
+        (
+            b"\x80\x02}(" + _op_str("w") + b"ctorch._utils\n_rebuild_tensor_v2\n((C\x02\xff\xfe"
+            b"ctorch\nFloatStorage\n" + _op_str("0") + _op_str("cpu") + b"K\x04tQK"
+            b"\x00(K\x04t(K\x01t\x89}tRu.",
+            ["holds a b'\\xff\\xfe' record; only storages are read"],  # bytes, not ASCII
+        ),
+    ],
+)
+def test_a_pickle_asking_its_reader_to_allocate_is_refused_before_it_runs(tmp_path, body, phrases):
+    path = _zip_pth(tmp_path / "ask.pth", body, {"0": bytes(16)})
+    _refused(path, *phrases, form="a torch zip archive")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_storage_whose_data_is_shorter_than_declared_names_the_tensor(tmp_path, form):
+    # 64 elements declared for storage "0" (which the file's size allows), 4 present.
+    write, name = FORMS[form]
+    body = _op_state_dict(
+        {"w": _op_tensor("0", 64, (4,), (1,)), "big": _op_tensor("1", 256, (256,), (1,))}
+    )
+    records = {"0": bytes(16), "1": bytes(1024)}
+    phrase = {
+        "zip": "storage '0' of tensor 'w' is shorter than its 64 elements (256 bytes): its record",
+        "legacy": "storage '0' of tensor 'w' holds 4 elements, but its record declares 64",
+    }[form]
+    _refused(write(tmp_path / "short.pth", body, records), phrase, form=name)
+
+
+def _safetensors_file(header, data: bytes = b"", length=None) -> bytes:
+    """A safetensors file of the JSON `header` (a value, or its bytes) and `data`."""
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(text) if length is None else length) + text + data
+
+
+def _entry(dtype, shape, begin, end):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+SIXTEEN = np.arange(4, dtype=np.float32).tobytes()
+HOSTILE_SAFETENSORS = {
+    "overlap": (
+        _safetensors_file(
+            {"a": _entry("F32", [4], 0, 16), "b": _entry("F32", [2], 8, 16)}, SIXTEEN
+        ),
+        "tensor 'b' (data_offsets [8, 16]) overlaps tensor 'a'",
+    ),
+    "same_bytes_twice": (
+        _safetensors_file(
+            {"a": _entry("F32", [4], 0, 16), "b": _entry("F32", [4], 0, 16)}, SIXTEEN
+        ),
+        "(data_offsets [0, 16]) overlaps tensor",
+    ),
+    "gap": (
+        _safetensors_file({"a": _entry("F32", [3], 4, 16)}, SIXTEEN),
+        "tensor 'a' (data_offsets [4, 16]) leaves a gap after byte 0",
+    ),
+    "past_the_end": (
+        _safetensors_file({"a": _entry("F32", [8], 0, 32)}, SIXTEEN),
+        "tensor 'a' ends at byte 32 of the data, past the 16 bytes after the header: truncated",
+    ),
+    "tiny_file_huge_shape": (
+        _safetensors_file({"a": _entry("F32", [2**40], 0, 2**42)}, SIXTEEN),
+        "tensor 'a' ends at byte 4,398,046,511,104 of the data, past the 16 bytes",
+    ),
+    "header_past_the_file": (
+        _safetensors_file({"a": _entry("F32", [4], 0, 16)}, SIXTEEN, length=10_000),
+        "its header length 10,000 reaches past the end of the",
+    ),
+    "header_past_the_limit": (
+        _safetensors_file({"a": _entry("F32", [4], 0, 16)}, SIXTEEN, length=2**40),
+        "its header length 1,099,511,627,776 is past the format's limit of 104,857,600 bytes",
+    ),
+    "bytes_not_the_shape": (
+        _safetensors_file({"a": _entry("F32", [3], 0, 16)}, SIXTEEN),
+        "tensor 'a' of dtype F32 and shape [3] holds 12 bytes, but its data_offsets [0, 16] "
+        "span 16",
+    ),
+    "trailing_bytes": (
+        _safetensors_file({"a": _entry("F32", [4], 0, 16)}, SIXTEEN + b"xx"),
+        "its tensors cover 16 of the 18 bytes after the header",
+    ),
+    "negative_shape": (
+        _safetensors_file({"a": _entry("F32", [-4], 0, 16)}, SIXTEEN),
+        "tensor 'a' has shape [-4], not a list of ints >= 0",
+    ),
+    "text_shape": (
+        _safetensors_file({"a": _entry("F32", ["a"], 0, 16)}, SIXTEEN),
+        "tensor 'a' has shape ['a'], not a list of ints >= 0",
+    ),
+    "100_dimensions": (
+        _safetensors_file({"a": _entry("F32", [1] * 99 + [4], 0, 16)}, SIXTEEN),
+        "tensor 'a' has 100 dimensions; NumPy arrays have at most 64",
+    ),
+    "metadata_not_strings": (
+        _safetensors_file({"__metadata__": {"a": 1}, "a": _entry("F32", [4], 0, 16)}, SIXTEEN),
+        "its __metadata__ is {'a': 1}, not strings by name",
+    ),
+    "header_not_utf8": (
+        _safetensors_file(b'{"\xff": 1}', SIXTEEN),
+        "its header is not valid JSON: it is not UTF-8",
+    ),
+    "header_nested_100000_deep": (
+        _safetensors_file(b"[" * 100_000),
+        "its header is not valid JSON: it nests lists and mappings more than 100 deep",
+    ),
+    "unknown_dtype": (
+        _safetensors_file({"a": _entry("F99", [4], 0, 16)}, SIXTEEN),
+        "tensor 'a' has dtype 'F99', not one of F64, F32",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_SAFETENSORS)
+def test_a_hostile_safetensors_file_is_one_line_naming_the_tensor(tmp_path, case):
+    data, phrase = HOSTILE_SAFETENSORS[case]
+    path = tmp_path / f"{case}.safetensors"
+    path.write_bytes(data)
+    message = _refused(path, phrase, form="safetensors")
+    assert "pickle" not in message
+
+
+@pytest.mark.parity  # the safetensors package's own reader refuses each of them too
+@pytest.mark.parametrize("case", HOSTILE_SAFETENSORS)
+def test_the_safetensors_package_refuses_the_same_files(case):
+    numpy_io = pytest.importorskip("safetensors.numpy")
+    from safetensors import SafetensorError
+
+    data, _ = HOSTILE_SAFETENSORS[case]
+    with pytest.raises((SafetensorError, ValueError)):  # ValueError: NumPy past 64 dims
+        numpy_io.load(data)
+
+
+def test_a_file_named_safetensors_is_read_as_safetensors_whatever_it_holds(tmp_path):
+    # Its header length begins with 0x80, a pickle's first byte: still not "a pickle".
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(struct.pack("<Q", 0x80) + b"[1, 2]" + b" " * (0x80 - 6))
+    message = _refused(path, "its header holds a list, not a JSON object", form="safetensors")
+    assert "pickle" not in message
+    pickled = tmp_path / "pickled.safetensors"
+    pickled.write_bytes(pickle.dumps({"w": 1}, protocol=2))
+    _refused(pickled, "its header length", form="safetensors")
+
+
+@pytest.mark.parity  # the safetensors package reads the same arrays from the same bytes
+@given(
+    arrays=st.dictionaries(
+        st.text("abc._", min_size=1, max_size=6),
+        st.sampled_from(sorted(_DTYPE_CODES)).flatmap(
+            lambda code: hnp.arrays(
+                _DTYPE_CODES[code], hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4)
+            ).map(lambda array: (code, array))
+        ),
+        max_size=4,
+    )
+)
+@settings(max_examples=40)
+def test_valid_safetensors_read_as_the_safetensors_package_reads_them(tmp_path_factory, arrays):
+    numpy_io = pytest.importorskip("safetensors.numpy")
+    data = _safetensors_bytes(arrays)
+    path = tmp_path_factory.mktemp("same") / "same.safetensors"
+    path.write_bytes(data)
+    ours = load_torch_state_dict(path)
+    theirs = numpy_io.load(data)
+    assert list(ours) == list(arrays)
+    assert {k: _bits(v) for k, v in ours.items()} == {k: _bits(v) for k, v in theirs.items()}
+
+
+@functools.cache
+def _valid_files() -> dict[str, bytes]:
+    """Small valid files of each format, written without torch, as bytes."""
+    data = np.arange(12, dtype=np.float32)
+    body = _op_state_dict(
+        {"w": _op_tensor("0", 12, (3, 4), (4, 1)), "t": _op_tensor("0", 12, (4, 3), (1, 4))}
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        directory = pathlib.Path(folder)
+        return {
+            "zip.pth": _zip_pth(directory / "a.pth", body, {"0": data.tobytes()}).read_bytes(),
+            "legacy.pth": _legacy_pth(
+                directory / "b.pth", body, {"0": data.tobytes()}
+            ).read_bytes(),
+            "x.safetensors": _safetensors_bytes({"w": ("F32", data), "b": ("I64", np.arange(3))}),
+        }
+
+
+@given(
+    data=st.data(),
+    name=st.sampled_from(["zip.pth", "legacy.pth", "x.safetensors"]),
+    cut=st.none() | st.integers(0, 2000),
+)
+@settings(max_examples=150, deadline=None)
+def test_a_damaged_file_reads_or_is_one_line_naming_it_never_another_error(
+    tmp_path_factory, data, name, cut
+):
+    directory = tmp_path_factory.mktemp("damaged")
+    original = _valid_files()[name]
+    edits = data.draw(
+        st.lists(st.tuples(st.integers(0, len(original) - 1), st.integers(0, 255)), max_size=4)
+    )
+    damaged = bytearray(original)
+    for position, value in edits:
+        damaged[position] = value
+    path = directory / name
+    path.write_bytes(bytes(damaged[:cut]))
+    tracemalloc.start()
+    try:
+        load_torch_state_dict(path)
+    except ValueError as error:
+        message = str(error)
+        assert message.startswith(f"Cannot read weights file {str(path)!r}"), message
+        assert "\n" not in message
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peak < 2**20
+
+
+@pytest.mark.parity  # torch writes the files it is compared with
+@pytest.mark.parametrize("form", FORMATS)
+def test_tied_and_expanded_tensors_torch_writes_read_as_torch_load_reads_them(form, tmp_path):
+    # The array budget refuses only what a file could not hold: torch's own tied weights
+    # (one storage under two names) and a small expanded (stride 0) tensor read back.
+    torch = pytest.importorskip("torch")
+    embedding = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))
+    tensors = {"embed": embedding, "head": embedding, "bias": torch.ones(1).expand(8)}
+    path = tmp_path / "tied.pth"
+    torch.save(tensors, path, _use_new_zipfile_serialization=FORMATS[form])
+    loaded = load_torch_state_dict(path)
+    expected = torch.load(path)
+    assert {k: _bits(v) for k, v in loaded.items()} == {
+        k: _torch_bits(v) for k, v in expected.items()
+    }
+    assert expected["head"].data_ptr() == expected["embed"].data_ptr()
+    assert loaded["head"] is loaded["embed"]

@@ -1,6 +1,7 @@
 """Registries, and the built-in datasets feeding their objectives."""
 
 import itertools
+import tracemalloc
 
 import equinox as eqx
 import jax
@@ -23,10 +24,12 @@ from dew.registry import (
     Registry,
     datasets,
     models,
+    moving_shapes,
     objectives,
     optimizers,
     preference_pairs,
     prompts,
+    shapes,
     token_windows,
 )
 from dew.steps import TrainState, train_step
@@ -252,6 +255,80 @@ def test_bad_token_files_raise_naming_the_file(tmp_path):
 def test_bad_token_windows_arguments_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
         token_windows(**{"batch_size": 2, "seed": 0, **kwargs})
+
+
+def _peak_bytes(call):
+    """What `call()` allocates at its peak (NumPy reports its buffers to tracemalloc), and
+    its result or the exception it raised."""
+    tracemalloc.start()
+    try:
+        outcome = call()
+    except ValueError as error:
+        outcome = error
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak, outcome
+
+
+@pytest.mark.parametrize(
+    ("builder", "kwargs", "message"),
+    [
+        (
+            token_windows,
+            {"seq_len": 8, "num_tokens": 10**12},
+            "token_windows: a synthetic stream of num_tokens=1000000000000 over vocab_size=16 "
+            "would take about 11,757.9 GiB to generate, past the 1.0 GiB a synthetic dataset may "
+            "take (num_tokens up to 85,042,944 at vocab_size=16; for more data give a token "
+            "file, path=..., which is memory-mapped): synthetic data is generated whole in memory.",
+        ),
+        (
+            token_windows,
+            {"seq_len": 8, "num_tokens": 1024, "vocab_size": 10**6},
+            "(a synthetic vocab_size up to 6,688;",
+        ),
+        (preference_pairs, {"num_pairs": 10**12}, "num_pairs=1000000000000 of 8 tokens would"),
+        (prompts, {"num_prompts": 10**12}, "(num_prompts up to 16,777,216 of 4 tokens)"),
+        (shapes, {"rows": 10**12}, "shapes: rows=1000000000000 would take about 238,418.6 GiB"),
+        (moving_shapes, {"rows": 10**12}, "moving_shapes: rows=1000000000000 would take"),
+    ],
+)
+def test_a_synthetic_dataset_past_its_memory_limit_is_refused_before_allocating(
+    builder, kwargs, message
+):
+    peak, outcome = _peak_bytes(lambda: builder(**kwargs, batch_size=2, seed=0))
+    assert isinstance(outcome, ValueError) and message in str(outcome)
+    assert peak < 2**20
+
+
+@pytest.mark.parametrize(
+    ("vocab_size", "num_tokens"), [(16, 2**18), (300, 40_000), (2, 5_000), (1000, 3_000)]
+)
+def test_the_synthetic_streams_memory_estimate_bounds_what_it_takes(vocab_size, num_tokens):
+    from dew._datasets import _markov_stream, _stream_bytes
+
+    peak, stream = _peak_bytes(lambda: _markov_stream.__wrapped__(vocab_size, num_tokens))
+    assert stream.shape == (num_tokens,)
+    assert peak <= _stream_bytes(vocab_size, num_tokens)
+
+
+@pytest.mark.parametrize(
+    ("builder", "kwargs", "rows"),
+    [
+        (preference_pairs, {"num_pairs": 20_000, "prompt_len": 3, "response_len": 9}, 20_000),
+        (prompts, {"num_prompts": 20_000, "prompt_len": 7}, 20_000),
+        (shapes, {"rows": 20_000}, 20_000),
+        (moving_shapes, {"rows": 20_000, "image_size": 32, "frames": 9}, 20_000),
+    ],
+)
+def test_the_synthetic_pools_memory_estimates_bound_what_they_take(builder, kwargs, rows):
+    peak, outcome = _peak_bytes(lambda: builder(**kwargs, batch_size=2, seed=0))
+    assert not isinstance(outcome, ValueError)
+    limit = {
+        preference_pairs: 32 * (kwargs.get("prompt_len", 4) + kwargs.get("response_len", 4)),
+        prompts: 16 * kwargs.get("prompt_len", 4),
+    }.get(builder, 256)
+    assert peak <= rows * limit
 
 
 def test_too_many_partitions_for_the_training_rows_raise(counting_file):

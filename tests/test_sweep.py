@@ -32,6 +32,7 @@ from dew.config.sweep import (
     IndexedSearch,
     IntUniform,
     Search,
+    SearchRun,
     Trial,
     Uniform,
     grid_search,
@@ -39,7 +40,7 @@ from dew.config.sweep import (
     random_search,
     sweep,
 )
-from dew.telemetry.records import TrialFinished
+from dew.telemetry.records import TrialFinished, encode_json_value
 from dew.tracking import InMemoryTracker, LocalTracker, read_journal
 
 WORKER = pathlib.Path(__file__).with_name("_sweep_worker.py")
@@ -176,6 +177,45 @@ def test_random_draws_lie_in_the_space(space, index, seed):
             assert spec.low <= value <= spec.high
 
 
+@given(
+    space=st.dictionaries(st.sampled_from("abcdef"), fields(), min_size=1, max_size=4),
+    index=st.integers(0, 10**6),
+    value=st.floats(allow_nan=True),
+    seed=st.integers(0, 2**32),
+)
+def test_the_ledger_reads_back_every_entry_a_sweep_writes(space, index, value, seed):
+    # What a sweep writes (a random point of the space, encoded as the ledger holds it, any
+    # score) reads back equal, and the same entry with its stored space: the ledger's laws.
+    from dew.config.sweep._ledger import read_entry
+    from dew.config.sweep._space import _space_from_json, _space_json
+    from dew.config.sweep._sweep import _canonical
+
+    point = _canonical(random_search(seed=seed).point(space, index))
+    entry = json.loads(
+        json.dumps(encode_json_value({"index": index, "overrides": point, "value": value}))
+    )
+    stored = _space_from_json(json.loads(json.dumps(_space_json(space))))
+    for read_space in (space, stored):
+        trial = read_entry(entry, "trials[0]", space=read_space, budget=index + 1, finished=True)
+        assert trial.index == index and trial.overrides == point
+        assert trial.value == value or (math.isnan(value) and math.isnan(trial.value))
+    with pytest.raises(ValueError, match=rf"trials\[0\] has trial index {index}, not an"):
+        read_entry(entry, "trials[0]", space=space, budget=index, finished=True)
+
+
+def test_a_choice_is_compared_as_json_so_true_is_not_one():
+    from dew.config.sweep._ledger import read_entry
+
+    space = {"p": Choice((1, 2))}
+    for bad in (True, 1.0, "1"):
+        entry = {"index": 0, "overrides": {"p": bad}}
+        with pytest.raises(ValueError, match=rf"has p = {bad!r}, not one of the choices \[1, 2\]"):
+            read_entry(entry, "running[0]", space=space, budget=1, finished=False)
+    assert read_entry(
+        {"index": 0, "overrides": {"p": 2}}, "running[0]", space=space, budget=1, finished=False
+    ).overrides == {"p": 2}
+
+
 def test_random_search_configurations():
     assert random_search.seed == 0
     assert random_search(seed=5).name == "random(seed=5)"
@@ -219,6 +259,7 @@ def test_sweep_trains_one_named_run_per_point_and_returns_the_ledger(tmp_path):
         "search": "random(seed=0)",
         "config": config().to_dict(),
         "direction": "minimize",
+        "budget": 4,  # the largest trial budget a sweep of this ledger had
         "trials": [
             {"index": trial.index, "overrides": trial.overrides, "value": trial.value}
             for trial in trials
@@ -566,7 +607,127 @@ def test_a_ledger_with_malformed_trials_is_refused(tmp_path):
     _refused(tmp_path, ledger, "'trials' holds index 0 twice")
     data["trials"][1] = {"index": 1, "overrides": {"optim.learning_rate": 0.01}, "value": "low"}
     ledger.write_text(json.dumps(data))
-    _refused(tmp_path, ledger, r"trials\[1\] has value 'low'")
+    _refused(tmp_path, ledger, r"trials\[1\] \(trial 1\) has value 'low', not a number")
+
+
+def _edited(data, trial=None, **changes):
+    """The ledger `data` with `changes` at its top level and, for `trial`, in its first trial."""
+    data = json.loads(json.dumps(data))
+    if trial is not None:
+        data["trials"][0].update(trial)
+    return json.dumps({**data, **changes})
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (
+            {"trial": {"index": 10**30}},
+            r"trials\[0\] has trial index 1000000000000000000000000000000, not an integer in "
+            r"\[0, 2\), the trial budget",
+        ),
+        (
+            {"trial": {"overrides": {"optim.learning_rate": "x"}}},
+            r"trials\[0\] \(trial 0\) has optim.learning_rate = 'x', not one of the choices "
+            r"\[0.01, 0.003, 0.001\]",
+        ),
+        (
+            {"trial": {"overrides": {"optim.learning_rate": 0.5}}},
+            r"has optim.learning_rate = 0.5, not one of the choices",
+        ),
+        ({"trial": {"value": 10**400}}, r"\(trial 0\) has value 1000.*\.\.\., past a float"),
+        ({"trial": {"value": True}}, r"\(trial 0\) has value True, not a number"),
+        ({"trial": {"note": "mine"}}, r"trials\[0\] has \['index', 'note', 'overrides', 'valu"),
+        ({"notes": "mine"}, r"it has unknown keys \['notes'\]"),
+        ({"budget": "x"}, r"its budget is 'x', not an integer in \[1, 9223372036854775807\]"),
+        ({"config": [1]}, r"its config is \[1\], not a JSON object"),
+        ({"space": {"optim.learning_rate": {"kind": "choice"}}}, "its space path 'optim.lea"),
+        ({"running": [{"index": 1, "overrides": {"optim.learning_rate": 0.01}}]}, "finished in"),
+    ],
+)
+def test_a_hand_edited_ledger_is_refused_naming_the_file_the_trial_and_the_value(
+    tmp_path, edit, match
+):
+    ledger = tmp_path / "l.json"
+    sweep(config(), {"optim.learning_rate": RATES}, train=Recorder(), trials=2, ledger=ledger)
+    data = json.loads(ledger.read_text())
+    ledger.write_text(_edited(data, **edit))
+    message = _refused(tmp_path, ledger, f"is malformed: (.* )?{match}")
+    assert "\n" not in message
+
+
+def test_a_ledger_without_a_budget_still_bounds_its_indices(tmp_path):
+    ledger = tmp_path / "l.json"
+    space = {"optim.learning_rate": RATES}
+    sweep(config(), space, train=Recorder(), trials=2, ledger=ledger)
+    data = json.loads(ledger.read_text())
+    del data["budget"]  # as a ledger written before the budget was recorded
+    data["trials"][1]["index"] = 7
+    ledger.write_text(json.dumps(data))
+    rerun = Recorder()  # trial 1 is missing now: it trains; trial 7 is kept
+    trials = sweep(config(), space, train=rerun, trials=2, ledger=ledger)
+    assert [trial.index for trial in trials] == [0, 1, 7] and rerun.names == ["exp/trial-1"]
+    assert json.loads(ledger.read_text())["budget"] == 8  # what its trials tell
+    assert sweep(config(), space, train=rerun, trials=2, ledger=ledger) == trials
+    data["trials"][1]["index"] = 2**63 - 1
+    ledger.write_text(json.dumps(data))
+    _refused(
+        tmp_path, ledger, r"has trial index 9223372036854775807, not an integer in \[0, 2\*\*63"
+    )
+
+
+def test_a_budget_larger_once_keeps_its_trials_readable(tmp_path):
+    ledger = tmp_path / "l.json"
+    space = {"optim.learning_rate": Uniform(1e-4, 1e-1, log=True)}
+    sweep(config(), space, train=Recorder(), trials=4, ledger=ledger)
+    again = sweep(config(), space, train=Recorder(), trials=2, ledger=ledger)
+    assert [trial.index for trial in again] == [0, 1, 2, 3]
+    assert json.loads(ledger.read_text())["budget"] == 4
+
+
+@pytest.mark.parametrize(
+    ("proposal", "match"),
+    [
+        (
+            (5, {"optim.learning_rate": 0.01}),
+            r"for trial 5: the proposal has trial index 5, not an integer in \[0, 3\)",
+        ),
+        (
+            (0, {"optim.learning_rate": 0.5}),
+            r"for trial 0: the proposal \(trial 0\) has optim.learning_rate = 0.5, not one",
+        ),
+        (
+            (0, {"optim.lr": 0.01}),
+            r"sets the paths \['optim.lr'\], not the space's \['optim.learning_rate'\]",
+        ),
+    ],
+)
+def test_a_search_proposing_what_the_ledger_would_refuse_is_refused_first(
+    tmp_path, proposal, match
+):
+    class Run(SearchRun):
+        def ask(self, taken):
+            return None if taken else proposal
+
+    class Fixed(Search):
+        name = "fixed"
+
+        def start(self, space, *, trials, finished, running):
+            return Run()
+
+    ledger = tmp_path / "l.json"
+    train = Recorder()
+    with pytest.raises(ValueError, match=r"the search proposed .*" + match):
+        sweep(
+            config(),
+            {"optim.learning_rate": RATES},
+            train=train,
+            trials=3,
+            ledger=ledger,
+            search=Fixed(),
+        )
+    assert train.runs == []
+    assert json.loads(ledger.read_text())["running"] == []  # nothing it refuses was written
 
 
 def test_a_ledger_write_leaves_no_temporary_files(tmp_path):

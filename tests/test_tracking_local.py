@@ -77,6 +77,22 @@ def test_a_malformed_line_in_the_middle_raises_naming_it(tmp_path):
         read_journal(tmp_path)
 
 
+@pytest.mark.parametrize("last", [False, True], ids=["inside", "last-line"])
+def test_a_line_nested_100000_deep_raises_naming_it_even_as_the_last(tmp_path, last):
+    deep = '{"step": 1, "values": ' + "[" * 100_000 + "\n"
+    lines = ['{"step": 0, "values": {}}\n', deep] + (
+        [] if last else ['{"step": 2, "values": {}}\n']
+    )
+    (tmp_path / "scalars.jsonl").write_text("".join(lines))
+    # Not a torn line to skip: a whole line nested past what dew reads.
+    with pytest.raises(ValueError, match=r"scalars\.jsonl: line 2 is not valid JSON: it nests"):
+        read_journal(tmp_path)
+    (tmp_path / "params.json").write_text("[" * 100_000)
+    (tmp_path / "scalars.jsonl").write_text(lines[0])
+    with pytest.raises(ValueError, match=r"params\.json is not valid params\.json .*: it nests"):
+        read_journal(tmp_path)
+
+
 def test_run_json_is_written_once_and_never_overwritten(tmp_path):
     first = RunRecord(model={"name": "a"}, data={}, optim={"learning_rate": 0.1})
     second = RunRecord(model={"name": "b"}, data={}, optim={"learning_rate": 0.2})
@@ -286,7 +302,9 @@ def test_a_tail_that_is_not_utf8_is_a_torn_line_to_the_reader_and_the_tracker(tm
 
 def test_a_complete_line_that_is_not_utf8_raises_naming_the_file_and_line(tmp_path):
     _journal(tmp_path, GOOD + b'{"step": 1, "values": {"\xff": 1.0}}\n' + GOOD)
-    with pytest.raises(ValueError, match=r"scalars\.jsonl: line 2 is not UTF-8"):
+    with pytest.raises(
+        ValueError, match=r"scalars\.jsonl: line 2 is not valid JSON: it is not UTF-8"
+    ):
         read_journal(tmp_path)
 
 

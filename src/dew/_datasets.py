@@ -17,12 +17,71 @@ from dew.data import Dataset, Partition
 __all__ = ["preference_pairs", "prompts", "token_windows"]
 
 SYNTHETIC_TOKENS = 32768
+SYNTHETIC_BYTES = 2**30
+"""The most memory a synthetic dataset may take to generate (1 GiB, 4096x what the built-in
+configurations need): synthetic data is demonstration data, generated whole in memory by
+every process, so a size past this is a mistake, refused before anything is allocated. More
+tokens belong in a token file (`token_windows(path=...)`), which is memory-mapped."""
 _CHAIN_SEED = 0
 _POOL_SEED = 0
+_CHAIN_LENGTH = 256
 
 
 def _integer(builder: str, field: str, value: Any, least: int) -> int:
     return check_integer(f"{builder}: {field}", value, minimum=least)
+
+
+def _gibibytes(count: int) -> str:
+    return f"{count / 2**30:,.1f} GiB"
+
+
+def _check_synthetic(builder: str, asked: str, needed: int, most: str) -> None:
+    """Refuse a synthetic dataset that needs more than `SYNTHETIC_BYTES` to generate:
+    `asked` names the sizes asked for, `needed` their bytes, `most` what the limit allows."""
+    if needed > SYNTHETIC_BYTES:
+        raise ValueError(
+            f"{builder}: {asked} would take about {_gibibytes(needed)} to generate, past the "
+            f"{_gibibytes(SYNTHETIC_BYTES)} a synthetic dataset may take ({most}): synthetic "
+            "data is generated whole in memory."
+        )
+
+
+def _stream_bytes(vocab_size: int, num_tokens: int) -> int:
+    """The most memory `_markov_stream` takes: the transition table, its normalised copy and
+    cumulative sums (8 bytes each of vocab_size**2); the walks, the clipped stream and its
+    int32 copy (4 bytes a token each); each step's look-up of every chain's row of sums and
+    its comparison (9 bytes a chain and token ID) and the draws and counts (16 bytes a
+    chain); and 64 KiB of small arrays."""
+    chains = -(-num_tokens // _CHAIN_LENGTH)
+    return 24 * vocab_size**2 + 12 * num_tokens + chains * (9 * vocab_size + 16) + 2**16
+
+
+def _check_rows(builder: str, field: str, rows: int, row_bytes: int, row: str = "") -> None:
+    """Refuse a synthetic pool of `rows` rows (each `row`, in words) of about `row_bytes`
+    each past the limit."""
+    _check_synthetic(
+        builder,
+        f"{field}={rows}{row}",
+        rows * row_bytes,
+        f"{field} up to {SYNTHETIC_BYTES // row_bytes:,}{row}",
+    )
+
+
+def _check_stream(vocab_size: int, num_tokens: int) -> None:
+    fixed = 24 * vocab_size**2 + 2**16
+    per_chain = 12 * _CHAIN_LENGTH + 9 * vocab_size + 16  # a chain of tokens, rounded up
+    most = (SYNTHETIC_BYTES - fixed) // per_chain * _CHAIN_LENGTH
+    limit = (
+        f"num_tokens up to {most:,} at vocab_size={vocab_size}"
+        if most >= 2
+        else f"a synthetic vocab_size up to {math.isqrt((SYNTHETIC_BYTES - 2**16) // 24):,}"
+    )
+    _check_synthetic(
+        "token_windows",
+        f"a synthetic stream of num_tokens={num_tokens} over vocab_size={vocab_size}",
+        _stream_bytes(vocab_size, num_tokens),
+        f"{limit}; for more data give a token file, path=..., which is memory-mapped",
+    )
 
 
 def _fraction(builder: str, value: Any) -> float:
@@ -47,7 +106,7 @@ def _markov_stream(vocab_size: int, num_tokens: int) -> np.ndarray:
         successors = rng.choice(vocab_size, likely, replace=False)
         transitions[token, successors] += rng.dirichlet(np.ones(likely))
     cumulative = np.cumsum(transitions / transitions.sum(axis=1, keepdims=True), axis=1)
-    length = 256
+    length = _CHAIN_LENGTH
     chains = -(-num_tokens // length)
     walks = np.empty((chains, length), np.int32)
     walks[:, 0] = rng.integers(0, vocab_size, chains)
@@ -183,7 +242,9 @@ def token_windows(
     seed = _integer("token_windows", "seed", seed, 0)
     if path is None:
         count = SYNTHETIC_TOKENS if num_tokens is None else num_tokens
-        tokens = _markov_stream(vocab_size, _integer("token_windows", "num_tokens", count, 2))
+        count = _integer("token_windows", "num_tokens", count, 2)
+        _check_stream(vocab_size, count)
+        tokens = _markov_stream(vocab_size, count)
     elif num_tokens is not None:
         raise ValueError(
             "token_windows: num_tokens sets the length of the synthetic stream, so it takes "
@@ -246,6 +307,8 @@ def preference_pairs(
     val_fraction = _fraction("preference_pairs", val_fraction)
     batch_size = _integer("preference_pairs", "batch_size", batch_size, 1)
     seed = _integer("preference_pairs", "seed", seed, 0)
+    length = prompt_len + response_len
+    _check_rows("preference_pairs", "num_pairs", num_pairs, 32 * length, f" of {length} tokens")
     rng = np.random.default_rng(_POOL_SEED)
     prompt = rng.integers(0, vocab_size, (num_pairs, prompt_len))
     steps = np.arange(1, response_len + 1)
@@ -297,6 +360,7 @@ def prompts(
     val_fraction = _fraction("prompts", val_fraction)
     batch_size = _integer("prompts", "batch_size", batch_size, 1)
     seed = _integer("prompts", "seed", seed, 0)
+    _check_rows("prompts", "num_prompts", num_prompts, 16 * prompt_len, f" of {prompt_len} tokens")
     pool = (
         np.random.default_rng(_POOL_SEED)
         .integers(0, vocab_size, (num_prompts, prompt_len))

@@ -3,7 +3,9 @@
 Every JSON file and journal line dew writes goes through `plain` (values in JSON's data
 model, NumPy and JAX scalars as Python numbers) and `encode` (non-finite floats as the
 strings `"NaN"`, `"+Inf"`, `"-Inf"`); files are replaced atomically by `write_atomic`
-and read back by `read_json`, whose errors name the file.
+and read back by `read_json` (a file) or `loads` (a line), whose errors name what they read.
+Values nest at most `MAX_DEPTH` lists and mappings deep, read or written, so every recursive
+walk over them stays far inside Python's recursion limit.
 """
 
 import contextlib
@@ -17,9 +19,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
+    "MAX_DEPTH",
     "NON_FINITE",
+    "VALUE_DEPTH",
+    "check_depth",
     "decode",
     "encode",
+    "loads",
+    "nesting_error",
     "plain",
     "python_scalar",
     "read_json",
@@ -30,6 +37,53 @@ NON_FINITE = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}
 """The strings dew's JSON writes for non-finite floats, and the floats they stand for."""
 
 _SCALARS = (bool, int, float, str)
+
+MAX_DEPTH = 100
+"""The most lists and mappings a JSON or TOML document dew reads may nest inside each other:
+far more than any record, config or ledger needs, and far inside Python's recursion limit
+(1000 frames), which `json.loads` and `tomllib` otherwise hit as a `RecursionError`."""
+
+VALUE_DEPTH = MAX_DEPTH - 10
+"""The most lists and mappings a value dew writes (a config value, a record field, an
+artifact) may nest: the files dew writes wrap a value in a few levels of their own, and the
+whole file must stay within `MAX_DEPTH` to be read back."""
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` lists and mappings deep (a bare list is 1
+    deep); level by level, without recursion."""
+    level = [value]
+    for _ in range(limit):
+        inner = []
+        for item in level:
+            if isinstance(item, Mapping):
+                inner.extend(item.values())
+            elif isinstance(item, list | tuple):
+                inner.extend(item)
+        level = [item for item in inner if isinstance(item, Mapping | list | tuple)]
+        if not level:
+            return False
+    return True
+
+
+def nesting_error(where: str, limit: int = MAX_DEPTH) -> ValueError:
+    """The error for a value nesting more than `limit` deep, naming `where`."""
+    if limit == MAX_DEPTH:
+        return ValueError(
+            f"{where} nests lists and mappings more than {limit} deep, past dew's limit."
+        )
+    return ValueError(
+        f"{where} nests lists and mappings more than {limit} deep; dew writes values at most "
+        f"{limit} deep, so that every file holding one stays within the {MAX_DEPTH} it reads."
+    )
+
+
+def check_depth(value: Any, where: str, limit: int = MAX_DEPTH) -> Any:
+    """Return `value` unless it nests more than `limit` lists and mappings deep, which
+    raises `ValueError` naming `where`."""
+    if _nests_deeper(value, limit):
+        raise nesting_error(where, limit)
+    return value
 
 
 def python_scalar(value: Any) -> Any:
@@ -54,10 +108,12 @@ def plain(
     reserved_by: str | None = None,
     nan: str | None = None,
     default: Callable[[Any], Any] | None = None,
+    _nested: bool = False,
 ) -> Any:
     """`value` in JSON's data model: dicts with string keys, lists, str, int, float, bool,
     None. NumPy and JAX scalars become Python ones, tuples lists; floats stay floats (NaN and
-    infinities included).
+    infinities included). Lists and mappings nested more than `VALUE_DEPTH` deep raise
+    `ValueError`: a file holding them could not be read back.
 
     **Arguments:**
 
@@ -88,6 +144,9 @@ def plain(
             raise ValueError(f"{where} is NaN; {nan}.")
         return value
     rules = {"holder": holder, "reserved_by": reserved_by, "nan": nan, "default": default}
+    if not _nested:  # once, at the top: a deep value's error names the whole value
+        check_depth(value, where, VALUE_DEPTH)
+    rules["_nested"] = True
     if isinstance(value, Mapping):
         result = {}
         for key, item in value.items():
@@ -170,15 +229,29 @@ def write_atomic(
         _fsync_directory(path.parent)
 
 
-def read_json(path: str | os.PathLike[str], what: str = "JSON") -> Any:
-    """Parse the JSON file at `path`; a file that is not UTF-8 JSON raises `ValueError`
-    naming `path` (and what the file should hold, `what`)."""
-    path = pathlib.Path(path)
-    data = path.read_bytes()
+def loads(data: bytes | str, subject: str, what: str = "JSON") -> Any:
+    """Parse the JSON text `data`. Text that is not UTF-8 JSON, or nests more than
+    `MAX_DEPTH` deep, raises `ValueError` saying `"<subject> is not valid <what>: ..."`
+    (`subject`: the file, or its line), never `RecursionError`."""
+    where = f"{subject} is not valid {what}"
     try:
-        return json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        value = json.loads(text)
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path} is not valid {what}: it is not UTF-8 ({error}).") from error
+        raise ValueError(f"{where}: it is not UTF-8 ({error}).") from error
     except json.JSONDecodeError as error:
-        empty = " (the file is empty)" if not data.strip() else ""
-        raise ValueError(f"{path} is not valid {what}{empty}: {error}.") from error
+        empty = " (the file is empty)" if not text.strip() else ""
+        raise ValueError(f"{where}{empty}: {error}.") from error
+    except RecursionError:  # json's C scanner counts nesting against the recursion limit
+        raise nesting_error(f"{where}: it") from None
+    except ValueError as error:  # an integer past Python's 4300 digits
+        raise ValueError(f"{where}: {error}.") from error
+    return check_depth(value, f"{where}: it")
+
+
+def read_json(path: str | os.PathLike[str], what: str = "JSON") -> Any:
+    """Parse the JSON file at `path`; a file that is not UTF-8 JSON, or nests more than
+    `MAX_DEPTH` deep, raises `ValueError` naming `path` (and what the file should hold,
+    `what`)."""
+    path = pathlib.Path(path)
+    return loads(path.read_bytes(), str(path), what)

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dew._datasets import _fraction, _integer, _rows_dataset
+from dew._datasets import _check_rows, _fraction, _integer, _rows_dataset
 from dew.data import Dataset
 
 __all__ = ["SHAPE_KINDS", "moving_shapes", "shapes"]
@@ -18,6 +18,7 @@ _SQUARE, _DISC = SHAPE_KINDS.index("square"), SHAPE_KINDS.index("disc")
 _MIN_IMAGE_SIZE = 12
 _SHAPES_SEED = 0
 _MOVING_SHAPES_SEED = 1
+_POOL_ROW_BYTES = 256  # what `_sample` takes for each row while it draws the pool
 
 
 class _Pool(NamedTuple):
@@ -139,6 +140,7 @@ def shapes(
     val_fraction = _fraction("shapes", val_fraction)
     batch_size = _integer("shapes", "batch_size", batch_size, 1)
     seed = _integer("shapes", "seed", seed, 0)
+    _check_rows("shapes", "rows", rows, _POOL_ROW_BYTES)
     pool = _sample(rows, size, 1, _SHAPES_SEED)
 
     def gather(indices: np.ndarray) -> dict[str, np.ndarray]:
@@ -197,6 +199,7 @@ def moving_shapes(
     val_fraction = _fraction("moving_shapes", val_fraction)
     batch_size = _integer("moving_shapes", "batch_size", batch_size, 1)
     seed = _integer("moving_shapes", "seed", seed, 0)
+    _check_rows("moving_shapes", "rows", rows, _POOL_ROW_BYTES)
     pool = _sample(rows, size, frames, _MOVING_SHAPES_SEED)
 
     def gather(indices: np.ndarray) -> dict[str, np.ndarray]:

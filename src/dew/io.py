@@ -3,27 +3,25 @@
 A `.pth` file is a pickle, and unpickling runs whatever callables the file names. Here the
 unpickler is allow-listed (the globals PyTorch's own `weights_only` loader allows for plain
 tensors, see `ALLOWED_GLOBALS`): a file naming any other global is refused before anything in
-it runs. Only the array data of the file is trusted, and every view is checked to lie inside
-its storage before it is read.
+it runs. Nothing else in a file is trusted either: every storage's size and every view's bounds
+are checked against the file before anything is allocated, so the arrays read from a file never
+hold more bytes than the file (`dew._pth`, `dew._safetensors`).
 """
 
-import collections
-import dataclasses
 import hashlib
-import io
-import json
-import math
 import os
 import pathlib
 import pickle
 import struct
-import sys
 import zipfile
-from collections.abc import Mapping
-from typing import Any
+import zlib
 
-import ml_dtypes
 import numpy as np
+
+from dew._pth import read_legacy, read_zip
+from dew._safetensors import read_safetensors
+from dew._torch_pickle import ALLOWED_GLOBALS, TORCHSCRIPT_GLOBALS
+from dew._weights import WeightsError
 
 __all__ = [
     "ALLOWED_GLOBALS",
@@ -33,355 +31,21 @@ __all__ = [
     "sha256_of",
 ]
 
-# PyTorch storage type name -> the NumPy dtype of its elements.
-_STORAGE_DTYPES: dict[str, np.dtype] = {
-    "DoubleStorage": np.dtype(np.float64),
-    "FloatStorage": np.dtype(np.float32),
-    "HalfStorage": np.dtype(np.float16),
-    "BFloat16Storage": np.dtype(ml_dtypes.bfloat16),
-    "LongStorage": np.dtype(np.int64),
-    "IntStorage": np.dtype(np.int32),
-    "ShortStorage": np.dtype(np.int16),
-    "CharStorage": np.dtype(np.int8),
-    "ByteStorage": np.dtype(np.uint8),
-    "BoolStorage": np.dtype(np.bool_),
-    "ComplexFloatStorage": np.dtype(np.complex64),
-    "ComplexDoubleStorage": np.dtype(np.complex128),
-}
-
-# safetensors dtype code -> NumPy dtype (the data are little-endian).
-_SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8),
-    "U64": np.dtype(np.uint64),
-    "U32": np.dtype(np.uint32),
-    "U16": np.dtype(np.uint16),
-    "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
-}
-
-_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
-_LEGACY_PROTOCOL = 1001
-_SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024  # the format's own limit
+_ZIP = "a torch zip archive"
+_LEGACY = "a legacy torch pickle"
+_SAFETENSORS = "safetensors"
 
 
-class _ReadError(ValueError):
-    """A problem found while reading; `load_torch_state_dict` adds the path."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _StorageType:
-    """What an allow-listed `torch.<X>Storage` global unpickles to: a name, not a class."""
-
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class _TensorType:
-    """What `torch.Tensor` or `torch.nn.parameter.Parameter` unpickles to."""
-
-    name: str
-
-
-class _Storage:
-    """One storage of the file; its bytes arrive when it is read (zip) or after the
-    main pickle (legacy stream)."""
-
-    __slots__ = ("data", "dtype", "key", "numel")
-
-    def __init__(self, key: str, dtype: np.dtype, numel: int):
-        self.key, self.dtype, self.numel = key, dtype, numel
-        self.data: np.ndarray | None = None
-
-
-class _Tensor:
-    """A strided view of a storage, turned into an array once the storage's bytes are in."""
-
-    __slots__ = ("offset", "shape", "storage", "strides")
-
-    def __init__(self, storage: _Storage, offset: int, shape: tuple, strides: tuple):
-        self.storage, self.offset, self.shape, self.strides = storage, offset, shape, strides
-
-    def to_numpy(self) -> np.ndarray:
-        storage, offset, shape, strides = self.storage, self.offset, self.shape, self.strides
-        data = storage.data
-        if data is None:
-            raise _ReadError(f"storage {storage.key!r} has no data in the file")
-        if math.prod(shape) == 0:
-            return np.zeros(shape, data.dtype)
-        last = offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
-        if last >= data.size:
-            raise _ReadError(
-                f"a tensor of shape {shape} reaches element {last} of storage "
-                f"{storage.key!r}, which holds {data.size}"
-            )
-        itemsize = data.dtype.itemsize
-        view = np.lib.stride_tricks.as_strided(
-            data[offset:], shape=shape, strides=tuple(s * itemsize for s in strides)
-        )
-        return np.array(view, copy=True, order="C")
-
-
-def _rebuild_tensor_v2(storage, offset, size, stride, *_rest) -> _Tensor:
-    if not isinstance(storage, _Storage):
-        raise _ReadError(f"a tensor's storage is a {type(storage).__name__}, not a storage")
-    shape, strides = _indices("size", size), _indices("stride", stride)
-    if len(shape) != len(strides) or not isinstance(offset, int) or offset < 0:
-        raise _ReadError(f"a tensor has size {size!r}, stride {stride!r}, offset {offset!r}")
-    return _Tensor(storage, offset, shape, strides)
-
-
-def _indices(name: str, values: Any) -> tuple[int, ...]:
-    if not isinstance(values, tuple | list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
-    ):
-        raise _ReadError(f"a tensor's {name} is {values!r}, not a tuple of non-negative ints")
-    return tuple(values)
-
-
-def _rebuild_parameter(data, *_rest) -> _Tensor:
-    if not isinstance(data, _Tensor):
-        raise _ReadError(f"a parameter wraps a {type(data).__name__}, not a tensor")
-    return data
-
-
-def _rebuild_from_type_v2(function, new_type, args, _state) -> _Tensor:
-    if function not in (_rebuild_tensor_v2, _rebuild_parameter) or not isinstance(
-        new_type, _TensorType
-    ):
-        raise _ReadError(f"a tensor is rebuilt as {new_type!r}, not as a plain tensor")
-    return function(*args)
-
-
-ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
-    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
-    ("torch", "Tensor"): _TensorType("torch.Tensor"),
-    ("torch.nn.parameter", "Parameter"): _TensorType("torch.nn.parameter.Parameter"),
-    ("builtins", "set"): set,
-    ("builtins", "bytearray"): bytearray,
-    ("builtins", "complex"): complex,
-    **{("torch", name): _StorageType(name) for name in _STORAGE_DTYPES},
-}
-"""The only globals a `.pth` file may name, as (module, name), and what each stands for.
-Everything else is refused before it runs. The storage types and tensor classes unpickle to
-inert markers and the rebuild functions to dew's own, which only record a strided view."""
-
-
-class _ScriptedModule:
-    """What a TorchScript module class (`__torch__.<path> <Name>`) unpickles to: an inert
-    object that keeps the attribute dict it is built with and runs none of the module's code."""
-
-    def __setstate__(self, state: Any) -> None:
-        if not isinstance(state, dict):
-            raise _ReadError(f"a scripted module's state is a {type(state).__name__}")
-        self.__dict__["attributes"] = state
-
-
-def _build_list(values: Any) -> list:
-    if not isinstance(values, list | tuple):
-        raise _ReadError(f"a TorchScript list is built from a {type(values).__name__}")
-    return list(values)
-
-
-TORCHSCRIPT_GLOBALS: dict[tuple[str, str], Any] = {
-    ("torch.jit._pickle", "build_intlist"): _build_list,
-    ("torch.jit._pickle", "build_doublelist"): _build_list,
-    ("torch.jit._pickle", "build_boollist"): _build_list,
-}
-"""Globals a TorchScript archive's `data.pkl` may name besides `ALLOWED_GLOBALS`: the list
-builders, and any class under `__torch__`, which becomes an inert attribute holder."""
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, storages: dict[str, _Storage] | None, *, scripted: bool = False):
-        super().__init__(file)
-        self._storages = storages
-        self._scripted = scripted
-        self.views: dict[str, tuple[_Storage, int]] = {}  # view key -> (root, offset)
-
-    def find_class(self, module: str, name: str) -> Any:
-        if self._scripted:
-            if module.startswith("__torch__.") or module == "__torch__":
-                return type(name, (_ScriptedModule,), {"__module__": "dew.io.scripted"})
-            if (module, name) in TORCHSCRIPT_GLOBALS:
-                return TORCHSCRIPT_GLOBALS[module, name]
-        found = ALLOWED_GLOBALS.get((module, name))
-        if found is None:
-            raise _ReadError(
-                f"it names the global {module}.{name}, which is not allowed in a weights "
-                "file (allowed: plain tensors, storages and OrderedDict; see "
-                "dew.io.ALLOWED_GLOBALS); nothing in the file was run"
-            )
-        return found
-
-    def persistent_load(self, pid: Any) -> _Storage:
-        if self._storages is None or not isinstance(pid, tuple) or len(pid) < 5:
-            raise _ReadError(f"unexpected persistent id {pid!r}")
-        kind = pid[0].decode("ascii") if isinstance(pid[0], bytes) else pid[0]
-        if kind != "storage":
-            raise _ReadError(f"it holds a {kind!r} record; only tensor storages are read")
-        storage_type, key, _location, numel = pid[1:5]
-        if not isinstance(storage_type, _StorageType) or not isinstance(numel, int):
-            raise _ReadError(f"unexpected storage record {pid!r}")
-        storage = self._storages.get(str(key))
-        if storage is None:
-            dtype = _STORAGE_DTYPES[storage_type.name]
-            storage = self._storages[str(key)] = _Storage(str(key), dtype, numel)
-        view = pid[5] if len(pid) > 5 else None
-        if view is None:
-            return storage
-        # Files from torch < 1.0 may share a storage as a slice of a root storage.
-        view_key, offset, view_numel = view
-        if str(view_key) not in self._storages:
-            self._storages[str(view_key)] = _Storage(str(view_key), storage.dtype, view_numel)
-            self.views[str(view_key)] = (storage, offset)
-        return self._storages[str(view_key)]
-
-
-def _read_array(file, dtype: np.dtype, count: int, byteorder: str) -> np.ndarray:
-    """`count` elements of `dtype` read from `file` into a new array, in the host's order."""
-    data = np.empty(count, dtype)
-    if file.readinto(memoryview(data.view(np.uint8))) != data.nbytes:
-        raise _ReadError("it ends inside a tensor's data: truncated")
-    return data.byteswap() if byteorder != sys.byteorder else data
-
-
-def _read_zip(path: pathlib.Path) -> Any:
-    with zipfile.ZipFile(path) as archive:
-        names = archive.namelist()
-        pickles = [name for name in names if name.endswith("/data.pkl") or name == "data.pkl"]
-        scripted = any(name.endswith("constants.pkl") for name in names)
-        if len(pickles) != 1:
-            raise _ReadError(f"a torch zip archive holds one data.pkl, this one {len(pickles)}")
-        prefix = pickles[0][: -len("data.pkl")]
-        byteorder = "little"
-        if f"{prefix}byteorder" in names:
-            byteorder = archive.read(f"{prefix}byteorder").decode("ascii").strip()
-        storages: dict[str, _Storage] = {}
-        unpickler = _Unpickler(io.BytesIO(archive.read(pickles[0])), storages, scripted=scripted)
-        result = unpickler.load()
-        if scripted:
-            if not isinstance(result, _ScriptedModule):
-                raise _ReadError("its TorchScript data.pkl does not hold a module")
-            result = dict(_scripted_tensors(result))
-        for key, storage in storages.items():
-            record = f"{prefix}data/{key}"
-            if record not in names:
-                raise _ReadError(f"storage {key!r} has no record {record!r}")
-            if archive.getinfo(record).file_size < storage.numel * storage.dtype.itemsize:
-                raise _ReadError(f"storage {key!r} is shorter than its {storage.numel} elements")
-            with archive.open(record) as file:
-                storage.data = _read_array(file, storage.dtype, storage.numel, byteorder)
-    return result
-
-
-def _scripted_tensors(module: _ScriptedModule, prefix: str = "", depth: int = 0):
-    """The parameters and buffers of a scripted module and its submodules, under the dotted
-    names `state_dict()` gives them; other attributes (flags, numbers) are left out."""
-    if depth > 100:
-        raise _ReadError("its scripted modules nest more than 100 deep")
-    for name, value in module.__dict__.get("attributes", {}).items():
-        if isinstance(value, _Tensor):
-            yield f"{prefix}{name}", value
-        elif isinstance(value, _ScriptedModule):
-            yield from _scripted_tensors(value, f"{prefix}{name}.", depth + 1)
-
-
-def _read_legacy(file, size: int) -> Any:
-    # Every pickle of the stream goes through the allow-listed unpickler, the headers too.
-    if _Unpickler(file, None).load() != _LEGACY_MAGIC:
-        raise _ReadError("it starts with a pickle but not with torch's legacy magic number")
-    protocol = _Unpickler(file, None).load()
-    if protocol != _LEGACY_PROTOCOL:
-        raise _ReadError(f"legacy protocol {protocol!r} is not {_LEGACY_PROTOCOL}")
-    system = _Unpickler(file, None).load()
-    if not isinstance(system, dict) or not system.get("little_endian", True):
-        raise _ReadError("it was written on a big-endian machine; only little-endian is read")
-    storages: dict[str, _Storage] = {}
-    unpickler = _Unpickler(file, storages)
-    result = unpickler.load()
-    keys = _Unpickler(file, None).load()
-    if not isinstance(keys, list):
-        raise _ReadError(f"its storage key list is a {type(keys).__name__}")
-    for key in keys:
-        storage = storages.get(str(key))
-        if storage is None:
-            raise _ReadError(f"it lists storage {key!r}, which no tensor uses")
-        header = file.read(8)
-        if len(header) < 8:
-            raise _ReadError(f"it ends before storage {key!r}: truncated")
-        (numel,) = struct.unpack("<q", header)
-        if numel < 0 or numel != storage.numel:
-            raise _ReadError(f"storage {key!r} has {numel} elements, expected {storage.numel}")
-        if numel * storage.dtype.itemsize > size - file.tell():
-            raise _ReadError(f"it ends inside storage {key!r}: truncated")
-        storage.data = _read_array(file, storage.dtype, numel, "little")
-    for key, (root, offset) in unpickler.views.items():
-        view = storages[key]
-        if root.data is None or offset + view.numel > root.data.size:
-            raise _ReadError(f"storage view {key!r} lies outside storage {root.key!r}")
-        view.data = root.data[offset : offset + view.numel]
-    return result
-
-
-def _read_safetensors(file, size: int) -> dict[str, np.ndarray]:
-    (header_size,) = struct.unpack("<Q", file.read(8))
-    if header_size > min(_SAFETENSORS_MAX_HEADER, size - 8):
-        raise _ReadError(f"its header claims {header_size} bytes, past the end: truncated")
-    try:
-        header = json.loads(file.read(header_size))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise _ReadError(f"its safetensors header is not JSON ({error})") from None
-    if not isinstance(header, dict):
-        raise _ReadError("its safetensors header is not a JSON object")
-    start, end = 8 + header_size, size
-    arrays: dict[str, np.ndarray] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
-            shape = tuple(entry["shape"])
-            begin, stop = entry["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            allowed = ", ".join(_SAFETENSORS_DTYPES)
-            raise _ReadError(
-                f"tensor {name!r} has entry {entry!r} (dtype one of {allowed}, shape, data_offsets)"
-            ) from None
-        count = math.prod(shape)
-        if not 0 <= begin <= stop or stop - begin != count * dtype.itemsize:
-            raise _ReadError(f"tensor {name!r} of shape {shape} has offsets {[begin, stop]}")
-        if start + stop > end:
-            raise _ReadError(f"tensor {name!r} ends past the end of the file: truncated")
-        file.seek(start + begin)
-        arrays[name] = _read_array(file, dtype, count, "little").reshape(shape)
-    return arrays
-
-
-def _state_dict(loaded: Any) -> dict[str, np.ndarray]:
-    if isinstance(loaded, Mapping) and isinstance(loaded.get("state_dict"), Mapping):
-        loaded = loaded["state_dict"]  # a training checkpoint
-    if not isinstance(loaded, Mapping):
-        raise _ReadError(f"it holds a {type(loaded).__name__}, not a state dict")
-    others = {key: type(v).__name__ for key, v in loaded.items() if not isinstance(v, _Tensor)}
-    if others:
-        raise _ReadError(f"it is not a flat state dict of tensors: {others}")
-    arrays = {str(key): tensor.to_numpy() for key, tensor in loaded.items()}
-    if arrays and all(key.startswith("module.") for key in arrays):  # saved from DataParallel
-        arrays = {key[len("module.") :]: value for key, value in arrays.items()}
-    return arrays
+def _format(path: pathlib.Path, start: bytes) -> str | None:
+    """The format of the file at `path` beginning with `start`: by its suffix for
+    `.safetensors`, else by its contents; `None` when it is none of the three."""
+    if path.suffix == ".safetensors" or (len(start) == 9 and start[8:9] == b"{"):
+        return _SAFETENSORS  # a JSON header after its length
+    if start.startswith(b"PK\x03\x04"):
+        return _ZIP
+    if start[:1] == b"\x80":  # a pickle's PROTO opcode
+        return _LEGACY
+    return None
 
 
 def load_torch_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
@@ -389,9 +53,10 @@ def load_torch_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]
 
     Reads the `torch.save` zip archive (torch >= 1.6), the legacy pickle stream (what
     `torch.save(..., _use_new_zipfile_serialization=False)` and torch < 1.6 write) and
-    `.safetensors` files, telling them apart by their contents. bfloat16 and float8 tensors
-    come back as `ml_dtypes` arrays; every array is a C-contiguous copy with the tensor's
-    shape, bit-identical to what `torch.load` returns. A training checkpoint holding the
+    `.safetensors` files, telling them apart by their contents (a file named `*.safetensors`
+    is read as one). bfloat16 and float8 tensors come back as `ml_dtypes` arrays; every array
+    is a C-contiguous copy with the tensor's shape, bit-identical to what `torch.load`
+    returns. A training checkpoint holding the
     weights under `"state_dict"` is unwrapped, and a `module.` prefix on every key
     (`torch.nn.DataParallel`) is removed. A TorchScript archive (`torch.jit.save`, the format
     of OpenAI's CLIP `.pt` files) gives its modules' parameters and buffers under their
@@ -402,15 +67,23 @@ def load_torch_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]
     TorchScript archive, `TORCHSCRIPT_GLOBALS` are allowed too, and its module classes
     (`__torch__.*`) unpickle to inert objects that only hold their attributes.
 
+    Nothing in the file is trusted: every storage's size and every view's bounds are checked
+    against the file before anything is allocated, and the arrays read may hold no more bytes
+    than the file, so a small file cannot ask for a large allocation. Tensors that are the
+    same view of one storage (tied weights) come back as one array under each name, as
+    `torch.load` shares them.
+
     **Arguments:**
 
     - `path`: the file.
 
     **Returns:** a dict from parameter name to array, in the file's order.
 
-    **Raises:** `FileNotFoundError` when there is no file at `path`; `ValueError` naming
-    the path when it is none of the three formats, is truncated or damaged, names a global
-    that is not allowed, or holds something other than a flat mapping of tensors.
+    **Raises:** `FileNotFoundError` when there is no file at `path`; `ValueError`, one line
+    naming the path, the format read and the tensor at fault, when the file is none of the
+    three formats, is truncated or damaged, names a global that is not allowed, holds
+    something other than a flat mapping of tensors, or asks for more than it holds (a
+    storage or view past its data, overlapping `.safetensors` entries).
 
     ```python
     >>> import pathlib, struct, tempfile
@@ -427,33 +100,32 @@ def load_torch_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]
     if not path.is_file():
         raise FileNotFoundError(f"No weights file at {str(path)!r}.")
     size = path.stat().st_size
-    try:
-        with path.open("rb") as file:
-            start = file.read(9)
-        if start.startswith(b"PK\x03\x04"):
-            if not zipfile.is_zipfile(path):
-                raise _ReadError("it is a damaged or truncated zip archive")
-            return _state_dict(_read_zip(path))
-        if len(start) == 9 and start[8:9] == b"{":  # a JSON header after its length
-            with path.open("rb") as file:
-                return _read_safetensors(file, size)
-        if start[:1] == b"\x80":  # a pickle's PROTO opcode
-            with path.open("rb") as file:
-                return _state_dict(_read_legacy(file, size))
-        raise _ReadError(
-            "it is not a torch zip archive (a state dict or TorchScript), a legacy torch "
-            "pickle or a safetensors file"
+    with path.open("rb") as file:
+        kind = _format(path, file.read(9))
+    if kind is None:
+        raise ValueError(
+            f"Cannot read weights file {str(path)!r}: it is not a torch zip archive (a state "
+            "dict or TorchScript), a legacy torch pickle or a safetensors file."
         )
-    except _ReadError as error:
-        raise ValueError(f"Cannot read weights file {str(path)!r}: {error}.") from None
-    except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, struct.error) as error:
+    try:
+        if kind == _ZIP:
+            if not zipfile.is_zipfile(path):
+                raise WeightsError("it is a damaged or truncated zip archive")
+            return read_zip(path, size)
+        with path.open("rb") as file:
+            return (read_safetensors if kind == _SAFETENSORS else read_legacy)(file, size)
+    except WeightsError as error:
+        raise ValueError(f"Cannot read weights file {str(path)!r} as {kind}: {error}.") from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        zipfile.BadZipFile,
+        zlib.error,
+        struct.error,
+    ) as error:
         raise ValueError(
-            f"Cannot read weights file {str(path)!r}: it is damaged or truncated ({error})."
-        ) from None
-    except (TypeError, AttributeError, IndexError, KeyError) as error:
-        # An allow-listed callable given arguments it does not take: a malformed file.
-        raise ValueError(
-            f"Cannot read weights file {str(path)!r}: malformed pickle ({error!r})."
+            f"Cannot read weights file {str(path)!r} as {kind}: it is damaged or truncated "
+            f"({error})."
         ) from None
 
 

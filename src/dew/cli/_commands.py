@@ -6,7 +6,6 @@ import math
 import pathlib
 import sys
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -93,13 +92,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _space(path: str) -> dict[str, Any]:
+    from dew.config._toml import read_toml
     from dew.config.sweep import IntUniform, Uniform
 
-    with open(path, "rb") as handle:
-        try:
-            tree = tomllib.load(handle)
-        except tomllib.TOMLDecodeError as error:
-            raise ValueError(f"{path} is not valid TOML: {error}.") from None
+    tree = read_toml(path)
     space: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:

@@ -39,10 +39,14 @@ def _reading(path: str | None = None) -> Iterator[None]:
 
 
 def _toml_value(text: str, where: str) -> Any:
+    from dew.config._toml import loads_toml
+
     try:
-        return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        return text  # a bare word is a string: --set optim.optimizer=sgd
+        return loads_toml(f"value = {text}", f"--set {where}")["value"]
+    except ValueError as error:
+        if isinstance(error.__cause__, tomllib.TOMLDecodeError):
+            return text  # a bare word is a string: --set optim.optimizer=sgd
+        raise
 
 
 def _config_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -1,16 +1,16 @@
 """`dew plot RUN_DIR`: render a run's plots from its local journal (extra `plots`)."""
 
 import argparse
-import json
 import pathlib
 
+from dew._json import read_json
 from dew.cli._inputs import _say
 
 
 def _run_name(folder: pathlib.Path) -> str:
     """The run's name as its run.json records it (`trainer.name`), else the folder's."""
     try:
-        name = json.loads((folder / "run.json").read_text())["trainer"]["name"]
+        name = read_json(folder / "run.json")["trainer"]["name"]
     except (OSError, ValueError, KeyError, TypeError):
         name = None
     return name if isinstance(name, str) and name else folder.resolve().name

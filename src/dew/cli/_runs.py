@@ -41,13 +41,12 @@ def _param_name(key: str) -> str | None:
 
 
 def _direction(folder: pathlib.Path) -> str:
-    """A sweep journal's direction, from the ledger `dew sweep` keeps beside it."""
-    try:
-        ledger = json.loads((folder.parent / "ledger.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "minimize"
-    direction = ledger.get("direction") if isinstance(ledger, dict) else None
-    return direction if direction in ("minimize", "maximize") else "minimize"
+    """A sweep journal's direction, from the ledger `dew sweep` keeps beside it ("minimize"
+    without one); a ledger that is not what a sweep writes raises, naming what is wrong."""
+    from dew.config.sweep._ledger import read_ledger
+
+    ledger = folder.parent / "ledger.json"
+    return read_ledger(ledger).direction if ledger.exists() else "minimize"
 
 
 def _row(name: str, folder: pathlib.Path, journal: Any) -> _Row:
@@ -96,13 +95,11 @@ def _collect(root: pathlib.Path) -> tuple[list[_Row], int]:
         folder = journal_file.parent
         name = str(folder.relative_to(root)) or "."
         try:
-            journal = read_journal(folder)
-        except (OSError, ValueError) as error:
+            rows.append(_row(name, folder, read_journal(folder)))
+        except (OSError, ValueError) as error:  # the journal, or a sweep's ledger
             unreadable += 1
             print(f"dew runs: {name}: {error}", file=sys.stderr)
             rows.append(_Row(name, "unreadable", None, {}, {}))
-            continue
-        rows.append(_row(name, folder, journal))
     return rows, unreadable
 
 

@@ -2,7 +2,6 @@
 
 import dataclasses
 import os
-import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,7 +9,7 @@ from dew.config import _recipe
 from dew.config._data import DataConfig
 from dew.config._fields import _WHERE, _building, _Section
 from dew.config._sections import ModelConfig, ObjectiveConfig, OptimConfig, TrainerConfig
-from dew.config._toml import _toml_key, _toml_value
+from dew.config._toml import _toml_key, _toml_value, loads_toml, read_toml
 from dew.data import Dataset
 
 __all__ = ["RunConfig", "UndeclaredPathError"]
@@ -173,7 +172,12 @@ class RunConfig:
 
         ```
         """
-        return cls.from_dict(_recipe.run_record_sections(path))
+        path = _recipe.run_record_path(path)
+        config = _read_from(_recipe.run_record_sections(path), f"the run record {path}")
+        total = _recipe.latest_total(path.parent)  # an extended run's, once run.json is read
+        if total is None or total == config.trainer.steps:
+            return config
+        return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, steps=total))
 
     def to_dict(self) -> dict[str, Any]:
         """The config as nested plain data, one mapping per section."""
@@ -235,7 +239,7 @@ class RunConfig:
     def from_toml(cls, text: str) -> "RunConfig":
         """The config a TOML document describes (tables `[model]`, `[model.kwargs]`,
         `[data]`, `[data.kwargs]`, `[optim]`, `[optim.kwargs]`, `[trainer]`)."""
-        return cls.from_dict(tomllib.loads(text))
+        return cls.from_dict(loads_toml(text, "the TOML text"))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "RunConfig":
@@ -243,13 +247,15 @@ class RunConfig:
         folder or its `run.json` (a file named `*.json`), read by `from_run_record`."""
         if os.path.isdir(path) or os.fspath(path).endswith(".json"):
             return cls.from_run_record(path)
-        with open(path, "rb") as file:
-            try:
-                values = tomllib.load(file)
-            except tomllib.TOMLDecodeError as error:
-                raise ValueError(f"{os.fspath(path)} is not valid TOML: {error}.") from None
-        try:
-            return cls.from_dict(values)
-        except (TypeError, ValueError) as error:
-            error.add_note(f"(in the run config {os.fspath(path)})")
-            raise
+        return _read_from(read_toml(path), f"the run config {os.fspath(path)}")
+
+
+def _read_from(values: Any, where: str) -> RunConfig:
+    """The config a file holds: a value of the wrong type or a bad value there is the file's
+    problem, so either raises `ValueError` (with the note `(in <where>)`), never `TypeError`."""
+    try:
+        return RunConfig.from_dict(values)
+    except (TypeError, ValueError) as error:
+        problem = ValueError(str(error))
+        problem.add_note(f"(in {where})")
+        raise problem from error

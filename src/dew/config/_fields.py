@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from dew._checks import check_integer
-from dew._json import python_scalar
+from dew._json import VALUE_DEPTH, check_depth, python_scalar
 
 SCHEDULES = ("constant", "cosine", "linear", "warmup_cosine")
 SEED_LIMIT = 2**32
@@ -199,7 +199,7 @@ def _kwargs(where: str, value: Any, reserved: Mapping[str, str]) -> _FrozenMappi
             )
         if key in reserved:
             raise ValueError(f"{where} may not set {key!r}: {reserved[key]}.")
-    return _plain_value(where, value)
+    return _plain_value(where, check_depth(value, where, VALUE_DEPTH))
 
 
 def _thaw(value: Any) -> Any:

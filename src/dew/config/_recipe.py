@@ -371,22 +371,23 @@ def _check_first_batch(objective: Objective, data: Dataset) -> None:
         ) from error
 
 
+def run_record_path(path: str | os.PathLike[str]) -> pathlib.Path:
+    """A run folder's run.json (`path`: the folder or the file)."""
+    path = pathlib.Path(path)
+    return path / "run.json" if path.is_dir() else path
+
+
 def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The configuration sections a run folder's run.json records, as
     `RunConfig.from_dict` reads them (`path`: the folder or the file), located where the
     folder is now (`_located`)."""
-    path = pathlib.Path(path)
-    if path.is_dir():
-        path = path / "run.json"
+    path = run_record_path(path)
     if not path.exists():
         raise FileNotFoundError(f"no run.json at {str(path)!r}: is this a run folder?")
     saved = _read_run_record(path)
     plain = {section: saved[section] for section in ("model", "data", "optim", "trainer")}
     if saved.get("objective"):
         plain["objective"] = saved["objective"]
-    total = _latest_total(path.parent)
-    if total is not None and isinstance(plain["trainer"], dict):  # an extended run's total
-        plain["trainer"] = {**plain["trainer"], "steps": total}
     if isinstance(plain["trainer"], dict):
         plain["trainer"] = _located(plain["trainer"], path.parent)
     return plain
@@ -411,7 +412,7 @@ def _located(trainer: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
     return trainer
 
 
-def _latest_total(folder: pathlib.Path) -> int | None:
+def latest_total(folder: pathlib.Path) -> int | None:
     """The step total of the latest fit a run folder's journal records (`None`: no journal,
     or one that cannot be read: run.json's total stands)."""
     from dew.tracking import read_journal

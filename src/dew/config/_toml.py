@@ -1,8 +1,13 @@
-"""Writing TOML: the keys and values of a run configuration as TOML text (`tomllib` reads it
-back)."""
+"""TOML: the keys and values of a run configuration written as TOML text, and TOML text and
+files read back (`tomllib`), errors naming the file and values nested at most
+`dew._json.MAX_DEPTH` deep."""
 
+import os
 import re
+import tomllib
 from typing import Any
+
+from dew._json import check_depth, nesting_error
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f"}
@@ -51,3 +56,33 @@ def _toml_value(value: Any, where: str) -> str:
         )
         return "{ " + ", ".join(items) + " }"
     raise TypeError(f"{where} is {value!r} of type {type(value).__name__}, which TOML cannot hold.")
+
+
+def loads_toml(text: str, where: str) -> dict[str, Any]:
+    """Parse the TOML text `text`; text that is not TOML, or nests more than
+    `dew._json.MAX_DEPTH` deep, raises `ValueError` saying `"<where> is not valid TOML:
+    ..."` (a `tomllib.TOMLDecodeError` as its cause), never `RecursionError`."""
+    invalid = f"{where} is not valid TOML"
+    try:
+        values = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{invalid}: {error}.") from error
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise nesting_error(f"{invalid}: it") from None
+    except ValueError as error:  # an integer past Python's 4300 digits
+        raise ValueError(f"{invalid}: {error}.") from error
+    return check_depth(values, f"{invalid}: it")
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TOML file at `path`, as `loads_toml` reads it; a file that is not UTF-8 raises
+    `ValueError` naming it."""
+    with open(path, "rb") as file:
+        data = file.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{os.fspath(path)} is not valid TOML: it is not UTF-8 ({error})."
+        ) from None
+    return loads_toml(text, os.fspath(path))

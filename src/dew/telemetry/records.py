@@ -131,8 +131,9 @@ def record_from_dict(data: Mapping[str, Any]) -> Record:
 
 
 def record_from_json(text: str) -> Record:
-    """Rebuild any record from its `to_json` form."""
-    return record_from_dict(json.loads(text))
+    """Rebuild any record from its `to_json` form; text that is not JSON, or nests more than
+    `dew._json.MAX_DEPTH` deep, raises `ValueError`."""
+    return record_from_dict(_json.loads(text, "the record's text", "record JSON"))
 
 
 def package_versions(

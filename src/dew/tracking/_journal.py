@@ -61,12 +61,7 @@ _SHAPES: dict[str, Callable[[Any], str | None]] = {SCALARS: _scalars_entry, RECO
 
 def _parse_line(path: pathlib.Path, number: int, line: bytes) -> Any:
     """One journal line, checked for its journal's shape; `ValueError` naming the line."""
-    try:
-        entry = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: line {number} is not UTF-8 ({error}).") from error
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: line {number} is not valid JSON ({error}).") from error
+    entry = _json.loads(line, f"{path}: line {number}")
     problem = _SHAPES[path.name](entry)
     if problem is not None:
         raise ValueError(f"{path}: line {number} is not a {path.name} line: {problem}.")

@@ -12,7 +12,7 @@ from typing import Any
 
 from dew._json import plain
 from dew.config import RunConfig, override
-from dew.telemetry.records import encode_json_value
+from dew.telemetry.records import decode_json_value, encode_json_value
 
 
 def _is_int(value: Any) -> bool:
@@ -162,6 +162,62 @@ def _space_json(space: Space) -> dict[str, Any]:
     return json.loads(
         json.dumps(encode_json_value({path: spec.to_json() for path, spec in space.items()}))
     )
+
+
+def _space_from_json(stored: Any) -> Space:
+    """The space a ledger stores (`_space_json`'s form), checked as a space given to `sweep`
+    is: `ValueError` naming what is wrong."""
+    if not isinstance(stored, dict) or not stored:
+        raise ValueError("its space is not a mapping of dotted paths to fields")
+    space: dict[str, Any] = {}
+    for path, stored_spec in stored.items():
+        spec = decode_json_value(stored_spec)
+        kind = spec.get("kind") if isinstance(spec, dict) else None
+        keys = {"choice": {"kind", "values"}, "uniform": {"kind", "low", "high", "log"}}
+        keys["int_uniform"] = keys["uniform"]
+        if kind not in keys or set(spec) != keys[kind]:
+            raise ValueError(
+                f"its space path {path!r} is {stored_spec!r}, not a field ({{'kind': 'choice', "
+                "'values': [...]}, or 'uniform' or 'int_uniform' with 'low', 'high', 'log')"
+            )
+        try:
+            if kind == "choice":
+                if not isinstance(spec["values"], list):
+                    raise TypeError("its values are not a list")
+                space[path] = Choice(tuple(spec["values"]))
+            else:
+                integer = kind == "int_uniform"
+                low, high = (_bound(spec[key], integer) for key in ("low", "high"))
+                space[path] = (IntUniform if integer else Uniform)(low, high, log=spec["log"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"its space path {path!r} is {stored_spec!r}: {error}") from None
+    try:
+        return _normalize_space(space)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"its space is not a space: {error}") from None
+
+
+def _bound(value: Any, integer: bool) -> Any:
+    """A stored range's bound as its field takes it (JSON writes `1` for `1.0`)."""
+    if integer or not _is_real(value):
+        return value  # the field's own check names a bound of the wrong type
+    return float(value)
+
+
+def _outside(spec: Field, value: Any) -> str | None:
+    """Why `value` (in the ledger's JSON form, decoded) is no point of `spec`; `None` when
+    it is one."""
+    if isinstance(spec, Choice):
+        text = json.dumps(value, sort_keys=True)  # 1 is not 1.0 nor True, as in Choice
+        if all(json.dumps(choice, sort_keys=True) != text for choice in spec.values):
+            return f"not one of the choices {list(spec.values)!r}"
+        return None
+    integer = isinstance(spec, IntUniform)
+    fits = _is_int(value) if integer else _is_real(value)
+    if not fits or not spec.low <= value <= spec.high:  # NaN lies in no range
+        kind = "an integer" if integer else "a number"
+        return f"not {kind} in [{spec.low!r}, {spec.high!r}]"
+    return None
 
 
 def _candidates(spec: Field) -> tuple[Any, ...]:

@@ -12,11 +12,11 @@ from typing import Any
 from dew._processes import agreed_phase as _phase
 from dew._processes import broadcast_json, is_multiprocess, is_process_zero
 from dew.config import RunConfig, override
-from dew.config.sweep._ledger import _Ledger
+from dew.config.sweep._ledger import MOST_TRIALS, _EntryError, _Ledger, read_entry
 from dew.config.sweep._optuna import OptunaSearch
 from dew.config.sweep._search import Search, SearchRun, Trial, random_search
-from dew.config.sweep._space import _checked_space, _is_int, _is_real, _space_json
-from dew.naming import Split, check_index, metric_tag
+from dew.config.sweep._space import _checked_space, _is_int, _is_real
+from dew.naming import Split, metric_tag
 from dew.telemetry.records import TrialFinished, decode_json_value, encode_json_value
 from dew.tracking import ScalarTracker
 from dew.tracking._protocol import takes_artifacts
@@ -109,6 +109,11 @@ def sweep(
         )
     if not _is_int(trials) or trials < 1:
         raise ValueError(f"trials must be an integer >= 1, got {trials!r}.")
+    if trials > MOST_TRIALS:
+        raise ValueError(
+            f"trials must be at most 2**63 - 1 (trial i holds byte i + 1 of the ledger's lock "
+            f"file, whose offsets are 64-bit), got {trials!r}."
+        )
     if not isinstance(search, Search):
         raise TypeError(
             f"search must be a Search (random_search, grid_search, optuna_search), got {search!r}."
@@ -125,7 +130,7 @@ def sweep(
     with contextlib.ExitStack() as stack:
         with _phase("opening the sweep's ledger and search"):
             book = stack.enter_context(
-                _Ledger(ledger, _space_json(normalized), search.name, config.to_dict(), direction)
+                _Ledger(ledger, normalized, search.name, config.to_dict(), direction, trials)
             )
             with book.locked():
                 book.clean()
@@ -252,13 +257,16 @@ def _next(book: _Ledger, run: SearchRun) -> tuple[int, dict[str, Any]] | None:
         if proposal is None:
             return None
         index, point = proposal
-        index = check_index("the trial index the search proposed", index)
-        if set(point) != set(book.space):
-            raise ValueError(
-                f"the search proposed {dict(point)!r} for trial {index}; a point sets exactly "
-                f"the space's paths {list(book.space)}."
+        try:  # what the ledger would refuse to read back is refused before it is written
+            entry = encode_json_value({"index": index, "overrides": dict(point)})
+            trial = read_entry(
+                entry, "the proposal", space=book.fields, budget=book.trials, finished=False
             )
-        point = _canonical({path: point[path] for path in book.space})
+        except _EntryError as error:
+            raise ValueError(
+                f"the search proposed {dict(point)!r} for trial {index!r}: {error}."
+            ) from None
+        index, point = trial.index, _canonical(trial.overrides)
         if index in state.finished or index in state.running or not book.claim(index):
             raise RuntimeError(f"the search proposed trial {index}, which is already taken.")
         state.running[index] = point
