@@ -164,6 +164,20 @@ def test_a_pass_with_no_counted_target_raises(objective):
         )
 
 
+def test_a_validation_batch_without_the_objectives_keys_fails_before_compiling(objective):
+    batches = [{"tokens": batch["text"]} for batch in _batches(2)]
+    with pytest.raises(ValueError) as caught:
+        evaluate(
+            objective,
+            objective.init_params(),
+            batches,
+            metrics=[metrics.perplexity()],
+            key=jax.random.key(0),
+        )
+    assert str(caught.value) == "LMObjective reads batch key 'text', but the batch has 'tokens'."
+    assert not getattr(caught.value, "__notes__", ())  # raised on the host, not in a trace
+
+
 def test_duplicate_metric_names_in_a_pass_raise(objective):
     with pytest.raises(ValueError, match="metric names must be unique within a pass"):
         evaluate(

@@ -316,6 +316,32 @@ def test_out_of_vocabulary_ids_raise_the_host_check_not_jax_noise(objective, ste
     assert ended.error == f"ValueError: {message}"
 
 
+_RENAMED = {"tokens": TRAIN, "weights": np.ones(TRAIN.shape, np.float32)}
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        pytest.param([_RENAMED], id="first"),
+        pytest.param([{"text": TRAIN}, _RENAMED], id="later", marks=pytest.mark.slow),
+    ],
+)
+def test_a_batch_without_the_objectives_keys_fails_on_the_host_before_compiling(objective, batches):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    tracker = InMemoryTracker()
+    data = Dataset(train=lambda partition: iter(batches))
+    with pytest.raises(ValueError) as caught:
+        trainer.fit(data, steps=2, log_every=1, tracker=tracker, progress=False)
+    assert str(caught.value) == (
+        "LMObjective reads batch key 'text', but the batch has 'tokens', 'weights'."
+    )
+    assert isinstance(caught.value, KeyError)  # a missing key, as before, and bad input
+    assert not getattr(caught.value, "__notes__", ())  # not raised inside a JAX trace
+    assert len(trainer._names) == len(batches) - 1  # the renamed batch was never traced
+    ((_, ended),) = tracker.artifacts["fit_ended"]
+    assert (ended.status, ended.step) == ("failed", len(batches) - 1)
+
+
 def test_a_batch_that_disagrees_with_the_declared_batch_size_names_its_step(objective):
     short = {"text": TRAIN[:4]}
     batches = [{"text": TRAIN}, {"text": TRAIN}, short]

@@ -22,7 +22,7 @@ from dew.data import Dataset, Partition
 from dew.events import STEP_END, EventSink, TrackerEventSink
 from dew.metrics import Metric, MetricSet
 from dew.naming import Split, check_name
-from dew.objectives.base import Objective, ReportsSampling
+from dew.objectives.base import Objective, ReportsSampling, check_batch_keys
 from dew.profiling import Profile
 from dew.steps import EMPTY_HISTORY, LearningRate, TrainState
 from dew.telemetry.records import CheckpointRequested
@@ -277,13 +277,16 @@ class Trainer:
         self, telemetry: Telemetry, state_def: Any, leaves: list[Any], batch: Any
     ) -> tuple[str, ...]:
         """The training metrics' names, traced once per Trainer and kind of batch (a fit
-        resumed or continued with `state=` pays no second trace)."""
+        resumed or continued with `state=` pays no second trace), after the batch's keys
+        are checked against the objective's (one line naming a missing one, not a
+        `KeyError` from inside the trace)."""
         shapes = tuple(
             (np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
             for leaf in jax.tree.leaves(batch)
         )
         key = (telemetry, state_def, jax.tree.structure(batch), shapes)
         if key not in self._names:
+            check_batch_keys(self.objective, batch, Split.TRAIN)
             compiled = (self._objective_def, self._static, self.optimizer)
             self._names[key] = output_names(
                 *compiled, telemetry, leaves, batch, self._objective_leaves, state_def
