@@ -15,6 +15,7 @@ from dew.data import Dataset, Partition
 from dew.evaluation import scoring_key
 from dew.metrics import MetricSet
 from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.base import MissingBatchKeyError
 from dew.objectives.lm import LMObjective
 
 
@@ -166,7 +167,7 @@ def test_a_pass_with_no_counted_target_raises(objective):
 
 def test_a_validation_batch_without_the_objectives_keys_fails_before_compiling(objective):
     batches = [{"tokens": batch["text"]} for batch in _batches(2)]
-    with pytest.raises(ValueError) as caught:
+    with pytest.raises(MissingBatchKeyError) as caught:
         evaluate(
             objective,
             objective.init_params(),

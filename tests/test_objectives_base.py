@@ -210,7 +210,7 @@ def test_every_objective_declares_the_keys_it_reads_and_its_checks_agree(name):
 def test_a_missing_key_is_named_with_what_names_it_and_the_keys_the_batch_has():
     classifier = EVERY_OBJECTIVE["ClassifierObjective"]
     batch = {"images": np.zeros((2, 4)), "labels": np.zeros(2, np.int32)}
-    with pytest.raises(ValueError) as caught:
+    with pytest.raises(MissingBatchKeyError) as caught:
         check_batch_keys(classifier, batch, Split.TRAIN)
     assert str(caught.value) == (
         "ClassifierObjective reads batch key 'features' (its `inputs` field), but the batch "

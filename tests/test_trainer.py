@@ -12,6 +12,7 @@ from dew import Trainer, metrics
 from dew.data import Dataset
 from dew.naming import Split
 from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.base import MissingBatchKeyError
 from dew.objectives.lm import LMObjective
 from dew.supervised import EarlyStopper
 from dew.tracking import InMemoryTracker
@@ -330,12 +331,12 @@ def test_a_batch_without_the_objectives_keys_fails_on_the_host_before_compiling(
     trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
     tracker = InMemoryTracker()
     data = Dataset(train=lambda partition: iter(batches))
-    with pytest.raises(ValueError) as caught:
+    with pytest.raises(MissingBatchKeyError) as caught:
         trainer.fit(data, steps=2, log_every=1, tracker=tracker, progress=False)
     assert str(caught.value) == (
         "LMObjective reads batch key 'text', but the batch has 'tokens', 'weights'."
     )
-    assert isinstance(caught.value, KeyError)  # a missing key, as before, and bad input
+    assert isinstance(caught.value, KeyError) and isinstance(caught.value, ValueError)
     assert not getattr(caught.value, "__notes__", ())  # not raised inside a JAX trace
     assert len(trainer._names) == len(batches) - 1  # the renamed batch was never traced
     ((_, ended),) = tracker.artifacts["fit_ended"]
