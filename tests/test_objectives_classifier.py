@@ -130,6 +130,7 @@ def test_the_registry_entry_reads_the_classes_inputs_key():
     assert built.inputs == ClassifierObjective(model, classes=3).inputs == "inputs"
 
 
+@pytest.mark.slow  # about 9 s: the command builds the model and the shapes first
 def test_dew_train_names_the_inputs_key_the_batch_lacks_in_one_line(tmp_path):
     # tiny_classifier names `inputs="images"`, the key `shapes` yields; a config that
     # leaves it out reads the default key, which the batch lacks: one line, exit 2.
