@@ -1,6 +1,7 @@
 """Trainer.fit: the guide's LM example, cadence rules, events, records and failures."""
 
 import itertools
+import re
 import traceback
 
 import jax
@@ -85,21 +86,32 @@ def test_the_guides_language_model_example(objective, capsys):
 
 def test_metrics_alone_do_not_turn_evaluation_on(objective):
     trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
-    for kwargs in ({"metrics": (metrics.perplexity(),)}, {"eval_every": 5}):
+    # Nothing to score, or no cadence to score at: no validation data needed either.
+    for kwargs, val in (({"metrics": (metrics.perplexity(),)}, True), ({"eval_every": 5}, False)):
         tracker = InMemoryTracker()
-        trainer.fit(_data(), steps=5, log_every=5, tracker=tracker, progress=False, **kwargs)
+        data = _data(val=val)
+        trainer.fit(data, steps=5, log_every=5, tracker=tracker, progress=False, **kwargs)
         assert set(tracker.scalars) == {"lm/train/loss", "lm/train/token_accuracy"}
+
+
+def test_an_evaluation_cadence_without_validation_data_is_refused_before_training(objective):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
     tracker = InMemoryTracker()
-    trainer.fit(
-        _data(val=False),
-        steps=5,
-        log_every=5,
-        eval_every=5,
-        tracker=tracker,
-        metrics=(metrics.perplexity(),),
-        progress=False,
+    asked = (metrics.perplexity(), metrics.token_accuracy())
+    message = (
+        "eval_every=2 asks for metrics perplexity, token_accuracy every 2 steps, but the "
+        "Dataset has no validation data (Dataset.val is None): give it val=..., or leave "
+        "eval_every unset."
     )
-    assert "lm/validation/perplexity" not in tracker.scalars
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        trainer.fit(
+            _data(val=False), steps=4, log_every=2, eval_every=2, metrics=asked, tracker=tracker
+        )
+    with pytest.raises(ValueError, match=r"^eval_every=2 asks for previews every 2 steps, but"):
+        trainer.fit(
+            _data(val=False), steps=4, log_every=2, eval_every=2, preview=True, tracker=tracker
+        )
+    assert not tracker.scalars and not tracker.artifacts  # refused before the fit started
 
 
 def test_previews_need_preview_true_and_a_tracker(objective):

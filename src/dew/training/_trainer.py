@@ -35,7 +35,12 @@ from dew.training._compiled_step import (
     state_leaves,
     state_of,
 )
-from dew.training._evaluation_event import SAMPLING_RECORD, evaluation_event, key_text
+from dew.training._evaluation_event import (
+    SAMPLING_RECORD,
+    evaluates,
+    evaluation_event,
+    key_text,
+)
 from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
 from dew.training._placement import ParamSharding, Placement, fit_setup
 from dew.training._profile_window import ProfileWindowTracer
@@ -143,11 +148,12 @@ class Trainer:
           means). The rate comes from the Trainer's `learning_rate` or an
           `optax.inject_hyperparams` optimizer state; without either, and for an
           objective whose aux already names one of these, `fit` raises a `ValueError`.
-        - Evaluation runs every `eval_every` steps only when `data.val` and
-          `eval_every` are given and there is something to do: `metrics` to score
-          (`validation_end` events, `<stage>/validation/<metric>`) or a preview; and
-          once more at the fit's last step (`steps`, or an early stop) when the cadence
-          missed it, unless `final_eval=False`.
+        - Evaluation runs every `eval_every` steps when there is something to do:
+          `metrics` to score (`validation_end` events, `<stage>/validation/<metric>`)
+          or a preview; and once more at the fit's last step (`steps`, or an early
+          stop) when the cadence missed it, unless `final_eval=False`. Something to do
+          every `eval_every` steps with no `data.val` raises a `ValueError`; `metrics`
+          without `eval_every` do nothing.
         - Previews (`tracker.log_artifact("samples", ...)`) only with `preview=True`
           and a tracker; the base preview reuses the first scoring artifact. An
           objective that declares no metrics (diffusion) still previews.
@@ -226,9 +232,7 @@ class Trainer:
         placement, previewing, tracker, progress = fit_setup(
             self.optimizer, self.param_sharding, preview and tracker is not None, tracker, progress
         )
-        evaluating = (
-            data.val is not None and eval_every is not None and (bool(metrics) or previewing)
-        )
+        evaluating = evaluates(data, eval_every, metric_set, previewing)
         sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
 
         checkpoints = None
