@@ -131,6 +131,28 @@ def test_a_diverging_trial_scores_nan_and_the_sweep_goes_on(tmp_path, capsys):
     assert printed.out.splitlines()[-1].startswith("best trial 1  perplexity ")
 
 
+@pytest.mark.slow  # two runs of the command
+def test_a_diverging_dew_train_names_its_switch_and_trains_on_with_it(tmp_path, capsys):
+    path, _ = _write_config(tmp_path, eval_every=None, checkpoint_every=None)
+    arguments = ["train", str(path), "--set", "optim.learning_rate=1e30", "--quiet"]
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("dew train: training ") and error.count("\n") == 1
+    assert error.endswith(
+        "before saving or returning that state; pass --on-nonfinite continue to train on.\n"
+    )
+    # The same run, trained on: what a divergence does is no part of its identity.
+    assert main([*arguments, "--on-nonfinite", "continue"]) == 0
+    folder = tmp_path / "runs" / "tiny"
+    ended = [r for _, _, r in read_journal(folder).records if r.type == "fit_ended"]
+    assert [(r.status, r.step) for r in ended] == [("failed", 3), ("completed", 6)]
+    run = json.loads((folder / "run.json").read_text())
+    assert run["trainer"]["on_nonfinite"] == "raise"  # run.json keeps the first run's
+    assert json.loads((folder / "params.json").read_text())["config/trainer/on_nonfinite"] == (
+        "continue"
+    )
+
+
 @pytest.mark.slow
 def test_two_dew_sweep_workers_share_one_optuna_study(tmp_path):
     pytest.importorskip("optuna")

@@ -36,6 +36,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from dew._nonfinite import nonfinite_advice
 from dew.cli._cluster import _check_processes, _join, cluster_settings
 from dew.cli._commands import _eval, _sweep, _sweep_inputs, _train, _train_config
 from dew.cli._commands import _space as _space  # tests read a space file with it
@@ -102,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 joined = True
         commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs, "plot": _plot}
         commands["config"] = _config
-        return commands[args.command](args)
+        with nonfinite_advice("--on-nonfinite continue"):  # the command's switch, not Python's
+            return commands[args.command](args)
 
     try:
         code = _outcome(args, launched, run)

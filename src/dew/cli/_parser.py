@@ -3,6 +3,7 @@
 import argparse
 
 import dew
+from dew._nonfinite import ON_NONFINITE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,6 +99,12 @@ def _override_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="the run name (overrides trainer.name)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides trainer.steps)")
     parser.add_argument("--checkpoint-dir", help="overrides trainer.checkpoint_dir")
+    parser.add_argument(
+        "--on-nonfinite",
+        choices=ON_NONFINITE,
+        help="a NaN or infinite training loss: raise (stop before saving that state, the "
+        "default) or continue (overrides trainer.on_nonfinite)",
+    )
     parser.add_argument(
         "--set",
         action="append",

@@ -85,10 +85,15 @@ def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
     return saved
 
 
+_NOT_IDENTITY = ("steps", "on_nonfinite")  # trainer fields a rerun of the same run may change
+
+
 def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] | None:
     """A run folder's existing run.json must describe the same configuration, but for
-    `trainer.steps`: the step budget is no part of a run's identity (a larger one extends
-    the run). Returns the saved record (`None`: a new run)."""
+    `trainer.steps` and `trainer.on_nonfinite`: the step budget is no part of a run's
+    identity (a larger one extends the run), nor is what a divergence does (a run that
+    stopped on one resumes with `on_nonfinite="continue"`). Returns the saved record
+    (`None`: a new run)."""
     path = folder / "run.json"
     if not path.exists():
         return None
@@ -104,7 +109,7 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     def identity(section: str, plain: dict[str, Any]) -> Any:
         value = plain.get(section, {})
         if section == "trainer" and isinstance(value, dict):
-            return {key: item for key, item in value.items() if key != "steps"}
+            return {key: item for key, item in value.items() if key not in _NOT_IDENTITY}
         return value
 
     differing = [
@@ -247,6 +252,7 @@ def train_run(
         preview=settings.preview if preview is None else preview,
         progress=progress,
         train_reduction=settings.train_reduction,
+        on_nonfinite=settings.on_nonfinite,
         log_optimizer=settings.log_optimizer,
     )
     if not writing:  # no local tracker, run.json or journals here; `tracker` is the caller's
