@@ -448,7 +448,7 @@ class Trainer:
                     drawn = draw(batches, step, block, steps, data.batch)
                     unsynced.extend(drawn)
                     window.before(step + 1)
-                    with engine.deferred():  # a Ctrl-C lands between steps, never inside one
+                    with engine.deferred(block):  # a Ctrl-C lands between steps, not inside
                         if block == 1:
                             batch = drawn[0] if placement is None else placement.batch(drawn[0])
                             leaves = calls.step(leaves, batch)
