@@ -6,8 +6,9 @@ import pathlib
 
 
 def _message(error: BaseException) -> str:
-    """`error` as one line, its notes included; an OSError names its path first and, when a
-    file stands where a folder should, which one."""
+    """`error` as one line, its notes included but for JAX's note about the frames it left
+    out of the traceback (the line shows no traceback); an OSError names its path first and,
+    when a file stands where a folder should, which one."""
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         path = os.fsdecode(error.filename)
         text = f"{path}: {error.strerror}"
@@ -20,8 +21,16 @@ def _message(error: BaseException) -> str:
         text = str(error.args[0])
     else:
         text = str(error) or type(error).__name__
-    parts = [text, *getattr(error, "__notes__", ())]
+    notes = [note for note in getattr(error, "__notes__", ()) if not _about_the_traceback(note)]
+    parts = [text, *notes]
     return " ".join(line.strip() for part in parts for line in part.splitlines() if line.strip())
+
+
+def _about_the_traceback(note: str) -> bool:
+    """Whether `note` is the one JAX adds to an error raised under a transformation (jit,
+    eval_shape): that it removed its internal frames, and how to see them
+    (`JAX_TRACEBACK_FILTERING`). The traceback it speaks of is kept for bugs alone."""
+    return "JAX_TRACEBACK_FILTERING" in note
 
 
 def _file_in_the_way(path: str) -> str | None:
