@@ -41,7 +41,7 @@ from dew.cli._cluster import _check_processes, _join, cluster_settings
 from dew.cli._commands import _eval, _sweep, _sweep_inputs, _train, _train_config
 from dew.cli._commands import _space as _space  # tests read a space file with it
 from dew.cli._config_command import _config
-from dew.cli._errors import _caused_by_user, _message
+from dew.cli._errors import _caused_by_user, _message, reader_gone, stop_writing
 from dew.cli._inputs import _config_arguments
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
@@ -136,9 +136,18 @@ def _preflight(args: argparse.Namespace) -> int:
 
 
 def _outcome(args: argparse.Namespace, launched: bool, run: Callable[[], int]) -> int:
-    """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status."""
+    """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status, and
+    a pipe closed on standard output (`dew runs | head`) ends the command normally."""
     try:
-        return run()
+        code = run()
+        sys.stdout.flush()  # what is buffered, while a closed pipe can still be told apart
+        return code
+    except BrokenPipeError as error:
+        if not reader_gone():  # another pipe or socket: the error it is
+            print(f"dew {args.command}: {_message(error)}", file=sys.stderr)
+            return 2
+        stop_writing()
+        return 0
     except KeyboardInterrupt as interrupt:
         if not launched:  # a launched process leaves the one line to its launcher
             print(f"dew {args.command}: {_interrupted(args.command, interrupt)}", file=sys.stderr)

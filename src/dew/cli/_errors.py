@@ -3,6 +3,9 @@
 import errno
 import os
 import pathlib
+import select
+import stat
+import sys
 
 
 def _message(error: BaseException) -> str:
@@ -54,3 +57,27 @@ def _caused_by_user(error: BaseException) -> bool:
     if isinstance(error, ImportError):  # a missing optional dependency, not a broken import
         return error.name is not None and error.name.split(".")[0] != "dew"
     return False
+
+
+def reader_gone() -> bool:
+    """Whether standard output is a pipe whose reading end was closed (`dew runs | head`
+    after its lines): a normal end of the command, not an error."""
+    try:
+        descriptor = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(descriptor).st_mode):
+            return False
+    except (AttributeError, OSError, ValueError):  # a captured or closed stream
+        return False
+    if not hasattr(select, "poll"):  # no poll (Windows): Python's own recipe's guess
+        return True
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poller.poll(0))
+
+
+def stop_writing() -> None:
+    """Point standard output at the null device, so the interpreter's last flush of what
+    is buffered for a closed pipe raises nothing (Python's recipe for SIGPIPE)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)

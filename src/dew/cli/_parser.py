@@ -57,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="keep matching runs: KEY=VALUE, KEY~REGEX, KEY<NUMBER, KEY>NUMBER (repeatable)",
     )
+    runs.add_argument(
+        "--columns",
+        metavar="A,B",
+        help="these columns after run: metrics (bare names or tags), hyperparameters (--set "
+        "paths), status, step, 'best trial' (default: all that fit the terminal's width)",
+    )
     runs.add_argument("--json", action="store_true", help="a JSON list of the runs, for scripts")
 
     plot = commands.add_parser("plot", help="render a run's plots from its local journal")
@@ -136,8 +142,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "dew eval runs/lr-grid/trial-0",
     ),
     "runs": (
-        "dew runs                           # the runs under runs/",
-        "dew runs runs/lr-grid              # a sweep's trials",
+        "dew runs                           # the runs under runs/, a table per kind of run",
+        "dew runs runs/lr-grid --sort perplexity --columns perplexity,optim.learning_rate",
+        "dew runs --filter status=completed --json   # the rows as JSON, for scripts",
     ),
     "config": (
         "dew config show tiny_diffusion     # a built-in configuration",
