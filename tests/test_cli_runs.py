@@ -349,6 +349,10 @@ def test_columns_chooses_the_columns_and_their_order(mixed, capsys, monkeypatch)
     assert main(["runs", str(mixed), "--columns", "accuracy,colour"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("dew runs: --columns names 'colour', which no listed run has; ")
+    assert main(["runs", str(mixed), "--columns", "perplexty"]) == 2
+    assert "'perplexty', which no listed run has (did you mean 'perplexity'?); " in (
+        capsys.readouterr().err
+    )
     assert "the columns are run, status, step, data.name, " in error
 
 

@@ -5,6 +5,7 @@ per kind of run (its objective and model), within the terminal's width, `--colum
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import pathlib
@@ -267,8 +268,11 @@ def _chosen(rows: list[_Row], text: str | None) -> list[str] | None:
     for name in names:
         column = name if name in (*_FIXED, _BEST) or name in params else _tag(rows, name)
         if not name or (rows and column is None):
+            bare = sorted({tag.rsplit("/", 1)[-1] for tag in tags})
+            near = difflib.get_close_matches(name, [*bare, *known], n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ValueError(
-                f"--columns names {name!r}, which no listed run has; the columns are "
+                f"--columns names {name!r}, which no listed run has{hint}; the columns are "
                 f"{', '.join(known)} (a metric by bare name or tag)."
             )
         if column is not None and column != "run" and column not in chosen:
