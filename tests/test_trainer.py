@@ -100,8 +100,9 @@ def test_an_evaluation_cadence_without_validation_data_is_refused_before_trainin
     asked = (metrics.perplexity(), metrics.token_accuracy())
     message = (
         "eval_every=2 asks for metrics perplexity, token_accuracy every 2 steps, but the "
-        "Dataset has no validation data (Dataset.val is None): give it val=..., or leave "
-        "eval_every unset."
+        "Dataset has no validation data (Dataset.val is None; a built-in dataset with "
+        "val_fraction=0): give it validation data, or leave eval_every unset "
+        "(trainer.eval_every in a RunConfig)."
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         trainer.fit(

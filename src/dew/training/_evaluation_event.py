@@ -49,8 +49,9 @@ def evaluates(
         asked = f"metrics {', '.join(metric_set.names)}" if metric_set.metrics else "previews"
         raise ValueError(
             f"eval_every={eval_every} asks for {asked} every {eval_every} steps, but the "
-            "Dataset has no validation data (Dataset.val is None): give it val=..., or leave "
-            "eval_every unset."
+            "Dataset has no validation data (Dataset.val is None; a built-in dataset with "
+            "val_fraction=0): give it validation data, or leave eval_every unset "
+            "(trainer.eval_every in a RunConfig)."
         )
     return True
 
