@@ -96,6 +96,9 @@ class RegressionObjective(Objective):
     def evaluate(self, params: Any, batch: Any, key: Any) -> Representations:
         return Representations(jax.vmap(combine(params, self.model))(batch["x"]))
 
+    def batch_keys(self, split: Any) -> dict[str, str | None]:
+        return {"x": None, "y": None}
+
     def check_batch(self, batch: Any) -> None:
         return None
 

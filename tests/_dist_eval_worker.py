@@ -140,6 +140,9 @@ class ImagesObjective(Objective):
         reference = batch.get("reference")
         return Images(generated, None if reference is None else jnp.asarray(reference))
 
+    def batch_keys(self, split):
+        return {"images": None}
+
     def check_batch(self, batch):
         if np.ndim(batch["images"]) != 4:
             raise ValueError(f"images must have 4 axes, got {np.shape(batch['images'])}.")

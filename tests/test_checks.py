@@ -122,7 +122,8 @@ def test_batch_error_reads_the_batches_only_on_failure_and_finds_the_first_bad_o
     clean = {"text": np.zeros((2, 9), np.int32)}
     assert batch_error(OBJECTIVE, [clean, clean]) is None
     assert "token ID 5" in str(batch_error(OBJECTIVE, [clean, _bad_batch(), clean]))
-    assert batch_error(OBJECTIVE, [{"tokens": clean["text"]}]) is None  # a check that cannot run
+    missing = batch_error(OBJECTIVE, [{"tokens": clean["text"]}])  # a missing key explains too
+    assert str(missing) == "LMObjective reads batch key 'text', but the batch has 'tokens'."
     with explain_failure(OBJECTIVE, _bad_batch()):  # nothing raised: nothing checked
         pass
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from dew.cli import main
@@ -129,6 +130,28 @@ def test_a_diverging_trial_scores_nan_and_the_sweep_goes_on(tmp_path, capsys):
     assert values[0] == "NaN" and isinstance(values[1], float)
     assert "tiny/trial-0: training " in printed.err  # its loss or params were not finite
     assert printed.out.splitlines()[-1].startswith("best trial 1  perplexity ")
+
+
+@pytest.mark.slow  # two runs of the command
+def test_a_diverging_dew_train_names_its_switch_and_trains_on_with_it(tmp_path, capsys):
+    path, _ = _write_config(tmp_path, eval_every=None, checkpoint_every=None)
+    arguments = ["train", str(path), "--set", "optim.learning_rate=1e30", "--quiet"]
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("dew train: training ") and error.count("\n") == 1
+    assert error.endswith(
+        "before saving or returning that state; pass --on-nonfinite continue to train on.\n"
+    )
+    # The same run, trained on: what a divergence does is no part of its identity.
+    assert main([*arguments, "--on-nonfinite", "continue"]) == 0
+    folder = tmp_path / "runs" / "tiny"
+    ended = [r for _, _, r in read_journal(folder).records if r.type == "fit_ended"]
+    assert [(r.status, r.step) for r in ended] == [("failed", 3), ("completed", 6)]
+    run = json.loads((folder / "run.json").read_text())
+    assert run["trainer"]["on_nonfinite"] == "raise"  # run.json keeps the first run's
+    assert json.loads((folder / "params.json").read_text())["config/trainer/on_nonfinite"] == (
+        "continue"
+    )
 
 
 @pytest.mark.slow
@@ -469,6 +492,34 @@ def test_a_user_error_raised_anywhere_is_one_line(error, monkeypatch, capsys):
     monkeypatch.setattr(dew.cli, "_train", failing)
     assert main(["train"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_one_line_leaves_out_jaxs_note_about_its_frames_and_keeps_others():
+    from dew.cli._errors import _message
+
+    @jax.jit
+    def step(x):
+        raise ValueError(f"a bad x of shape {x.shape}.")
+
+    with pytest.raises(ValueError, match="a bad x") as caught:
+        step(jax.numpy.ones(3))
+    error = caught.value
+    assert any("JAX_TRACEBACK_FILTERING" in note for note in error.__notes__)  # JAX's own
+    error.add_note("(in run.toml)")
+    assert _message(error) == "a bad x of shape (3,). (in run.toml)"
+
+
+@pytest.mark.slow  # the command builds the model and the shapes first
+def test_an_error_raised_inside_the_compiled_step_is_one_line_without_jaxs_note(tmp_path):
+    # A ViT for 32-pixel images on 16-pixel shapes fails inside the traced step.
+    arguments = ["train", "--config", "tiny_classifier", "--checkpoint-dir", tmp_path, "--quiet"]
+    arguments += ["--steps", "1", "--set", "model.kwargs.image_size=32"]
+    arguments += ["--set", "data.kwargs.rows=64", "--set", "trainer.batch_size=8"]
+    result = _dew(*arguments, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "dew train: ViT expects one image of shape (32, 32, 3), got (16, 16, 3).\n"
+    )
 
 
 def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -243,3 +244,39 @@ def test_ctrl_c_inside_orbax_wait_is_dews_one_line(tmp_path):
     assert re.fullmatch(r"dew train: interrupted at step \d+; the same command [^\n]*\n", errors), (
         errors
     )
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_first_compilation_says_so_at_once(tmp_path):
+    # The built-in tiny_lm with four (unrolled) blocks compiles its step for seconds.
+    command = [sys.executable, "-m", "dew.cli", "train", "--checkpoint-dir", str(tmp_path)]
+    command += ["--steps", "4", "--set", "model.kwargs.num_layers=4", "--quiet"]
+    process = subprocess.Popen(
+        command,
+        env=_environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said = []  # (when, line) of each line on standard error
+
+    def read():
+        for line in process.stderr:
+            said.append((time.monotonic(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    records = tmp_path / "quickstart" / "records.jsonl"
+    deadline = time.monotonic() + 180
+    while not (records.exists() and "fit_started" in records.read_text()):
+        assert process.poll() is None and time.monotonic() < deadline, said
+        time.sleep(0.02)
+    time.sleep(0.2)  # past the first batch's draw: in the first step's compilation
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=300) == 130
+    reader.join()
+    lines = [line for _, line in said]
+    assert lines[0] == "interrupting after compilation...", lines
+    assert said[0][0] - sent < 2.0  # at once, not once the compilation is over
+    assert lines[1:] == ["dew train: interrupted at step 1; the same command resumes from step 1"]

@@ -1,4 +1,5 @@
-"""`dew runs` (a sweep's best trial, --sort, --filter, hyperparameter columns, --json),
+"""`dew runs` (a sweep's best trial, --sort, --filter, hyperparameter columns, --json, a table
+per kind of run within the terminal's width, --columns, escaped names, a closed pipe),
 `dew sweep`'s trial lines and `dew eval --step/--metrics`."""
 
 import json
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 from dew.cli import main
-from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
+from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig, builtin
 from dew.registry import datasets
 from dew.telemetry.records import TrialFinished
 from dew.tracking import LocalTracker
@@ -23,6 +24,12 @@ TINY = {
     "mlp_features": 32,
     "max_seq_len": 16,
 }
+
+
+@pytest.fixture(autouse=True)
+def _no_width(monkeypatch):
+    """Captured output is no terminal: no width limit, unless a test sets COLUMNS."""
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -284,3 +291,147 @@ def test_the_ledger_records_the_direction_and_refuses_the_other(tmp_path):
         run("minimize")
     with pytest.raises(ValueError, match="direction must be 'minimize' or 'maximize', got 'up'"):
         run("up")
+
+
+KINDS = {  # a built-in configuration: its stage and validation metrics
+    "tiny_lm": ("lm", ("perplexity", "token_accuracy")),
+    "tiny_diffusion": ("diffusion", ("fid",)),
+    "tiny_classifier": ("classifier", ("accuracy", "cross_entropy", "f1")),
+    "tiny_jepa": ("jepa", ("knn_accuracy", "linear_probe_accuracy")),
+}
+HEADINGS = [
+    "objective classifier, model vit: 3 runs",
+    "objective diffusion, model dit: 3 runs",
+    "objective jepa, model vit: 3 runs",
+    "objective lm, model causal_transformer: 3 runs",
+]
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    """Twelve runs of four kinds (journals and params, no training), each with its own
+    learning rate, seed and model size: one column per differing hyperparameter and per
+    metric made `dew runs` print rows over a thousand characters wide."""
+    root = tmp_path / "runs"
+    for index in range(12):
+        name = list(KINDS)[index % 4]
+        config = builtin(name).to_dict()
+        config["optim"]["learning_rate"] = (1e-3, 3e-3, 1e-2)[index % 3]
+        config["trainer"]["seed"] = index
+        first = next(iter(config["model"]["kwargs"]))
+        config["model"]["kwargs"][first] *= 1 + index % 2
+        stage, validation = KINDS[name]
+        values = {f"{stage}/validation/{metric}": index / 10 for metric in validation}
+        with LocalTracker(root / f"{name}-{index}") as tracker:
+            tracker.log_params({"config": config})
+            tracker.log_metrics({f"{stage}/train/loss": 1 / (index + 1), **values}, step=100)
+    return root
+
+
+def _tables(lines):
+    """`dew runs`' lines as {heading: (header cells, rows, the note on left-out columns)}."""
+    tables, heading = {}, None
+    for line in lines:
+        if line.startswith("objective "):
+            heading = line
+            tables[heading] = [None, [], None]
+        elif line.startswith("(") and "more column" in line:
+            tables[heading][2] = line
+        elif line and tables[heading][2] is not None:  # the note, wrapped to the width
+            tables[heading][2] += " " + line
+        elif line and tables[heading][0] is None:
+            tables[heading][0] = line.split()
+        elif line:
+            tables[heading][1].append(line)
+    return tables
+
+
+def test_mixed_runs_print_a_table_per_kind_within_the_terminals_width(mixed, capsys, monkeypatch):
+    whole = _tables(_rows(capsys, str(mixed)))  # not a terminal: whole rows
+    assert list(whole) == HEADINGS
+    for heading, (headers, rows, note) in whole.items():
+        stage = heading.split()[1].rstrip(",")
+        assert headers[:3] == ["run", "status", "step"] and note is None
+        assert {tag.split("/")[0] for tag in headers if tag.count("/") == 2} == {stage}
+        assert "optim.learning_rate" in headers and "trainer.seed" in headers
+        assert len(rows) == 3
+    monkeypatch.setenv("COLUMNS", "100")
+    lines = _rows(capsys, str(mixed))
+    assert max(map(len, lines)) <= 100
+    fitted = _tables(lines)
+    assert list(fitted) == HEADINGS
+    for heading, (headers, rows, note) in fitted.items():
+        kept = whole[heading][0]
+        assert headers[:3] == ["run", "status", "step"] and len(rows) == 3
+        assert headers == [column for column in kept if column in headers]  # in their order
+        first = next(tag for tag in kept if "/validation/" in tag)  # the first metric stays
+        assert first in headers and note is not None
+        left = note.split("characters: ")[1].split("; choose with --columns)")[0].split(", ")
+        assert sorted(headers + left) == sorted(kept)
+
+
+def test_columns_chooses_the_columns_and_their_order(mixed, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "30")  # chosen columns are never left out
+    lines = _rows(capsys, str(mixed), "--columns", "accuracy,optim.learning_rate,status")
+    tables = _tables(lines)
+    expected = ["run", "classifier/validation/accuracy", "optim.learning_rate", "status"]
+    assert [headers for headers, _, _ in tables.values()] == [expected] * 4
+    (cells,) = [
+        row.split() for row in tables[HEADINGS[0]][1] if row.startswith("tiny_classifier-2 ")
+    ]
+    assert cells == ["tiny_classifier-2", "0.2000", "0.01", "-"]
+    assert all(row.split()[1] == "-" for row in tables[HEADINGS[3]][1])  # no accuracy in lm
+    listed = _listed(capsys, mixed.parent, "--columns", "perplexity,trainer.seed")
+    assert {tuple(row["hyperparameters"]) for row in listed} == {("trainer.seed",)}
+    assert {tuple(row["metrics"]) for row in listed} == {("lm/validation/perplexity",), ()}
+    assert main(["runs", str(mixed), "--columns", "accuracy,colour"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("dew runs: --columns names 'colour', which no listed run has; ")
+    assert main(["runs", str(mixed), "--columns", "perplexty"]) == 2
+    assert "'perplexty', which no listed run has (did you mean 'perplexity'?); " in (
+        capsys.readouterr().err
+    )
+    assert "the columns are run, status, step, data.name, " in error
+
+
+def test_a_run_name_with_a_newline_stays_one_row(tmp_path, capsys):
+    folder = tmp_path / "runs" / "lr\n0.1\x1b[31m"
+    with LocalTracker(folder) as tracker:
+        tracker.log_params({"config": {"data": {"kwargs": {"path": "a\tb"}}}})
+        tracker.log_metrics({"lm/validation/loss": 1.5}, step=3)
+    with LocalTracker(tmp_path / "runs" / "plain") as tracker:
+        tracker.log_params({"config": {"data": {"kwargs": {"path": "c"}}}})
+    lines = _rows(capsys, str(tmp_path / "runs"))
+    assert len(lines) == 3
+    assert lines[1].split() == ["lr\\n0.1\\x1b[31m", "-", "3", "a\\tb", "1.5000"]
+    assert [row["run"] for row in _listed(capsys, tmp_path)] == ["lr\n0.1\x1b[31m", "plain"]
+
+
+def test_a_broken_pipe_that_is_not_standard_output_is_still_an_error(journals, monkeypatch, capsys):
+    import dew.cli
+
+    def failing(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(dew.cli, "_runs", failing)
+    assert main(["runs", str(journals)]) == 2  # captured output is no pipe: not ours
+    assert capsys.readouterr().err == "dew runs: [Errno 32] Broken pipe\n"
+
+
+@pytest.mark.slow  # two `dew runs` processes
+def test_dew_runs_into_a_pipe_closed_early_exits_0_quietly(tmp_path):
+    root = tmp_path / "runs"
+    for index in range(300):  # 300 rows of over 200 characters: more than a pipe holds
+        with LocalTracker(root / f"{index:03d}-{'x' * 200}") as tracker:
+            tracker.log_metrics({"lm/validation/loss": index / 7}, step=3)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "dew.cli", "runs", str(root)]
+    for early in (True, False):  # closed before dew writes, or after its first line
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment
+        )
+        if not early:
+            assert process.stdout.readline().startswith(b"run ")
+        process.stdout.close()
+        assert process.wait(timeout=120) == 0
+        assert process.stderr.read() == b""

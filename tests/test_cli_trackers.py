@@ -3,6 +3,7 @@ client (TensorBoard's reader, `MlflowClient`, W&B's offline transaction log)."""
 
 import argparse
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from dew.cli import main
-from dew.cli._trackers import _store, open_trackers
+from dew.cli._trackers import _MLFLOW_LOGGERS, _quiet_loggers, _store, open_trackers
 from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
 from dew.registry import datasets
 from dew.tracking import read_journal
@@ -276,3 +277,36 @@ def test_a_store_mlflow_cannot_open_is_one_line_and_exit_2(tmp_path, capsys):
     (error,) = capsys.readouterr().err.splitlines()
     assert error.startswith("dew train: MLflow cannot open the store 'bogus://x': ")
     assert "unsupported URI 'bogus://x'" in error
+
+
+def test_mlflows_loggers_are_quiet_only_while_the_commands_trackers_are_open():
+    pytest.importorskip("mlflow")
+    loggers = [logging.getLogger(name) for name in _MLFLOW_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    assert logging.getLogger("mlflow").isEnabledFor(logging.INFO)  # MLflow's own setting
+    with _quiet_loggers(_MLFLOW_LOGGERS):
+        assert not any(logger.isEnabledFor(logging.INFO) for logger in loggers)
+        assert all(logger.isEnabledFor(logging.WARNING) for logger in loggers)
+    assert [logger.level for logger in loggers] == levels  # a library user's, as it was
+
+
+@pytest.mark.slow
+def test_dew_train_into_a_new_sqlite_store_prints_no_info_lines(tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    environment = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    environment.pop("MLFLOW_TRACKING_URI", None)
+    environment.pop("MLFLOW_LOGGING_LEVEL", None)
+    command = [sys.executable, "-m", "dew.cli", "train", str(_write_config(tmp_path))]
+    command += ["--tracker", "mlflow"]  # the default store: runs/mlflow.db, created here
+    result = subprocess.run(
+        command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    printed = (result.stdout + result.stderr).splitlines()
+    assert not [line for line in printed if " INFO " in line or "INFO " in line[:5]], printed
+    store = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    experiment = MlflowClient(tracking_uri=store).get_experiment_by_name("tracked")
+    (run,) = MlflowClient(tracking_uri=store).search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"

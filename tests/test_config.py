@@ -444,6 +444,10 @@ VALUE_ERRORS = [
         {"data": {"name": "d", "kwargs": {"seed": 4}}},
         "data.kwargs may not set 'seed': it comes from trainer.seed.",
     ),
+    (
+        {"trainer": {"on_nonfinite": "stop"}},
+        "trainer.on_nonfinite must be 'raise' or 'continue', got 'stop'.",
+    ),
     ({"trainer": {"step": 10}}, "trainer has unknown key 'step'; allowed keys are 'name', "),
     ({"optimizer": {}}, "RunConfig has unknown key 'optimizer'; allowed keys are 'model', "),
     ({"model": {"kwargs": {}}}, "model is missing the required key 'name'; allowed keys are"),

@@ -46,12 +46,19 @@ def test_every_builtin_configuration_round_trips_through_config_show(name, tmp_p
 
 def test_config_show_defaults_to_tiny_lm_and_applies_the_train_overrides(tmp_path):
     assert _show() == (0, builtin("tiny_lm").to_toml())
-    code, text = _show("tiny_lm", "--set", "optim.learning_rate=0.01", "--name", "lr", "--steps", 7)
+    arguments = ("--set", "optim.learning_rate=0.01", "--name", "lr", "--steps", 7)
+    code, text = _show("tiny_lm", *arguments, "--on-nonfinite", "continue")
     expected = override(
         builtin("tiny_lm"),
-        {"optim.learning_rate": 0.01, "trainer.name": "lr", "trainer.steps": 7},
+        {
+            "optim.learning_rate": 0.01,
+            "trainer.name": "lr",
+            "trainer.steps": 7,
+            "trainer.on_nonfinite": "continue",
+        },
     )
     assert code == 0 and RunConfig.from_toml(text) == expected
+    assert 'on_nonfinite = "continue"' in text.splitlines()
 
 
 def test_config_show_of_a_toml_file_prints_the_file_s_configuration(tmp_path):
@@ -211,6 +218,7 @@ FIELDS = {
     "trainer.preview": st.booleans(),
     "trainer.train_reduction": st.sampled_from(["mean", "last"]),
     "trainer.log_optimizer": st.booleans(),
+    "trainer.on_nonfinite": st.sampled_from(["raise", "continue"]),
 }
 
 

@@ -15,6 +15,7 @@ from dew.data import Dataset, Partition
 from dew.evaluation import scoring_key
 from dew.metrics import MetricSet
 from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.base import MissingBatchKeyError
 from dew.objectives.lm import LMObjective
 
 
@@ -162,6 +163,20 @@ def test_a_pass_with_no_counted_target_raises(objective):
             metrics=[metrics.perplexity()],
             key=jax.random.key(0),
         )
+
+
+def test_a_validation_batch_without_the_objectives_keys_fails_before_compiling(objective):
+    batches = [{"tokens": batch["text"]} for batch in _batches(2)]
+    with pytest.raises(MissingBatchKeyError) as caught:
+        evaluate(
+            objective,
+            objective.init_params(),
+            batches,
+            metrics=[metrics.perplexity()],
+            key=jax.random.key(0),
+        )
+    assert str(caught.value) == "LMObjective reads batch key 'text', but the batch has 'tokens'."
+    assert not getattr(caught.value, "__notes__", ())  # raised on the host, not in a trace
 
 
 def test_duplicate_metric_names_in_a_pass_raise(objective):

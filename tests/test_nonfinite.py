@@ -1,7 +1,9 @@
 """A training loss that turns non-finite stops the run (`on_nonfinite`), in both runners."""
 
+import contextlib
 import itertools
 import math
+import re
 
 import equinox as eqx
 import jax
@@ -11,6 +13,7 @@ import optax
 import pytest
 
 from dew import Trainer
+from dew._nonfinite import check_loss, check_params, nonfinite_advice
 from dew.checkpoints import Checkpointer
 from dew.data import Dataset
 from dew.nn.backbones.causal_transformer import CausalTransformer
@@ -72,6 +75,17 @@ def test_a_nan_loss_stops_the_fit_at_the_next_log_step(objective):
     # The non-finite loss is data: it is reported before the fit stops.
     [(step, loss)] = tracker.scalars["lm/train/loss"]
     assert step == 2 and math.isnan(loss)
+
+
+def test_the_advice_names_the_callers_switch():
+    python = "; pass on_nonfinite='continue' to train on."
+    command = "; pass --on-nonfinite continue to train on."
+    params = {"w": jnp.full((2,), jnp.inf)}
+    for advice, ending in ((None, python), ("--on-nonfinite continue", command)):
+        with nonfinite_advice(advice) if advice else contextlib.nullcontext():
+            for check in (lambda: check_loss(math.nan, 3), lambda: check_params(params, 3)):
+                with pytest.raises(ValueError, match=f"at step 3.*{re.escape(ending)}$"):
+                    check()
 
 
 def test_the_error_names_the_last_step_seen_finite(objective):

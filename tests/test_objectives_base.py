@@ -1,5 +1,5 @@
 """The objective base: abstract or final as in Equinox, the final preview over the preview hook,
-and the default metrics each built-in objective declares."""
+the default metrics each built-in objective declares, and the batch keys each one reads."""
 
 import inspect
 
@@ -10,13 +10,20 @@ import numpy as np
 import pytest
 
 from dew.artifacts import TokenRows, TokenScores
+from dew.naming import Split
 from dew.nn.backbones import BidirectionalTransformer, CausalTransformer
+from dew.nn.backbones.dit import DiT
+from dew.nn.backbones.vit import ViT
 from dew.objectives import AbstractObjective, Objective
-from dew.objectives.base import combine, trainable
+from dew.objectives.base import MissingBatchKeyError, check_batch_keys, combine, trainable
+from dew.objectives.classifier import ClassifierObjective
+from dew.objectives.diffusion import DiffusionObjective
 from dew.objectives.dpo import DPOObjective
 from dew.objectives.grpo import GRPOObjective
+from dew.objectives.jepa import JEPAObjective
 from dew.objectives.lm import LMObjective
 from dew.objectives.masked_diffusion import MaskedDiffusionObjective
+from dew.objectives.supervised import SupervisedObjective
 
 SIZES = {"emb_features": 16, "num_layers": 1, "num_heads": 2, "mlp_features": 32}
 BUILT_INS = (LMObjective, MaskedDiffusionObjective, DPOObjective, GRPOObjective)
@@ -95,6 +102,9 @@ class _Regression(AbstractObjective):
         losses = jax.vmap(combine(params, self.model))(batch["x"])
         return TokenScores(losses, jnp.ones_like(losses))
 
+    def batch_keys(self, split):
+        return {"x": None}
+
     def check_batch(self, batch):
         return None
 
@@ -138,3 +148,82 @@ def test_an_objective_missing_a_hook_cannot_be_built():
 
     with pytest.raises(TypeError, match="abstract"):
         Unfinished()
+
+
+def _squared_error(model, inputs, targets, sample_weight, key, training):
+    return jnp.mean(jnp.square(jax.vmap(model)(inputs) - targets))
+
+
+def _every_objective():
+    """One of each objective dew ships (an image and a clip diffusion model both)."""
+    vit = ViT(16, 4, 3, width=16, depth=1, heads=2, key=jax.random.key(2))
+    images, clips = (
+        DiT(16, 4, 3, width=16, depth=1, heads=2, frames=frames, key=jax.random.key(3))
+        for frames in (None, 2)
+    )
+    linear = eqx.nn.Linear(4, 3, key=jax.random.key(4))
+    return {
+        **{cls.__name__: objective for cls, objective in _built_ins().items()},
+        "DiffusionObjective": DiffusionObjective(images),
+        "DiffusionObjective (clips)": DiffusionObjective(clips),
+        "JEPAObjective": JEPAObjective(vit, vit, key=jax.random.key(5)),
+        "ClassifierObjective": ClassifierObjective(linear, 3, inputs="features"),
+        "SupervisedObjective": SupervisedObjective(linear, _squared_error),
+    }
+
+
+EVERY_OBJECTIVE = _every_objective()
+READS = {  # what each reads from a training batch, and what names each key
+    "LMObjective": {"text": None},
+    "MaskedDiffusionObjective": {"text": None},
+    "DPOObjective": {"chosen": None, "rejected": None},
+    "GRPOObjective": {"prompts": None},
+    "DiffusionObjective": {"images": "its DiT has no frames"},
+    "DiffusionObjective (clips)": {"clips": "its DiT has frames"},
+    "JEPAObjective": {"images": None},
+    "ClassifierObjective": {"features": "its `inputs` field", "labels": None},
+    "SupervisedObjective": {"inputs": None, "targets": None},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EVERY_OBJECTIVE))
+def test_every_objective_declares_the_keys_it_reads_and_its_checks_agree(name):
+    objective = EVERY_OBJECTIVE[name]
+    assert dict(objective.batch_keys(Split.TRAIN)) == READS[name]
+    evaluated = dict(objective.batch_keys(Split.VALIDATION))
+    assert evaluated == ({"chosen": None} if name == "DPOObjective" else READS[name])
+    for split, keys in ((Split.TRAIN, READS[name]), (Split.VALIDATION, evaluated)):
+        with pytest.raises(MissingBatchKeyError) as caught:
+            check_batch_keys(objective, {"other": np.zeros(2)}, split)
+        message = str(caught.value)
+        assert message.startswith(f"{type(objective).__name__} reads batch ")
+        assert message.endswith(", but the batch has 'other'.")
+        assert all(repr(key) in message for key in keys)
+    # The objective's own host checks name a missing key the same way, on the batch
+    # `evaluate` reads (a DPO batch without 'rejected' is one).
+    with pytest.raises(MissingBatchKeyError) as own:
+        objective.check_batch({"other": np.zeros(2)})
+    assert str(own.value) == message
+    assert isinstance(own.value, KeyError) and isinstance(own.value, ValueError)
+
+
+def test_a_missing_key_is_named_with_what_names_it_and_the_keys_the_batch_has():
+    classifier = EVERY_OBJECTIVE["ClassifierObjective"]
+    batch = {"images": np.zeros((2, 4)), "labels": np.zeros(2, np.int32)}
+    with pytest.raises(MissingBatchKeyError) as caught:
+        check_batch_keys(classifier, batch, Split.TRAIN)
+    assert str(caught.value) == (
+        "ClassifierObjective reads batch key 'features' (its `inputs` field), but the batch "
+        "has 'images', 'labels'."
+    )
+    dpo = EVERY_OBJECTIVE["DPOObjective"]
+    pairs = {"chosen": np.zeros((2, 4), np.int32), "prompt_mask": np.zeros((2, 4), bool)}
+    check_batch_keys(dpo, pairs, Split.VALIDATION)  # `evaluate` reads the chosen rows alone
+    with pytest.raises(ValueError, match=r"^DPOObjective reads batch key 'rejected', but the "):
+        check_batch_keys(dpo, pairs, Split.TRAIN)
+    supervised = EVERY_OBJECTIVE["SupervisedObjective"]
+    with pytest.raises(ValueError, match=r"keys 'inputs' and 'targets', but the batch has no keys"):
+        check_batch_keys(supervised, {}, Split.TRAIN)
+    rows = (np.zeros((2, 4)), np.zeros(2))
+    with pytest.raises(ValueError, match="but the batch is a tuple, not a mapping of keys"):
+        check_batch_keys(supervised, rows, Split.TRAIN)

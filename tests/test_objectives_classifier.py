@@ -78,7 +78,7 @@ def test_a_bad_label_in_a_compiled_pass_is_a_plain_value_error(objective):
     assert type(caught.value) is ValueError
     with pytest.raises(ValueError, match=re.escape(message)):
         objective.check_batch(bad)
-    with pytest.raises(KeyError, match=r"needs batch\['labels'\]"):
+    with pytest.raises(KeyError, match=r"reads batch key 'labels', but the batch has 'inputs'\."):
         objective.check_batch({"inputs": bad["inputs"]})
     with pytest.raises(ValueError, match=re.escape("shaped (6,), got shape (5,)")):
         objective.check_batch({**_batch(), "sample_weight": np.ones(5, np.float32)})
@@ -122,3 +122,24 @@ def test_tiny_classifier_trains_above_chance_and_dew_eval_rescores_it(tmp_path):
     status, out, err = _run(["eval", str(folder)])
     assert status == 0, err
     assert out.splitlines()[0].startswith(f"step {steps}  accuracy {accuracy:.4f}  cross_entropy")
+
+
+def test_the_registry_entry_reads_the_classes_inputs_key():
+    model = eqx.nn.Linear(4, 3, key=jax.random.key(0))
+    built = objectives["classifier"](model, key=jax.random.key(1), classes=3)
+    assert built.inputs == ClassifierObjective(model, classes=3).inputs == "inputs"
+
+
+@pytest.mark.slow  # about 9 s: the command builds the model and the shapes first
+def test_dew_train_names_the_inputs_key_the_batch_lacks_in_one_line(tmp_path):
+    # tiny_classifier names `inputs="images"`, the key `shapes` yields; a config that
+    # leaves it out reads the default key, which the batch lacks: one line, exit 2.
+    arguments = ["train", "--config", "tiny_classifier", "--checkpoint-dir", str(tmp_path)]
+    arguments += ["--steps", "1", "--set", 'objective.kwargs.inputs="inputs"', "--quiet"]
+    arguments += ["--set", "data.kwargs.rows=64", "--set", "trainer.batch_size=8"]
+    status, _, err = _run(arguments)
+    assert status == 2
+    assert err == (
+        "dew train: ClassifierObjective reads batch key 'inputs' (its `inputs` field), but the "
+        "batch has 'images', 'labels'.\n"
+    )

@@ -248,7 +248,7 @@ def test_labels_for_an_unconditional_model_raise():
 
 def test_a_clip_model_needs_clips():
     objective = DiffusionObjective(dit(num_classes=None, frames=4))
-    with pytest.raises(KeyError, match=r"needs its clips under batch\['clips'\]"):
+    with pytest.raises(KeyError, match=r"reads batch key 'clips' \(its DiT has frames\), but the"):
         objective.check_batch({"images": np.zeros((2, 16, 16, 3), np.float32)})
     with pytest.raises(ValueError, match=r"\(rows, frames, height, width, channels\)"):
         objective.check_batch({"clips": np.zeros((2, 16, 16, 3), np.float32)})

@@ -356,7 +356,7 @@ def _good_batch():
         (lambda b: b.update(prompt_mask=b["prompt_mask"][:, :5]), ValueError, "shaped like"),
         (lambda b: b.update(prompt_mask=b["prompt_mask"].astype(jnp.int32)), ValueError, "bool"),
         (lambda b: b.pop("prompt_mask"), KeyError, "prompt mask"),
-        (lambda b: b.pop("rejected"), KeyError, "rejected"),
+        (lambda b: b.pop("rejected"), KeyError, "reads batch key 'rejected', but the batch"),
         (
             lambda b: b.update(chosen_prompt_mask=b["prompt_mask"]),
             ValueError,

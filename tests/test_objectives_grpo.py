@@ -423,7 +423,7 @@ def _precomputed_batch():
         (lambda b: b.update(prompts=b["prompts"].astype(jnp.float32)), ValueError, "integer"),
         (lambda b: b.update(prompts=b["prompts"][0]), ValueError, r"\(rows, length\)"),
         (lambda b: b.update(prompts=jnp.zeros((2, 6), jnp.int32)), ValueError, "max_seq_len 8"),
-        (lambda b: b.pop("prompts"), KeyError, "prompts"),
+        (lambda b: b.pop("prompts"), KeyError, "reads batch key 'prompts', but the batch"),
         (lambda b: b.pop("old_log_probs"), KeyError, "both"),
         (lambda b: b.pop("completions"), KeyError, "both"),
         (

@@ -125,7 +125,9 @@ def test_out_of_range_ids_raise_under_jit_too():
 
 def test_missing_text_raises():
     objective = LMObjective(_model(), seq_len=8)
-    with pytest.raises(KeyError, match=r"batch\['text'\]"):
+    with pytest.raises(
+        KeyError, match=r"^LMObjective reads batch key 'text', but the batch has 'tokens'\.$"
+    ):
         objective.loss(
             objective.init_params(), {"tokens": jnp.zeros((1, 9), jnp.int32)}, jax.random.key(0)
         )

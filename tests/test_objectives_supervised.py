@@ -96,7 +96,7 @@ def test_bad_losses_batches_and_arguments_are_refused():
     message = r"must return a scalar or one value per row, shape \(8,\), got shape \(2, 3\)"
     with pytest.raises(ValueError, match=message):
         objective.loss(objective.init_params(), batch, KEY)
-    with pytest.raises(KeyError, match=r"needs batch\['targets'\]; the batch has \['inputs'\]"):
+    with pytest.raises(KeyError, match=r"reads batch key 'targets', but the batch has 'inputs'\."):
         objective.check_batch({"inputs": INPUTS})
     with rejects(TypeError, "needs a callable loss, got 3", parameter="loss"):
         SupervisedObjective(_model(), 3)

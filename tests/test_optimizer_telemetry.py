@@ -172,6 +172,9 @@ class _AuxNamed(Objective):
     def evaluate(self, params, batch, key):
         raise NotImplementedError
 
+    def batch_keys(self, split):
+        return {"inputs": None, "targets": None}
+
     def check_batch(self, batch):
         pass
 

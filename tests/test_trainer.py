@@ -3,6 +3,7 @@
 import inspect
 import itertools
 import json
+import re
 import traceback
 
 import jax
@@ -14,6 +15,7 @@ from dew import Trainer, metrics
 from dew.data import Dataset
 from dew.naming import Split, flatten_parameters, parse_metric_tag
 from dew.nn.backbones.causal_transformer import CausalTransformer
+from dew.objectives.base import MissingBatchKeyError
 from dew.objectives.lm import LMObjective
 from dew.supervised import EarlyStopper
 from dew.tracking import InMemoryTracker
@@ -86,21 +88,33 @@ def test_the_guides_language_model_example(objective, capsys):
 
 def test_metrics_alone_do_not_turn_evaluation_on(objective):
     trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
-    for kwargs in ({"metrics": (metrics.perplexity(),)}, {"eval_every": 5}):
+    # Nothing to score, or no cadence to score at: no validation data needed either.
+    for kwargs, val in (({"metrics": (metrics.perplexity(),)}, True), ({"eval_every": 5}, False)):
         tracker = InMemoryTracker()
-        trainer.fit(_data(), steps=5, log_every=5, tracker=tracker, progress=False, **kwargs)
+        data = _data(val=val)
+        trainer.fit(data, steps=5, log_every=5, tracker=tracker, progress=False, **kwargs)
         assert set(tracker.scalars) == {"lm/train/loss", "lm/train/token_accuracy"}
+
+
+def test_an_evaluation_cadence_without_validation_data_is_refused_before_training(objective):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
     tracker = InMemoryTracker()
-    trainer.fit(
-        _data(val=False),
-        steps=5,
-        log_every=5,
-        eval_every=5,
-        tracker=tracker,
-        metrics=(metrics.perplexity(),),
-        progress=False,
+    asked = (metrics.perplexity(), metrics.token_accuracy())
+    message = (
+        "eval_every=2 asks for metrics perplexity, token_accuracy every 2 steps, but the "
+        "Dataset has no validation data (Dataset.val is None; a built-in dataset with "
+        "val_fraction=0): give it validation data, or leave eval_every unset "
+        "(trainer.eval_every in a RunConfig)."
     )
-    assert "lm/validation/perplexity" not in tracker.scalars
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        trainer.fit(
+            _data(val=False), steps=4, log_every=2, eval_every=2, metrics=asked, tracker=tracker
+        )
+    with pytest.raises(ValueError, match=r"^eval_every=2 asks for previews every 2 steps, but"):
+        trainer.fit(
+            _data(val=False), steps=4, log_every=2, eval_every=2, preview=True, tracker=tracker
+        )
+    assert not tracker.scalars and not tracker.artifacts  # refused before the fit started
 
 
 def test_previews_need_preview_true_and_a_tracker(objective):
@@ -422,6 +436,32 @@ def test_out_of_vocabulary_ids_raise_the_host_check_not_jax_noise(objective, ste
     ((_, ended),) = tracker.artifacts["fit_ended"]
     assert ended.status == "failed"
     assert ended.error == f"ValueError: {message}"
+
+
+_RENAMED = {"tokens": TRAIN, "weights": np.ones(TRAIN.shape, np.float32)}
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        pytest.param([_RENAMED], id="first"),
+        pytest.param([{"text": TRAIN}, _RENAMED], id="later", marks=pytest.mark.slow),
+    ],
+)
+def test_a_batch_without_the_objectives_keys_fails_on_the_host_before_compiling(objective, batches):
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    tracker = InMemoryTracker()
+    data = Dataset(train=lambda partition: iter(batches))
+    with pytest.raises(MissingBatchKeyError) as caught:
+        trainer.fit(data, steps=2, log_every=1, tracker=tracker, progress=False)
+    assert str(caught.value) == (
+        "LMObjective reads batch key 'text', but the batch has 'tokens', 'weights'."
+    )
+    assert isinstance(caught.value, KeyError) and isinstance(caught.value, ValueError)
+    assert not getattr(caught.value, "__notes__", ())  # not raised inside a JAX trace
+    assert len(trainer._names) == len(batches) - 1  # the renamed batch was never traced
+    ((_, ended),) = tracker.artifacts["fit_ended"]
+    assert (ended.status, ended.step) == ("failed", len(batches) - 1)
 
 
 def test_a_batch_that_disagrees_with_the_declared_batch_size_names_its_step(objective):

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "MissingBatchKeyError",
     "NotAnIntegerError",
     "batch_error",
     "check_ids",
@@ -42,6 +43,17 @@ logging.getLogger("jax._src.callback").addFilter(_not_a_failed_check)
 class NotAnIntegerError(TypeError, ValueError):
     """A value that should be an integer is not one: a `TypeError` by kind and a
     `ValueError` as bad input, so either `except` clause catches it."""
+
+
+class MissingBatchKeyError(KeyError, ValueError):
+    """A batch lacks a key its objective reads: a `KeyError` by kind and a `ValueError` as
+    bad input (either `except` clause catches it, and `batch_error` explains a failed call
+    with it), whose message reads as written."""
+
+    __module__ = "dew.objectives.base"  # where users import it from
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 def check_integer(
@@ -211,7 +223,7 @@ def batch_error(objective: Any, batches: Any) -> ValueError | None:
     for batch in batches:
         try:
             objective.check_batch(_as_called(batch))
-        except ValueError as error:
+        except ValueError as error:  # a missing key too (`MissingBatchKeyError`)
             return error
         except Exception:
             continue

@@ -6,13 +6,16 @@ have), Python prints "Exception ignored in ..." and carries on, and a training r
 told to stop keeps going. `InterruptLatch` keeps the default behaviour (raise at once) and
 also remembers the signal, so the loop raises it at its next step if it was lost, and it can
 hold the signal back while a compiled step is dispatched (`deferred`), so an interrupt never
-leaves the loop with a step's donated input and no output. `FitInterrupted` is the
+leaves the loop with a step's donated input and no output; a held signal can say so at once
+(a first call compiles for seconds before the loop can raise). `FitInterrupted` is the
 `KeyboardInterrupt` a fit raises: it names the last completed step and whether a checkpoint of
 it was saved.
 """
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType, TracebackType
@@ -66,22 +69,28 @@ class InterruptLatch:
         self._previous: object = None
         self._installed = False
         self._holding = False
+        self._notice: str | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.pending = True
         if not self._holding:
             raise KeyboardInterrupt
+        if self._notice is not None:  # said once, at once
+            _say_now(self._notice)
+            self._notice = None
 
     @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
+    def deferred(self, notice: str | None = None) -> Iterator[None]:
         """Inside, SIGINT is only latched; it is raised on leaving (a swallowed or held
         signal alike). A Ctrl-C during a compiled step's dispatch thus lands after the
-        step's outputs are bound, never between its input's donation and its return."""
-        self._holding = True
+        step's outputs are bound, never between its input's donation and its return.
+        With `notice`, a SIGINT held here prints it on standard error at once (the
+        wait may be a compilation of several seconds)."""
+        self._holding, self._notice = True, notice
         try:
             yield
         finally:
-            self._holding = False
+            self._holding, self._notice = False, None
         self.check()
 
     def check(self) -> None:
@@ -109,3 +118,13 @@ class InterruptLatch:
             signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
             self._installed = False
         self.pending = False
+
+
+def _say_now(line: str) -> None:
+    """Write `line` to standard error from a signal handler: straight to its file
+    descriptor (the handler may run while the main thread is inside a buffered write to
+    it), else through `sys.stderr` where it has none (a captured stream)."""
+    try:
+        os.write(sys.stderr.fileno(), f"{line}\n".encode())
+    except (AttributeError, OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)

@@ -11,13 +11,13 @@ differs from the other only in what a step is, never in how a run is observed.
 import contextlib
 import contextvars
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._interrupts import InterruptLatch
-from dew._processes import is_multiprocess
+from dew._processes import is_multiprocess, is_process_zero
 from dew.events import BEST_MODEL, EARLY_STOP, Decision, EventSink, TrainingEvent
 from dew.naming import Split, metric_tag
 from dew.steps import MetricHistory, TrainState
@@ -25,7 +25,10 @@ from dew.telemetry.records import FitEnded, FitStarted, Record
 from dew.tracking import ScalarTracker
 from dew.tracking._protocol import same_failure, set_notes
 
-__all__ = ["LoopEngine", "verbose_console", "with_history"]
+__all__ = ["COMPILING_NOTICE", "LoopEngine", "verbose_console", "with_history"]
+
+COMPILING_NOTICE = "interrupting after compilation..."
+"""What a Ctrl-C during a compiled call's first dispatch (its compilation) prints at once."""
 
 _VERBOSE = contextvars.ContextVar("dew_verbose_console", default=False)
 
@@ -102,6 +105,7 @@ class LoopEngine:
         self.progress = progress
         self.postfix: dict[str, str] = {}  # the bar's: the latest loss and validation values
         self._latch = InterruptLatch()
+        self._dispatched: set[Hashable] = set()  # the compiled calls dispatched so far
         self.bar = tqdm(
             total=total,
             initial=initial,
@@ -199,9 +203,14 @@ class LoopEngine:
         else:
             self.bar.write(line)
 
-    def deferred(self) -> contextlib.AbstractContextManager[None]:
-        """Hold a Ctrl-C back while inside (a compiled step's dispatch); raise it on leaving."""
-        return self._latch.deferred()
+    def deferred(self, call: Hashable = None) -> contextlib.AbstractContextManager[None]:
+        """Hold a Ctrl-C back while inside (a compiled step's dispatch); raise it on leaving.
+        The first dispatch of each `call` (a kind of compiled call) compiles it: a Ctrl-C
+        held there says at once, on process zero, that the fit stops after compilation."""
+        first = call not in self._dispatched
+        self._dispatched.add(call)
+        notice = COMPILING_NOTICE if first and is_process_zero() else None
+        return self._latch.deferred(notice)
 
     def advance(self, units: int = 1) -> None:
         """Move the progress bar; raise a Ctrl-C that arrived during the step and was lost."""

@@ -6,7 +6,10 @@ return a state, so a run that diverged stops with an error naming the step and t
 instead of training on and checkpointing NaN params (Keras calls this TerminateOnNaN).
 """
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import equinox as eqx
@@ -18,11 +21,28 @@ __all__ = [
     "NonFiniteTrainingError",
     "check_loss",
     "check_params",
+    "nonfinite_advice",
     "raises_on_nonfinite",
 ]
 
 ON_NONFINITE: tuple[str, ...] = ("raise", "continue")
-_ADVICE = "pass on_nonfinite='continue' to train on"
+_ADVICE = contextvars.ContextVar("dew_nonfinite_advice", default="on_nonfinite='continue'")
+
+
+@contextlib.contextmanager
+def nonfinite_advice(switch: str) -> Iterator[None]:
+    """Within this block, the error of a run that turned non-finite tells the user to pass
+    `switch` to train on (the `dew` command's `--on-nonfinite continue`) instead of the
+    Python argument `on_nonfinite='continue'`."""
+    token = _ADVICE.set(switch)
+    try:
+        yield
+    finally:
+        _ADVICE.reset(token)
+
+
+def _advice() -> str:
+    return f"pass {_ADVICE.get()} to train on"
 
 
 class NonFiniteTrainingError(ValueError):
@@ -44,7 +64,7 @@ def check_loss(loss: float, step: int, *, note: str = "") -> None:
     if not math.isfinite(loss):
         raise NonFiniteTrainingError(
             f"training loss is {loss} at step {step}{note}; the run stopped there, "
-            f"before saving or returning that state; {_ADVICE}."
+            f"before saving or returning that state; {_advice()}."
         )
 
 
@@ -61,5 +81,5 @@ def check_params(params: Any, step: int, *, loss: float | None = None) -> None:
         seen = "" if loss is None else f" (the step's loss, taken before its update, was {loss})"
         raise NonFiniteTrainingError(
             f"training params are not finite at step {step}{seen}; the run stopped "
-            f"there, before saving or returning that state; {_ADVICE}."
+            f"there, before saving or returning that state; {_advice()}."
         )

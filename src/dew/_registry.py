@@ -14,7 +14,7 @@ from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.nn.backbones.dit import DiT
 from dew.nn.backbones.vit import ViT
 from dew.objectives.base import Objective
-from dew.objectives.classifier import ClassifierObjective, PooledClassifier
+from dew.objectives.classifier import INPUTS, ClassifierObjective, PooledClassifier
 from dew.objectives.diffusion import DiffusionObjective, Sampling
 from dew.objectives.dpo import DPOObjective
 from dew.objectives.grpo import GRPOObjective
@@ -355,10 +355,12 @@ def _jepa(
 
 
 def _classifier(
-    model: Any, *, key: Any, classes: int, inputs: str = "images", name: str = "classifier"
+    model: Any, *, key: Any, classes: int, inputs: str = INPUTS, name: str = "classifier"
 ) -> Any:
-    """`ClassifierObjective(model, classes, inputs=...)`; a `ViT` model (one token per
-    patch) gets a mean-pooled linear head to `classes` logits (`PooledClassifier`)."""
+    """`ClassifierObjective(model, classes, inputs=...)`, with the class's default batch key
+    (`"inputs"`; `shapes` yields `"images"`: `tiny_classifier` names it); a `ViT` model (one
+    token per patch) gets a mean-pooled linear head to `classes` logits
+    (`PooledClassifier`)."""
     if isinstance(model, ViT):
         model = PooledClassifier(model, model.width, classes, key=key)
     return ClassifierObjective(model, classes, inputs=inputs, name=name)

@@ -37,7 +37,8 @@ from dew._pass._reducer import _update_for as _update_for
 from dew._pass._result import PassResult, _rows, scoring_key
 from dew._processes import is_multiprocess
 from dew.metrics import MetricSet
-from dew.objectives.base import Objective
+from dew.naming import Split
+from dew.objectives.base import Objective, check_batch_keys
 
 __all__ = ["SCORING_DOMAIN", "PassResult", "preview_on_process_zero", "run_pass", "scoring_key"]
 
@@ -75,9 +76,10 @@ def run_pass(
     first_artifact = first_batch = None
     count = records = 0
     for index, batch in enumerate(batches):
-        records += _rows(batch)
-        if first_batch is None:
+        if first_batch is None:  # its keys checked before anything is compiled for it
+            check_batch_keys(objective, batch, Split.VALIDATION)
             first_batch = batch
+        records += _rows(batch)
         if reducer is not None:
             keep = on_host or (index == 0 and keep_first_artifact)
             try:  # a host metric fetches the artifact: a failed call surfaces there

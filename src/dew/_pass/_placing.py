@@ -10,7 +10,8 @@ import numpy as np
 from jaxtyping import PyTree
 
 from dew._processes import _allgather, agree_process_phase, global_batch, replicated
-from dew.objectives.base import Objective
+from dew.naming import Split
+from dew.objectives.base import Objective, check_batch_keys
 
 
 def _everywhere(tree: PyTree) -> PyTree:
@@ -59,6 +60,7 @@ def _place(objective: Objective, batch: Mapping[str, Any], index: int) -> dict[s
     placed: dict[str, Any] = {}
     layout = ""
     try:
+        check_batch_keys(objective, batch, Split.VALIDATION)
         objective.check_batch(batch)
         layout = _layout(batch)
         placed = global_batch(batch)

@@ -36,11 +36,18 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from dew._nonfinite import nonfinite_advice
 from dew.cli._cluster import _check_processes, _join, cluster_settings
 from dew.cli._commands import _eval, _sweep, _sweep_inputs, _train, _train_config
 from dew.cli._commands import _space as _space  # tests read a space file with it
 from dew.cli._config_command import _config
-from dew.cli._errors import _caused_by_user, _message, one_line_warnings
+from dew.cli._errors import (
+    _caused_by_user,
+    _message,
+    one_line_warnings,
+    reader_gone,
+    stop_writing,
+)
 from dew.cli._inputs import _config_arguments
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
@@ -104,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 joined = True
         commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs, "plot": _plot}
         commands["config"] = _config
-        return commands[args.command](args)
+        with nonfinite_advice("--on-nonfinite continue"):  # the command's switch, not Python's
+            return commands[args.command](args)
 
     try:
         code = _outcome(args, launched, run)
@@ -142,10 +150,19 @@ def _preflight(args: argparse.Namespace) -> int:
 
 def _outcome(args: argparse.Namespace, launched: bool, run: Callable[[], int]) -> int:
     """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status, and
-    each warning of dew's one line."""
+    each warning of dew's one line; a pipe closed on standard output (`dew runs | head`)
+    ends the command normally."""
     try:
         with one_line_warnings(args.command):
-            return run()
+            code = run()
+            sys.stdout.flush()  # what is buffered, while a closed pipe can still be told apart
+        return code
+    except BrokenPipeError as error:
+        if not reader_gone():  # another pipe or socket: the error it is
+            print(f"dew {args.command}: {_message(error)}", file=sys.stderr)
+            return 2
+        stop_writing()
+        return 0
     except KeyboardInterrupt as interrupt:
         if not launched:  # a launched process leaves the one line to its launcher
             print(f"dew {args.command}: {_interrupted(args.command, interrupt)}", file=sys.stderr)

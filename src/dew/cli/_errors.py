@@ -5,6 +5,8 @@ import contextlib
 import errno
 import os
 import pathlib
+import select
+import stat
 import sys
 import warnings
 from collections.abc import Iterator
@@ -14,8 +16,9 @@ _DEW = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _message(error: BaseException) -> str:
-    """`error` as one line, its notes included; an OSError names its path first and, when a
-    file stands where a folder should, which one."""
+    """`error` as one line, its notes included but for JAX's note about the frames it left
+    out of the traceback (the line shows no traceback); an OSError names its path first and,
+    when a file stands where a folder should, which one."""
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         path = os.fsdecode(error.filename)
         text = f"{path}: {error.strerror}"
@@ -28,8 +31,16 @@ def _message(error: BaseException) -> str:
         text = str(error.args[0])
     else:
         text = str(error) or type(error).__name__
-    parts = [text, *getattr(error, "__notes__", ())]
+    notes = [note for note in getattr(error, "__notes__", ()) if not _about_the_traceback(note)]
+    parts = [text, *notes]
     return " ".join(line.strip() for part in parts for line in part.splitlines() if line.strip())
+
+
+def _about_the_traceback(note: str) -> bool:
+    """Whether `note` is the one JAX adds to an error raised under a transformation (jit,
+    eval_shape): that it removed its internal frames, and how to see them
+    (`JAX_TRACEBACK_FILTERING`). The traceback it speaks of is kept for bugs alone."""
+    return "JAX_TRACEBACK_FILTERING" in note
 
 
 def _file_in_the_way(path: str) -> str | None:
@@ -76,3 +87,27 @@ def one_line_warnings(command: str) -> Iterator[None]:
         yield
     finally:
         warnings.showwarning = shown
+
+
+def reader_gone() -> bool:
+    """Whether standard output is a pipe whose reading end was closed (`dew runs | head`
+    after its lines): a normal end of the command, not an error."""
+    try:
+        descriptor = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(descriptor).st_mode):
+            return False
+    except (AttributeError, OSError, ValueError):  # a captured or closed stream
+        return False
+    if not hasattr(select, "poll"):  # no poll (Windows): Python's own recipe's guess
+        return True
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poller.poll(0))
+
+
+def stop_writing() -> None:
+    """Point standard output at the null device, so the interpreter's last flush of what
+    is buffered for a closed pipe raises nothing (Python's recipe for SIGPIPE)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)

@@ -104,4 +104,6 @@ def _configure(args: argparse.Namespace) -> Any:
             point["trainer.steps"] = args.steps
         if args.checkpoint_dir is not None:
             point["trainer.checkpoint_dir"] = args.checkpoint_dir
+        if args.on_nonfinite is not None:
+            point["trainer.on_nonfinite"] = args.on_nonfinite
         return override(config, point) if point else config

@@ -3,6 +3,7 @@
 import argparse
 
 import dew
+from dew._nonfinite import ON_NONFINITE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="keep matching runs: KEY=VALUE, KEY~REGEX, KEY<NUMBER, KEY>NUMBER (repeatable)",
     )
+    runs.add_argument(
+        "--columns",
+        metavar="A,B",
+        help="these columns after run: metrics (bare names or tags), hyperparameters (--set "
+        "paths), status, step, 'best trial' (default: all that fit the terminal's width)",
+    )
     runs.add_argument("--json", action="store_true", help="a JSON list of the runs, for scripts")
 
     plot = commands.add_parser("plot", help="render a run's plots from its local journal")
@@ -99,6 +106,12 @@ def _override_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides trainer.steps)")
     parser.add_argument("--checkpoint-dir", help="overrides trainer.checkpoint_dir")
     parser.add_argument(
+        "--on-nonfinite",
+        choices=ON_NONFINITE,
+        help="a NaN or infinite training loss: raise (stop before saving that state, the "
+        "default) or continue (overrides trainer.on_nonfinite)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -129,8 +142,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "dew eval runs/lr-grid/trial-0",
     ),
     "runs": (
-        "dew runs                           # the runs under runs/",
-        "dew runs runs/lr-grid              # a sweep's trials",
+        "dew runs                           # the runs under runs/, a table per kind of run",
+        "dew runs runs/lr-grid --sort perplexity --columns perplexity,optim.learning_rate",
+        "dew runs --filter status=completed --json   # the rows as JSON, for scripts",
     ),
     "config": (
         "dew config show tiny_diffusion     # a built-in configuration",

@@ -1,16 +1,21 @@
 """`dew runs`: a table (or JSON) of the runs under a folder, their hyperparameters that differ,
-their final metrics in one column order, and each sweep's best trial (decision 0023)."""
+their final metrics in one column order, and each sweep's best trial (decision 0023); one table
+per kind of run (its objective and model), within the terminal's width, `--columns` to choose
+(decision 0033)."""
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import pathlib
 import re
 import sys
+import textwrap
 from typing import Any
 
 from dew.cli._console import higher_is_better, value_text
+from dew.cli._table import Table, output_width
 from dew.naming import Split, parse_metric_tag, parse_parameter_path
 
 _FILTER = re.compile(r"^(?P<key>[^=~<>]+?)(?P<op>=|~|<|>)(?P<value>.*)$")
@@ -26,6 +31,7 @@ class _Row:
     metrics: dict[str, tuple[int, float]]  # tag -> (step, value): the last, or a sweep's best
     params: dict[str, Any]
     best_trial: dict[str, Any] | None = None  # a sweep's: index, overrides, value, direction
+    kind: tuple[Any, Any] | None = None  # its objective's and model's names: its table
 
 
 def _param_name(key: str) -> str | None:
@@ -40,13 +46,33 @@ def _param_name(key: str) -> str | None:
     return ".".join(part for part in keys if part != "kwargs")
 
 
-def _direction(folder: pathlib.Path) -> str:
-    """A sweep journal's direction, from the ledger `dew sweep` keeps beside it ("minimize"
-    without one); a ledger that is not what a sweep writes raises, naming what is wrong."""
+def _ledger(folder: pathlib.Path) -> Any:
+    """The ledger `dew sweep` keeps beside a sweep's journal, read and checked (`None`:
+    none); a ledger that is not what a sweep writes raises, naming what is wrong."""
     from dew.config.sweep._ledger import read_ledger
 
-    ledger = folder.parent / "ledger.json"
-    return read_ledger(ledger).direction if ledger.exists() else "minimize"
+    path = folder.parent / "ledger.json"
+    return read_ledger(path) if path.exists() else None
+
+
+def _kind(params: dict[str, Any]) -> tuple[Any, Any] | None:
+    """A run's kind, the table it is listed in: its objective's and its model's names
+    (`None`: a journal without its configuration)."""
+    if params.get("model.name") is None:
+        return None
+    return (params.get("objective.name"), params["model.name"])
+
+
+def _configured_kind(config: Any) -> tuple[Any, Any] | None:
+    """The kind of a configuration as a sweep's ledger holds it (its sections nested)."""
+    sections = config if isinstance(config, dict) else {}
+    return _kind(
+        {
+            f"{name}.name": sections[name].get("name")
+            for name in ("objective", "model")
+            if isinstance(sections.get(name), dict)
+        }
+    )
 
 
 def _row(name: str, folder: pathlib.Path, journal: Any) -> _Row:
@@ -67,9 +93,12 @@ def _row(name: str, folder: pathlib.Path, journal: Any) -> _Row:
     last = max((step for series in journal.scalars.values() for step, _ in series), default=None)
     if ended is not None:  # the step the fit ended at, logged or not
         last = ended if last is None else max(last, ended)
-    row = _Row(name, status, last, metrics, params)
-    if trials:  # a sweep's journal: its best trial, not its last
-        direction = _direction(folder)
+    row = _Row(name, status, last, metrics, params, kind=_kind(params))
+    if trials:  # a sweep's journal: its best trial, not its last; its kind, its trials'
+        ledger = _ledger(folder)  # None: no ledger ("minimize", the sweep's default)
+        if ledger is not None:
+            row.kind = row.kind or _configured_kind(ledger.data.get("config"))
+        direction = "minimize" if ledger is None else ledger.direction
         sign = -1.0 if direction == "maximize" else 1.0
         scored = [trial for trial in trials if not math.isnan(trial.value)]
         row.status = f"sweep, {len(trials)} trials"
@@ -230,10 +259,43 @@ def _columns(rows: list[_Row]) -> tuple[list[str], list[str]]:
     return _differing(rows), tags
 
 
-def _json_rows(rows: list[_Row]) -> list[dict[str, Any]]:
+_FIXED = ("run", "status", "step")
+_BEST = "best trial"
+
+
+def _chosen(rows: list[_Row], text: str | None) -> list[str] | None:
+    """`--columns a,b,c`: the columns named (a metric by bare name or tag, a hyperparameter
+    by its `--set` path, or `status`, `step`, `best trial`), in that order; `None` without
+    it. A name no listed run has is an error naming the columns there are."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",")]
+    params = {key for row in rows for key in row.params}
+    tags = {tag for row in rows for tag in row.metrics}
+    known = [*_FIXED, *sorted(params), *sorted(tags), _BEST]
+    chosen = []
+    for name in names:
+        column = name if name in (*_FIXED, _BEST) or name in params else _tag(rows, name)
+        if not name or (rows and column is None):
+            bare = sorted({tag.rsplit("/", 1)[-1] for tag in tags})
+            near = difflib.get_close_matches(name, [*bare, *known], n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ValueError(
+                f"--columns names {name!r}, which no listed run has{hint}; the columns are "
+                f"{', '.join(known)} (a metric by bare name or tag)."
+            )
+        if column is not None and column != "run" and column not in chosen:
+            chosen.append(column)
+    return chosen
+
+
+def _json_rows(rows: list[_Row], chosen: list[str] | None) -> list[dict[str, Any]]:
     from dew.telemetry.records import encode_json_value
 
     params, tags = _columns(rows)
+    if chosen is not None:
+        params = [column for column in chosen if any(column in row.params for row in rows)]
+        tags = [column for column in chosen if column.count("/") == 2]
     return [
         encode_json_value(
             {
@@ -253,39 +315,80 @@ def _json_rows(rows: list[_Row]) -> list[dict[str, Any]]:
     ]
 
 
-def _table(rows: list[_Row]) -> list[str]:
-    params, tags = _columns(rows)
-    headers = ["run", "status", "step", *params, *tags]
-    sweeps = any(row.best_trial is not None for row in rows)
-    if sweeps:
-        headers.append("best trial")
-    cells = []
+def _text(row: _Row, column: str) -> str:
+    """`row`'s cell under `column`: run, status, step, a metric (with `(step M)` when logged
+    before the run's last step), a hyperparameter, or a sweep's best trial and point."""
+    if column in _FIXED:
+        return _shown(getattr(row, column))
+    if column == _BEST:
+        trial = row.best_trial
+        if trial is None:
+            return "-"
+        point = "  ".join(f"{path}={_shown(value)}" for path, value in trial["overrides"].items())
+        return f"{trial['index']}  {point}"
+    if column in row.metrics:
+        at, value = row.metrics[column]
+        late = row.best_trial is None and at != row.step  # logged before the last step
+        return value_text(value) + (f" (step {at})" if late else "")
+    if column.count("/") == 2 or not row.params:
+        return "-"
+    return _shown(row.params.get(column))
+
+
+def _table(rows: list[_Row], chosen: list[str] | None, sort: str | None) -> Table:
+    """One table of `rows`: the `--columns` chosen, else run, status, step, the
+    hyperparameters that differ among them, their metrics and a sweep's best trial. To fit a
+    width, columns are kept in this order: the run, its step and status, the `--sort` metric
+    (else the first validation metric), the hyperparameters, the other validation metrics,
+    the training metrics, the best trial."""
+    if chosen is None:
+        params, tags = _columns(rows)
+        sweeps = [_BEST] if any(row.best_trial is not None for row in rows) else []
+        headers = [*_FIXED, *params, *tags, *sweeps]
+        metrics = sorted(tags, key=lambda tag: (tag != sort, "/validation/" not in tag))
+        order = ["run", "step", "status", *metrics[:1], *params, *metrics[1:], *sweeps]
+    else:
+        headers = order = ["run", *chosen]
+    cells = [[_text(row, column) for column in headers] for row in rows]
+    priority = [headers.index(column) for column in order]
+    return Table(headers, cells, priority, cut=headers.index(_BEST) if _BEST in headers else None)
+
+
+def _kind_heading(kind: tuple[Any, Any] | None, count: int) -> str:
+    runs = f"{count} run{'s' if count != 1 else ''}"
+    if kind is None:
+        return f"without a recorded configuration: {runs}"
+    objective, model = kind
+    return f"objective {objective or '-'}, model {model}: {runs}"
+
+
+def _grouped(rows: list[_Row]) -> list[tuple[tuple[Any, Any] | None, list[_Row]]]:
+    """The rows in one group per kind, the groups in the order of their first row."""
+    groups: dict[Any, list[_Row]] = {}
     for row in rows:
-        line = [row.run, row.status, _shown(row.step)]
-        line += [_shown(row.params.get(key)) if row.params else "-" for key in params]
-        for tag in tags:
-            if tag not in row.metrics:
-                line.append("-")
-                continue
-            at, value = row.metrics[tag]
-            shown = value_text(value)
-            if row.best_trial is None and at != row.step:  # logged before the last step
-                shown += f" (step {at})"
-            line.append(shown)
-        if sweeps:
-            trial = row.best_trial
-            line.append(
-                "-"
-                if trial is None
-                else f"{trial['index']}  "
-                + "  ".join(f"{path}={_shown(value)}" for path, value in trial["overrides"].items())
+        groups.setdefault(row.kind, []).append(row)
+    return list(groups.items())
+
+
+def _printed(rows: list[_Row], chosen: list[str] | None, sort: str | None) -> list[str]:
+    """The lines `dew runs` prints: a table per kind of run (a heading above each when
+    there are several), each within the output's width unless `--columns` chose them, with
+    a line naming the columns it left out."""
+    width = None if chosen is not None else output_width()
+    groups = _grouped(rows)
+    lines: list[str] = []
+    for kind, members in groups:
+        if len(groups) > 1:
+            lines += [*([""] if lines else []), _kind_heading(kind, len(members))]
+        table, left = _table(members, chosen, sort).lines(width)
+        lines += table
+        if left:
+            note = (
+                f"({len(left)} more column{'s' if len(left) != 1 else ''} past {width} "
+                f"characters: {', '.join(left)}; choose with --columns)"
             )
-        cells.append(line)
-    widths = [max(len(line[i]) for line in [headers, *cells]) for i in range(len(headers))]
-    return [
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in [headers, *cells]
-    ]
+            lines += [note] if width is None else textwrap.wrap(note, width, break_on_hyphens=False)
+    return lines
 
 
 def _runs(args: argparse.Namespace) -> int:
@@ -298,13 +401,14 @@ def _runs(args: argparse.Namespace) -> int:
         raise ValueError("--reverse reverses --sort METRIC; give one, e.g. --sort loss --reverse.")
     rows, unreadable = _collect(root)
     rows = _filtered(rows, args.filter)
+    chosen = _chosen(rows, args.columns)
     if args.sort is not None:
         rows = _sorted(rows, args.sort, args.reverse)
     if args.json:
-        print(json.dumps(_json_rows(rows), indent=1, allow_nan=False))
+        print(json.dumps(_json_rows(rows, chosen), indent=1, allow_nan=False))
     elif not rows:
         print(f"no runs under {root}" + (" match the filters" if args.filter else ""))
     else:
-        for line in _table(rows):
+        for line in _printed(rows, chosen, None if args.sort is None else _tag(rows, args.sort)):
             print(line)
     return 1 if unreadable else 0

@@ -9,7 +9,8 @@ and `dew plot` read it, and run.json comes with it. `--tracker` names the tracke
 - `tensorboard`: an event file in `<run folder>/tensorboard`;
 - `mlflow`: a run named after the run in the MLflow experiment named after its top-level name
   (a sweep's trials share the sweep's experiment), in the store `--mlflow-uri`, else
-  `MLFLOW_TRACKING_URI`, else the SQLite database `mlflow.db` beside the run folders;
+  `MLFLOW_TRACKING_URI`, else the SQLite database `mlflow.db` beside the run folders; MLflow's
+  and alembic's INFO lines are left out while its run is open;
 - `wandb`: a run of the W&B project named the same way, written under the run folder,
   offline with `--wandb-offline`.
 
@@ -20,6 +21,7 @@ process zero of a multi-process run builds them, the others report to none.
 import argparse
 import contextlib
 import importlib
+import logging
 import os
 import pathlib
 from collections.abc import Callable, Iterator, Mapping
@@ -205,6 +207,8 @@ def open_trackers(
     with contextlib.ExitStack() as stack:
 
         def build() -> Tracker:
+            if "mlflow" in names:  # until the trackers close, as they write
+                stack.enter_context(_quiet_loggers(_MLFLOW_LOGGERS))
             _, folder = run_folder(config, config.trainer.name)
             built = [stack.enter_context(_build(name, args, config, folder)) for name in names]
             if "tensorboard" in names and announce is not None:
@@ -212,6 +216,27 @@ def open_trackers(
             return built[0] if len(built) == 1 else Trackers(*built)
 
         yield _OnFirstReport(build)
+
+
+_MLFLOW_LOGGERS = ("mlflow", "alembic")
+"""The loggers that print INFO lines (`Creating initial MLflow database tables...`, alembic's
+migrations) when MLflow opens a SQLite store: MLflow gives them handlers of their own."""
+
+
+@contextlib.contextmanager
+def _quiet_loggers(names: tuple[str, ...]) -> Iterator[None]:
+    """Within this block, the loggers `names` print warnings and errors only; their levels
+    are restored after it. The command's doing, never `import dew`'s: a library user's
+    logging stays theirs."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def tensorboard_hint(folder: str | os.PathLike[str]) -> str:

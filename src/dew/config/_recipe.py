@@ -107,6 +107,9 @@ def _record(config: "RunConfig", paths: dict[str, str] | None = None) -> RunReco
     return RunRecord(**config.to_dict(), paths=paths or {})
 
 
+_NOT_IDENTITY = ("steps", "on_nonfinite")  # trainer fields a rerun of the same run may change
+
+
 class _AnotherRunError(ValueError):
     """A run folder's run.json records another configuration: `differing` names the
     sections that differ."""
@@ -119,7 +122,9 @@ class _AnotherRunError(ValueError):
 def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] | None:
     """A run folder's existing run.json must describe the same run: the same configuration
     but for `trainer.steps` (the step budget is no part of a run's identity: a larger one
-    extends the run) and where the folder is (`LOCATION`), local paths compared absolute.
+    extends the run), `trainer.on_nonfinite` (a run that stopped on a divergence resumes with
+    `on_nonfinite="continue"`) and where the folder is (`LOCATION`), local paths compared
+    absolute.
     Returns the saved record (`None`: a new run); another configuration raises
     `_AnotherRunError` naming the sections that differ."""
     path = folder / "run.json"
@@ -133,7 +138,7 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     if isinstance(saved.get("trainer"), dict):
         saved = {**saved, "trainer": {**defaults, **saved["trainer"]}}
     fresh = record.to_dict()
-    ignoring = (*LOCATION, "steps")
+    ignoring = (*LOCATION, *_NOT_IDENTITY)
     before = comparable({field: saved.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     now = comparable({field: fresh.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     differing = [field for field in SECTIONS if before[field] != now[field]]
@@ -302,6 +307,7 @@ def train_run(
             preview=settings.preview if preview is None else preview,
             progress=progress,
             train_reduction=settings.train_reduction,
+            on_nonfinite=settings.on_nonfinite,
             log_optimizer=settings.log_optimizer,
         )
         if not writing:  # no local tracker, run.json or journals here; `tracker` is the caller's

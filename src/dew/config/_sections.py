@@ -9,6 +9,7 @@ import optax
 from jaxtyping import PRNGKeyArray
 
 from dew import _registry as registry
+from dew._nonfinite import ON_NONFINITE
 from dew.checkpoints._location import checkpoint_location
 from dew.config._fields import (
     _EMPTY,
@@ -230,6 +231,10 @@ class TrainerConfig(_Section):
       `Trainer.fit`'s argument of that name.
     - `log_optimizer`: a bool; `True` adds the training metrics `learning_rate` (from
       the optim section's schedule), `grad_norm` and `update_norm`.
+    - `on_nonfinite`: `"raise"` (a run whose training loss or params turn NaN or
+      infinite stops there, before saving that state) or `"continue"` (it trains on);
+      `Trainer.fit`'s argument of that name, `dew train --on-nonfinite`. Like `steps`, no
+      part of a run's identity: a diverged run resumes with another value.
     """
 
     name: str | None = None
@@ -243,6 +248,7 @@ class TrainerConfig(_Section):
     preview: bool = False
     train_reduction: str = "mean"
     log_optimizer: bool = False
+    on_nonfinite: str = "raise"
 
     def __post_init__(self) -> None:
         where = _where(self)
@@ -276,3 +282,7 @@ class TrainerConfig(_Section):
                 f"{where}.train_reduction must be {allowed}, got {self.train_reduction!r}."
             )
         _set(self, "train_reduction", str.__str__(self.train_reduction))
+        if not isinstance(self.on_nonfinite, str) or self.on_nonfinite not in ON_NONFINITE:
+            allowed = " or ".join(repr(value) for value in ON_NONFINITE)
+            raise ValueError(f"{where}.on_nonfinite must be {allowed}, got {self.on_nonfinite!r}.")
+        _set(self, "on_nonfinite", str.__str__(self.on_nonfinite))

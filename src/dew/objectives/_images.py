@@ -23,11 +23,9 @@ _LAYOUTS = {
 def checked_pixels(
     kind: str, batch: Mapping[str, Any], field: str, example_shape: tuple[int, ...]
 ) -> Array:
-    """`batch[field]` as float32, checked: present, floating, shaped `(rows, *example_shape)`
+    """`batch[field]` as float32, checked: floating, shaped `(rows, *example_shape)`
     and every value in `[0, 1]` (on the host a `ValueError` naming the first bad value and
     its position; traced an `eqx.error_if`). `field` is `"images"` or `"clips"`."""
-    if field not in batch:
-        raise KeyError(f"{kind} needs its {field} under batch[{field!r}], got {sorted(batch)}.")
     values = batch[field]
     dtype = getattr(values, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):

@@ -10,17 +10,20 @@ import jax.numpy as jnp
 from equinox import AbstractVar
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
-from dew._checks import check_ids
+from dew._checks import MissingBatchKeyError, check_ids
 from dew.artifacts import Artifact
 from dew.metrics import Metric
+from dew.naming import Split
 from dew.telemetry.records import Record
 
 __all__ = [
     "AbstractObjective",
+    "MissingBatchKeyError",
     "Objective",
     "ReadsEMAParams",
     "ReportsSampling",
     "SkipsMetrics",
+    "check_batch_keys",
     "check_token_batch",
     "combine",
     "token_log_probs",
@@ -46,6 +49,9 @@ class AbstractObjective(eqx.Module):
     - `loss(params, batch, key) -> (loss, aux)`: a scalar loss and a mapping of
       bare metric names to scalars, for `jax.grad` with `has_aux=True`.
     - `evaluate(params, batch, key)`: the scoring artifact for the whole batch.
+    - `batch_keys(split)`: the keys every training (`loss`) or validation (`evaluate`)
+      batch must hold; the trainer and the evaluation pass check the first batch against
+      them before compiling anything (`check_batch_keys`).
     - `check_batch(batch)`: the checks `loss` and `evaluate` run on a batch, on the
       host, raising their `ValueError` (an objective without any returns `None`).
     - `generate_preview(params, batch, key)`: the objective's own preview artifact
@@ -84,6 +90,15 @@ class AbstractObjective(eqx.Module):
     @abc.abstractmethod
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> Artifact:
         """The scoring artifact of one coordinated batch."""
+
+    @abc.abstractmethod
+    def batch_keys(self, split: Split) -> Mapping[str, str | None]:
+        """The keys every batch of `split` must hold: those `loss` reads for
+        `Split.TRAIN`, those `evaluate` reads for `Split.VALIDATION`. Each maps to what
+        names it, as a phrase for an error message (`"its `inputs` field"`), or to `None`
+        for a key the objective fixes. Keys read only when present (sample weights) are
+        left out. `check_batch_keys` checks a batch against them on the host, so a batch
+        that lacks one fails with one line naming it before any step is compiled."""
 
     @abc.abstractmethod
     def check_batch(self, batch: Batch) -> None:
@@ -168,6 +183,52 @@ class SkipsMetrics(Protocol):
 
 Objective = AbstractObjective
 """The objective base under its first public name: `Objective is AbstractObjective`."""
+
+
+def check_batch_keys(objective: AbstractObjective, batch: Any, split: Split) -> None:
+    """Check that `batch` holds every key `objective.batch_keys(split)` declares, on the
+    host: `Trainer.fit` runs it on its first training batch and every evaluation pass on
+    its first batch, before anything is compiled.
+
+    **Raises:** `MissingBatchKeyError` (a `KeyError` and a `ValueError`) naming the missing
+    keys, what names each, and the keys the batch has.
+
+    ```python
+    >>> import equinox as eqx, jax, numpy as np
+    >>> from dew.naming import Split
+    >>> from dew.objectives.classifier import ClassifierObjective
+    >>> objective = ClassifierObjective(eqx.nn.Linear(4, 3, key=jax.random.key(0)), classes=3)
+    >>> batch = {"images": np.zeros((2, 4)), "labels": np.zeros(2, np.int32)}
+    >>> try:
+    ...     check_batch_keys(objective, batch, Split.TRAIN)
+    ... except ValueError as error:
+    ...     print(error)
+    ClassifierObjective reads batch key 'inputs' (its `inputs` field), but the batch has
+    'images', 'labels'.
+
+    ```
+    """
+    declared = objective.batch_keys(split)
+    kind = type(objective).__name__
+    if not isinstance(declared, Mapping):
+        raise TypeError(
+            f"{kind}.batch_keys({split.value!r}) must return a mapping of batch keys to what "
+            f"names them (None for a fixed key), got {type(declared).__name__}."
+        )
+    if not isinstance(batch, Mapping):
+        missing = list(declared)
+        has = f"the batch is a {type(batch).__name__}, not a mapping of keys to arrays"
+    else:
+        missing = [key for key in declared if key not in batch]
+        has = "the batch has " + (", ".join(repr(key) for key in batch) or "no keys")
+    if not missing:
+        return
+    shown = [
+        repr(key) + ("" if declared[key] is None else f" ({declared[key]})") for key in missing
+    ]
+    keys = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+    noun = "batch key" if len(shown) == 1 else "batch keys"
+    raise MissingBatchKeyError(f"{kind} reads {noun} {keys}, but {has}.")
 
 
 def trainable(model: PyTree) -> PyTree:

@@ -10,10 +10,16 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 from dew._checks import check_integer
 from dew.artifacts import ClassScores
 from dew.metrics import Metric, accuracy, cross_entropy, expected_calibration_error, f1
+from dew.naming import Split
 from dew.objectives._images import checked_labels
-from dew.objectives.base import Batch, Objective, combine, trainable
+from dew.objectives.base import Batch, Objective, check_batch_keys, combine, trainable
 
-__all__ = ["ClassifierObjective", "PooledClassifier"]
+__all__ = ["INPUTS", "ClassifierObjective", "PooledClassifier"]
+
+INPUTS = "inputs"
+"""The batch key a `ClassifierObjective` reads its inputs from unless told otherwise (the
+registry's `"classifier"` entry too): a classifier reads any inputs, not images alone, and
+`SupervisedObjective` reads the same key."""
 
 
 class ClassifierObjective(Objective):
@@ -25,7 +31,8 @@ class ClassifierObjective(Objective):
       objective maps it over the batch's rows (`jax.vmap`), as dew's backbones map one
       example.
     - `classes`: the number of classes (at least 2); labels must lie in `[0, classes)`.
-    - `inputs`: the batch key of the inputs (default `"inputs"`; `"images"` for `shapes`).
+    - `inputs`: the batch key of the inputs (default `"inputs"`, `INPUTS`; `"images"` for
+      `shapes`).
     - `name`: the run's stage name (default `classifier`).
 
     A batch holds `batch[inputs]` (an array or pytree with a leading row axis),
@@ -50,7 +57,7 @@ class ClassifierObjective(Objective):
     name: str = eqx.field(static=True)
 
     def __init__(
-        self, model: PyTree, classes: int, *, inputs: str = "inputs", name: str = "classifier"
+        self, model: PyTree, classes: int, *, inputs: str = INPUTS, name: str = "classifier"
     ) -> None:
         if not callable(model):
             raise TypeError(f"ClassifierObjective needs a callable model, got {model!r}.")
@@ -64,14 +71,14 @@ class ClassifierObjective(Objective):
     def init_params(self) -> PyTree:
         return trainable(self.model)
 
+    def batch_keys(self, split: Split) -> dict[str, str | None]:
+        return {self.inputs: "its `inputs` field", "labels": None}
+
     def check_batch(self, batch: Batch) -> None:
         self._fields(batch)
 
     def _fields(self, batch: Batch) -> tuple[Any, Array, Array | None]:
-        missing = [key for key in (self.inputs, "labels") if key not in batch]
-        if missing:
-            needed = " and ".join(f"batch[{key!r}]" for key in missing)
-            raise KeyError(f"ClassifierObjective needs {needed}; the batch has {sorted(batch)}.")
+        check_batch_keys(self, batch, Split.TRAIN)
         inputs = batch[self.inputs]
         leaves = jax.tree.leaves(inputs)
         if not leaves or not jnp.shape(leaves[0]):

@@ -14,10 +14,11 @@ from dew._checks import check_integer
 from dew._domains import PREVIEW_DOMAIN
 from dew.artifacts import Clips, Images
 from dew.metrics import Metric, fid
+from dew.naming import Split
 from dew.nn.backbones.dit import DiT
 from dew.nn.inception import missing_weights
 from dew.objectives._images import checked_labels, checked_pixels
-from dew.objectives.base import Batch, Objective, combine, trainable
+from dew.objectives.base import Batch, Objective, check_batch_keys, combine, trainable
 from dew.telemetry.records import SamplingProtocol
 
 __all__ = ["SOLVERS", "DiffusionObjective", "Sampling", "sample_flow"]
@@ -197,6 +198,7 @@ class DiffusionObjective(Objective):
         return trainable(self.model)
 
     def _data(self, batch: Batch) -> Array:
+        check_batch_keys(self, batch, Split.TRAIN)
         return checked_pixels("DiffusionObjective", batch, self.field, self.model.input_shape)
 
     def _labels(self, batch: Batch, rows: int) -> Array | None:
@@ -215,6 +217,10 @@ class DiffusionObjective(Objective):
     def _checked(self, batch: Batch) -> tuple[Array, Array | None]:
         data = self._data(batch)
         return data, self._labels(batch, data.shape[0])
+
+    def batch_keys(self, split: Split) -> dict[str, str | None]:
+        frames = "its DiT has no frames" if self.model.frames is None else "its DiT has frames"
+        return {self.field: frames}
 
     def check_batch(self, batch: Batch) -> None:
         self._checked(batch)

@@ -8,13 +8,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from dew._checks import check_integer, error_if
+from dew._checks import MissingBatchKeyError, check_integer, error_if
 from dew.artifacts import TokenRows, TokenScores
 from dew.metrics import Metric
+from dew.naming import Split
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
     Batch,
     Objective,
+    check_batch_keys,
     check_token_batch,
     combine,
     token_log_probs,
@@ -128,11 +130,9 @@ class DPOObjective(Objective):
         return trainable(self.policy)
 
     def _side(self, batch: Batch, side: str) -> tuple[Array, Array]:
-        """One side's checked token IDs and prompt mask."""
-        if side not in batch:
-            raise KeyError(
-                f"DPOObjective needs token rows under batch[{side!r}], got keys {sorted(batch)}."
-            )
+        """One side's checked token IDs and prompt mask (a training batch holds both sides,
+        a batch `evaluate` reads the chosen one at least)."""
+        check_batch_keys(self, batch, Split.TRAIN if side == "rejected" else Split.VALIDATION)
         tokens = check_token_batch(
             "DPOObjective",
             side,
@@ -154,7 +154,7 @@ class DPOObjective(Objective):
                 f"{['prompt_mask', *separate]}."
             )
         if not shared and len(separate) != 2:
-            raise KeyError(
+            raise MissingBatchKeyError(
                 "DPOObjective needs a boolean prompt mask: batch['prompt_mask'] for both sides, "
                 "or both batch['chosen_prompt_mask'] and batch['rejected_prompt_mask']; got keys "
                 f"{sorted(batch)}."
@@ -173,6 +173,10 @@ class DPOObjective(Objective):
                 f"{tuple(tokens.shape)}, got {tuple(mask.shape)}."
             )
         return tokens.astype(jnp.int32), jnp.asarray(mask)
+
+    def batch_keys(self, split: Split) -> dict[str, str | None]:
+        """`chosen` and `rejected` for training; `chosen` alone for `evaluate`."""
+        return dict.fromkeys(_SIDES if split is Split.TRAIN else _SIDES[:1])
 
     def check_batch(self, batch: Batch) -> None:
         if "rejected" in batch:
@@ -200,6 +204,7 @@ class DPOObjective(Objective):
     def _pairs(self, batch: Batch) -> tuple[Array, Array]:
         """The chosen and rejected rows stacked on a leading side axis, with their
         counted-position weights: `(2, rows, length)` and `(2, rows, length - 1)`."""
+        check_batch_keys(self, batch, Split.TRAIN)  # both sides named at once
         sides = [self._side(batch, side) for side in _SIDES]
         (chosen, _), (rejected, _) = sides
         if chosen.shape != rejected.shape:

@@ -10,13 +10,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from dew._checks import check_ids, check_integer
+from dew._checks import MissingBatchKeyError, check_ids, check_integer
 from dew.artifacts import TokenRows
 from dew.metrics import Metric
+from dew.naming import Split
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
     Batch,
     Objective,
+    check_batch_keys,
     check_token_batch,
     combine,
     token_log_probs,
@@ -251,10 +253,7 @@ class GRPOObjective(Objective):
         return trainable(self.policy)
 
     def _prompts(self, batch: Batch, new_tokens: int, setting: str) -> Array:
-        if "prompts" not in batch:
-            raise KeyError(
-                f"GRPOObjective needs prompt rows under batch['prompts'], got keys {sorted(batch)}."
-            )
+        check_batch_keys(self, batch, Split.TRAIN)
         prompts = check_token_batch(
             "GRPOObjective",
             "prompts",
@@ -337,7 +336,7 @@ class GRPOObjective(Objective):
     def _precomputed(self, batch: Batch) -> tuple[Array, Array, Array, Array]:
         present = [key for key in ("completions", "old_log_probs") if key in batch]
         if len(present) != 2:
-            raise KeyError(
+            raise MissingBatchKeyError(
                 "GRPOObjective takes precomputed samples as both batch['completions'] and "
                 f"batch['old_log_probs'] (see GRPOObjective.rollout), got only {present}."
             )
@@ -385,6 +384,9 @@ class GRPOObjective(Objective):
             axes=("row", "group member", "position"),
         )
         return jnp.asarray(checked).astype(jnp.int32)
+
+    def batch_keys(self, split: Split) -> dict[str, str | None]:
+        return {"prompts": None}
 
     def check_batch(self, batch: Batch) -> None:
         if "completions" in batch or "old_log_probs" in batch:

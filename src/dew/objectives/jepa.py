@@ -12,9 +12,10 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 from dew._checks import check_integer
 from dew.artifacts import Representations
 from dew.metrics import Metric, knn_probe, linear_probe
+from dew.naming import Split
 from dew.nn.backbones.vit import ViT
 from dew.objectives._images import checked_labels, checked_pixels
-from dew.objectives.base import Batch, Objective, combine, trainable
+from dew.objectives.base import Batch, Objective, check_batch_keys, combine, trainable
 
 __all__ = ["BlockMasks", "JEPANetworks", "JEPAObjective", "normalised_tokens"]
 
@@ -248,6 +249,7 @@ class JEPAObjective(Objective):
     def _images(self, batch: Batch) -> Array:
         encoder = self.networks.encoder
         shape = (encoder.image_size, encoder.image_size, encoder.channels)
+        check_batch_keys(self, batch, Split.TRAIN)
         return checked_pixels("JEPAObjective", batch, "images", shape)
 
     def _labels(self, batch: Batch, rows: int) -> Array | None:
@@ -256,6 +258,9 @@ class JEPAObjective(Objective):
         return checked_labels(
             "JEPAObjective", batch["labels"], rows, self.probe_classes, "probe_classes"
         )
+
+    def batch_keys(self, split: Split) -> dict[str, str | None]:
+        return {"images": None}
 
     def check_batch(self, batch: Batch) -> None:
         self._labels(batch, self._images(batch).shape[0])

@@ -8,10 +8,12 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 from dew._checks import check_integer
 from dew.artifacts import TokenRows, TokenScores
 from dew.metrics import Metric, perplexity, token_accuracy
+from dew.naming import Split
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import (
     Batch,
     Objective,
+    check_batch_keys,
     check_token_batch,
     combine,
     token_log_probs,
@@ -89,10 +91,7 @@ class LMObjective(Objective):
         return trainable(self.model)
 
     def _tokens(self, batch: Batch) -> jax.Array:
-        if "text" not in batch:
-            raise KeyError(
-                f"LMObjective needs the token rows under batch['text'], got {sorted(batch)}."
-            )
+        check_batch_keys(self, batch, Split.TRAIN)
         tokens = check_token_batch(
             "LMObjective",
             "text",
@@ -101,6 +100,9 @@ class LMObjective(Objective):
             min_length=self.seq_len + 1,
         )
         return tokens[:, : self.seq_len + 1]
+
+    def batch_keys(self, split: Split) -> dict[str, str | None]:
+        return {"text": None}
 
     def check_batch(self, batch: Batch) -> None:
         self._tokens(batch)

@@ -11,10 +11,12 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 from dew._checks import check_integer
 from dew.artifacts import TokenRows
 from dew.metrics import Metric
+from dew.naming import Split
 from dew.nn.backbones.bidirectional_transformer import BidirectionalTransformer
 from dew.objectives.base import (
     Batch,
     Objective,
+    check_batch_keys,
     check_token_batch,
     combine,
     token_log_probs,
@@ -182,11 +184,7 @@ class MaskedDiffusionObjective(Objective):
         return trainable(self.model)
 
     def _tokens(self, batch: Batch) -> Array:
-        if "text" not in batch:
-            raise KeyError(
-                "MaskedDiffusionObjective needs the token rows under batch['text'], "
-                f"got {sorted(batch)}."
-            )
+        check_batch_keys(self, batch, Split.TRAIN)
         tokens = check_token_batch(
             "MaskedDiffusionObjective",
             "text",
@@ -195,6 +193,9 @@ class MaskedDiffusionObjective(Objective):
             min_length=self.seq_len,
         )
         return tokens[:, : self.seq_len].astype(jnp.int32)
+
+    def batch_keys(self, split: Split) -> dict[str, str | None]:
+        return {"text": None}
 
     def check_batch(self, batch: Batch) -> None:
         self._tokens(batch)

@@ -10,7 +10,8 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from dew.artifacts import RegressionScores
 from dew.metrics import Metric, loss, point_crps, rmse
-from dew.objectives.base import Batch, Objective, combine, trainable
+from dew.naming import Split
+from dew.objectives.base import Batch, Objective, check_batch_keys, combine, trainable
 
 __all__ = ["SupervisedObjective"]
 
@@ -80,13 +81,16 @@ class SupervisedObjective(Objective):
     def init_params(self) -> PyTree:
         return trainable(self.model)
 
+    def batch_keys(self, split: Split) -> dict[str, str | None]:
+        return {"inputs": None, "targets": None}
+
     def check_batch(self, batch: Batch) -> None:
-        _fields(batch)
+        self._fields(batch)
 
     def loss(
         self, params: PyTree, batch: Batch, key: PRNGKeyArray
     ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
-        inputs, targets, sample_weight = _fields(batch)
+        inputs, targets, sample_weight = self._fields(batch)
         model = combine(params, self.model)
         values = self.loss_function(model, inputs, targets, sample_weight, key, True)
         values, weights = _row_values(values, sample_weight, _rows(inputs))
@@ -95,7 +99,7 @@ class SupervisedObjective(Objective):
         return jnp.sum(values * weights) / jnp.sum(weights), {}
 
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> RegressionScores:
-        inputs, targets, sample_weight = _fields(batch)
+        inputs, targets, sample_weight = self._fields(batch)
         model = combine(params, self.model)
         rows = _rows(inputs)
         values = self.loss_function(model, inputs, targets, sample_weight, key, False)
@@ -110,6 +114,10 @@ class SupervisedObjective(Objective):
             std = jnp.broadcast_to(std, jnp.shape(mean))
         return RegressionScores(values, weights, mean, std, targets)
 
+    def _fields(self, batch: Batch) -> tuple[Any, Any, Any]:
+        check_batch_keys(self, batch, Split.TRAIN)
+        return batch["inputs"], batch["targets"], batch.get("sample_weight")
+
     def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> None:
         """None: a supervised run previews its scoring artifact."""
         return None
@@ -119,14 +127,6 @@ class SupervisedObjective(Objective):
         if self.predictive is None:
             return (loss(),)
         return (loss(), rmse(), point_crps())
-
-
-def _fields(batch: Batch) -> tuple[Any, Any, Any]:
-    missing = [key for key in ("inputs", "targets") if key not in batch]
-    if missing:
-        needed = " and ".join(f"batch[{key!r}]" for key in missing)
-        raise KeyError(f"SupervisedObjective needs {needed}; the batch has {sorted(batch)}.")
-    return batch["inputs"], batch["targets"], batch.get("sample_weight")
 
 
 def _rows(inputs: Any) -> int:

@@ -24,7 +24,7 @@ from dew.tracking import ScalarTracker
 if TYPE_CHECKING:
     from dew.training._trainer import Trainer
 
-__all__ = ["PREVIEW_NAME", "SAMPLING_RECORD", "evaluation_event", "key_text"]
+__all__ = ["PREVIEW_NAME", "SAMPLING_RECORD", "evaluates", "evaluation_event", "key_text"]
 
 PREVIEW_NAME = "samples"
 SAMPLING_RECORD = "sampling_protocol"
@@ -33,6 +33,27 @@ SAMPLING_RECORD = "sampling_protocol"
 def key_text(key: PRNGKeyArray) -> str:
     """A key's raw data as one hex string (how the trainer prints an event key)."""
     return "".join(f"{int(word):08x}" for word in np.ravel(jax.random.key_data(key)))
+
+
+def evaluates(
+    data: Dataset, eval_every: int | None, metric_set: MetricSet, previewing: bool
+) -> bool:
+    """Whether a fit evaluates: `eval_every` is given and there is something to do (metrics
+    to score, or a preview). `metrics` alone, without `eval_every`, does nothing.
+
+    **Raises:** `ValueError` when there is something to do every `eval_every` steps but
+    `data.val` is `None`: nothing would be evaluated, and nothing would say so."""
+    if eval_every is None or not (metric_set.metrics or previewing):
+        return False
+    if data.val is None:
+        asked = f"metrics {', '.join(metric_set.names)}" if metric_set.metrics else "previews"
+        raise ValueError(
+            f"eval_every={eval_every} asks for {asked} every {eval_every} steps, but the "
+            "Dataset has no validation data (Dataset.val is None; a built-in dataset with "
+            "val_fraction=0): give it validation data, or leave eval_every unset "
+            "(trainer.eval_every in a RunConfig)."
+        )
+    return True
 
 
 def evaluation_event(

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray
 
-from dew._checks import batch_error, check_integer, failed_check
+from dew._checks import batch_error, failed_check
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._interrupts import FitInterrupted
 from dew._loop import LoopEngine, with_history
@@ -23,13 +23,14 @@ from dew.data import Dataset, Partition
 from dew.events import STEP_END, EventSink, TrackerEventSink
 from dew.metrics import Metric, MetricSet
 from dew.naming import Split, check_path_segment
-from dew.objectives.base import Objective, ReportsSampling
+from dew.objectives.base import Objective, ReportsSampling, check_batch_keys
 from dew.profiling import Profile
 from dew.steps import EMPTY_HISTORY, LearningRate, TrainState
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import ScalarTracker
 from dew.tracking._protocol import takes_artifacts
 from dew.training._batches import _draw_block, _opened, _stack
+from dew.training._cadence import check_cadence
 from dew.training._compiled_step import (
     Telemetry,
     compiled_steps,
@@ -37,7 +38,12 @@ from dew.training._compiled_step import (
     state_leaves,
     state_of,
 )
-from dew.training._evaluation_event import SAMPLING_RECORD, evaluation_event, key_text
+from dew.training._evaluation_event import (
+    SAMPLING_RECORD,
+    evaluates,
+    evaluation_event,
+    key_text,
+)
 from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
 from dew.training._placement import ParamSharding, Placement, fit_setup
 from dew.training._profile_window import ProfileWindowTracer
@@ -154,7 +160,8 @@ class Trainer:
           `eval_every` are given and there is something to do: `metrics` to score
           (`validation_end` events, `<stage>/validation/<metric>`) or a preview; and
           once more at the fit's last step (`steps`, or an early stop) when the cadence
-          missed it, unless `final_eval=False`.
+          missed it, unless `final_eval=False`. Something to do every `eval_every`
+          steps with no `data.val` raises a `ValueError`.
         - Previews (`tracker.log_artifact("<stage>/validation/samples", ...)`, the
           preview name `dew.naming.preview_name(stage, "validation", "samples")`) only
           with `preview=True` and a tracker that takes artifacts; the base preview
@@ -214,38 +221,18 @@ class Trainer:
           standard error is a terminal, shows a progress bar (step, loss, steps/s)
           over the fit and over each evaluation pass.
         """
-        check_integer("steps", steps, minimum=1)
-        check_integer("log_every", log_every, minimum=1)
-        check_integer("eval_every", eval_every, minimum=1, optional=True)
-        check_integer("checkpoint_every", checkpoint_every, minimum=1, optional=True)
-        check_integer("steps_per_call", steps_per_call, minimum=1)
+        check_cadence(
+            steps, log_every, eval_every, checkpoint_every, steps_per_call, self.checkpoint_dir
+        )
         raising = raises_on_nonfinite(on_nonfinite)
         mean = check_train_reduction(train_reduction)
         telemetry = optimizer_telemetry(self, log_optimizer)
-        for name, every in (
-            ("log_every", log_every),
-            ("eval_every", eval_every),
-            ("checkpoint_every", checkpoint_every),
-        ):
-            if every is not None and every % steps_per_call:
-                raise ValueError(
-                    f"{name}={every} is not a multiple of steps_per_call={steps_per_call}: a "
-                    "fused call runs whole blocks of steps, so the loop can only look at their "
-                    "ends."
-                )
-        if checkpoint_every is not None and self.checkpoint_dir is None:
-            raise ValueError(
-                f"checkpoint_every={checkpoint_every} needs somewhere to save: construct the "
-                "Trainer with checkpoint_dir=..."
-            )
         metric_set = MetricSet(metrics)
         artifacts = tracker is not None and takes_artifacts(tracker)  # refuses a non-tracker
         placement, previewing, tracker, progress = fit_setup(
             self.optimizer, self.param_sharding, preview and artifacts, tracker, progress
         )
-        evaluating = (
-            data.val is not None and eval_every is not None and (bool(metrics) or previewing)
-        )
+        evaluating = evaluates(data, eval_every, metric_set, previewing)
         sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
         if not artifacts:  # a tracker that takes scalars only gets no records, no previews
             tracker = None
@@ -296,13 +283,16 @@ class Trainer:
         self, telemetry: Telemetry, state_def: Any, leaves: list[Any], batch: Any
     ) -> tuple[str, ...]:
         """The training metrics' names, traced once per Trainer and kind of batch (a fit
-        resumed or continued with `state=` pays no second trace)."""
+        resumed or continued with `state=` pays no second trace), after the batch's keys
+        are checked against the objective's (one line naming a missing one, not a
+        `KeyError` from inside the trace)."""
         shapes = tuple(
             (np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
             for leaf in jax.tree.leaves(batch)
         )
         key = (telemetry, state_def, jax.tree.structure(batch), shapes)
         if key not in self._names:
+            check_batch_keys(self.objective, batch, Split.TRAIN)
             compiled = (self._objective_def, self._static, self.optimizer)
             self._names[key] = output_names(
                 *compiled, telemetry, leaves, batch, self._objective_leaves, state_def
@@ -460,7 +450,7 @@ class Trainer:
                     drawn = draw(batches, step, block, steps, data.batch)
                     unsynced.extend(drawn)
                     window.before(step + 1)
-                    with engine.deferred():  # a Ctrl-C lands between steps, never inside one
+                    with engine.deferred(block):  # a Ctrl-C lands between steps, not inside
                         if block == 1:
                             batch = drawn[0] if placement is None else placement.batch(drawn[0])
                             leaves = calls.step(leaves, batch)
