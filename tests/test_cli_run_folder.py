@@ -173,7 +173,7 @@ def test_a_failed_first_attempt_does_not_pin_its_configuration(tmp_path, capsys)
         (
             ['data={name="shapes"}', "objective.kwargs.seq_len=8"],
             "the data's first training batch does not fit the 'lm' objective: LMObjective "
-            "needs the token rows under batch['text'], got ['images', 'labels'].",
+            "reads batch key 'text', but the batch has 'images', 'labels'.",
         ),
     ],
 )

@@ -53,7 +53,8 @@ from dew.config._identity import LOCATION, absolute_paths, comparable
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset, Partition
 from dew.metrics import Metric
-from dew.objectives.base import Objective
+from dew.naming import Split
+from dew.objectives.base import Objective, check_batch_keys
 from dew.steps import TrainState
 from dew.telemetry.records import RunRecord
 from dew.tracking import LocalTracker, Tracker, Trackers
@@ -156,12 +157,12 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
 def _completed_a_step(folder: pathlib.Path, checkpoints: str) -> bool:
     """Whether the run in `folder` has completed a step: a checkpoint, or a training step in
     its journal (an unreadable journal counts as one: nothing is started over on a guess)."""
-    from dew.checkpoints import _orbax
+    from dew.checkpoints._orbax import orbax
     from dew.tracking import read_journal
     from dew.tracking._journal import SCALARS
 
     stored = is_remote(checkpoints) or pathlib.Path(checkpoints).is_dir()
-    if stored and _orbax().utils.checkpoint_steps(checkpoints):
+    if stored and orbax().utils.checkpoint_steps(checkpoints):
         return True
     if not (folder / SCALARS).exists():
         return False
@@ -356,7 +357,8 @@ def _claim(
 
 
 def _check_first_batch(objective: Objective, data: Dataset) -> None:
-    """The first training batch through the objective's host checks (`check_batch`): data
+    """The first training batch through the objective's host checks (`check_batch_keys`,
+    then `check_batch`): data
     whose batches lack what the objective reads fails before anything is written (a
     `ValueError` naming what is missing). A source with no batch is left to the fit."""
     batches = iter(data.train(Partition.current()))
@@ -369,6 +371,7 @@ def _check_first_batch(objective: Objective, data: Dataset) -> None:
     if batch is None:
         return
     try:
+        check_batch_keys(objective, batch, Split.TRAIN)  # one line naming what is missing
         objective.check_batch(_as_called(batch))  # the types the compiled step reads
     except KeyError as error:  # a batch without what the objective reads: the user's input
         text = str(error.args[0]) if error.args else repr(error)
