@@ -9,7 +9,7 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
+from dew._domains import evaluation_key, run_key
 from dew.checkpoints import Checkpointer
 from dew.config._config import RunConfig
 from dew.config._recipe import build_objective, is_uri, run_folder
@@ -63,12 +63,12 @@ def evaluate_run(
     folder = pathlib.Path(run_dir)
     config = RunConfig.from_run_record(folder / "run.json")
     seed = jax.random.key(config.trainer.seed)
-    objective = build_objective(config, None, jax.random.fold_in(seed, MODEL_DOMAIN))
-    run_key = jax.random.fold_in(seed, RUN_DOMAIN)
+    objective = build_objective(config, None, seed)
+    key = run_key(seed)
     template = TrainState.create(
         objective,
         config.optim.build(config.trainer.steps),
-        key=run_key,
+        key=key,
         ema=getattr(objective, "ema_decay", None) is not None,
     )
     checkpoints: Any = folder / "checkpoints"
@@ -91,7 +91,7 @@ def evaluate_run(
         generation_params(objective, state),
         data.val,  # evaluate reads this process's partition
         metrics=objective.default_metrics() if metrics is None else metrics,
-        key=jax.random.fold_in(run_key, step),  # the evaluation event's key at `step`
+        key=evaluation_key(key, step),  # the Trainer's event key at `step`
         step=step,
     )
 

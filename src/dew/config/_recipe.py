@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import equinox as eqx
 import jax
 
-from dew._domains import MODEL_DOMAIN, OBJECTIVE_DOMAIN, RUN_DOMAIN
+from dew._domains import model_key, objective_key, run_key
 from dew._json import read_json
 from dew._processes import agree_process_phase, is_multiprocess, is_process_zero
 from dew.config._sections import TrainerConfig
@@ -153,11 +153,11 @@ def _step_budget(
 
 
 def build_objective(
-    config: "RunConfig", objective: Objective | str | Callable[..., Objective] | None, key: Any
+    config: "RunConfig", objective: Objective | str | Callable[..., Objective] | None, seed: Any
 ) -> Objective:
-    model = config.model.build(key=key)
-    # A builder that names `key` (JEPA's, for its predictor) gets one from the model key.
-    defaults: dict[str, Any] = {"key": jax.random.fold_in(key, OBJECTIVE_DOMAIN)}
+    model = config.model.build(key=model_key(seed))
+    # A builder that names `key` (JEPA's, for its predictor) gets its own.
+    defaults: dict[str, Any] = {"key": objective_key(seed)}
     if "seq_len" in config.data.kwargs:
         defaults["seq_len"] = config.data.kwargs["seq_len"]
     if objective is None:
@@ -225,13 +225,13 @@ def train_run(
     if is_multiprocess():
         agree_process_phase("checking the run folder", True)
     seed = jax.random.key(settings.seed)
-    built = build_objective(config, objective, jax.random.fold_in(seed, MODEL_DOMAIN))
+    built = build_objective(config, objective, seed)
     if data is None:
         data = config.data.build(batch_size=settings.batch_size, seed=settings.seed)
     trainer = Trainer(
         built,
         config.optim.build(settings.steps),
-        key=jax.random.fold_in(seed, RUN_DOMAIN),
+        key=run_key(seed),
         checkpoint_dir=checkpoints if is_uri(checkpoints) else os.fspath(checkpoints),
         # the schedule the optimizer was built with, over this fit's total (decision 0020)
         learning_rate=config.optim.learning_rate_schedule(settings.steps),

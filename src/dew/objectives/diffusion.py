@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
-from dew._domains import PREVIEW_DOMAIN
+from dew._domains import PREVIEW_DOMAIN, derive
 from dew.artifacts import Clips, Images
 from dew.metrics import Metric, fid
 from dew.nn.backbones.dit import DiT
@@ -266,7 +266,7 @@ class DiffusionObjective(Objective):
         if rows is None:
             raise ValueError("DiffusionObjective.sample needs labels or a number of rows.")
         model = combine(params, self.model)
-        key = jax.random.fold_in(key, self.sampling.seed_domain)
+        key = derive(key, self.sampling.seed_domain)
         noise = jax.random.normal(key, (rows, *self.model.input_shape))
         guidance = self.sampling.guidance
 
@@ -341,7 +341,7 @@ class DiffusionObjective(Objective):
         data, labels = self._checked(batch)
         rows = min(PREVIEW_ROWS, data.shape[0])
         labels = None if labels is None else labels[:rows]
-        preview_key = jax.random.fold_in(key, PREVIEW_DOMAIN)
+        preview_key = derive(key, PREVIEW_DOMAIN)
         # Compiled once per objective structure: the Trainer previews outside any jit, where
         # the sampler's loop would otherwise be traced and compiled again at every event.
         generated = _compiled_sample(self, params, labels, preview_key, rows=rows)

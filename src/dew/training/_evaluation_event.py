@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
-from dew._domains import PREVIEW_DOMAIN
+from dew._domains import evaluation_key, preview_key
 from dew._loop import LoopEngine
 from dew._pass import preview_on_process_zero
 from dew.data import Dataset, Partition, _lazily
@@ -47,7 +47,7 @@ def evaluation_event(
 ) -> bool:
     """One evaluation event at `step`; returns whether the early stopper says stop."""
     state = engine.current()
-    event_key = jax.random.fold_in(trainer.key, step)
+    event_key = evaluation_key(trainer.key, step)
     batches: Iterable[Any] = _lazily(data.val, Partition.current())
     if progress and sys.stderr.isatty():
         batches = tqdm(
@@ -69,10 +69,13 @@ def evaluation_event(
         keep_first_artifact=previewing,
     )
     if previewing and result.first_batch is not None:
-        preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
         # every process takes part in generating it; process zero gets it to log
         artifact = preview_on_process_zero(
-            trainer.objective, params, result.first_batch, preview_key, result.first_artifact
+            trainer.objective,
+            params,
+            result.first_batch,
+            preview_key(event_key),
+            result.first_artifact,
         )
         if tracker is not None and artifact is not None:
             tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
