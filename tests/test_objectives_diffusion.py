@@ -12,7 +12,7 @@ from _checks import rejects
 
 import dew
 from dew import metrics
-from dew._domains import PREVIEW_DOMAIN
+from dew._domains import evaluation_key, preview_key
 from dew.artifacts import Clips, Images
 from dew.data import Dataset, Partition
 from dew.nn.backbones.dit import DiT
@@ -513,7 +513,7 @@ def test_validation_generates_with_the_ema_params():
         progress=False,
     )
     batch = next(data.val(None))
-    event_key = jax.random.fold_in(jax.random.key(0), 5)
+    event_key = evaluation_key(jax.random.key(0), 5)
     scored = state.metric_history["diffusion/validation/mse"][-1][1]
 
     def mse(params):
@@ -524,10 +524,10 @@ def test_validation_generates_with_the_ema_params():
     assert scored == mse(state.ema_params)
     assert scored != mse(state.params)
     _, shown = tracker.artifacts["samples"][0]
-    preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
-    expected = objective.preview(state.ema_params, batch, preview_key).generated
+    key = preview_key(event_key)
+    expected = objective.preview(state.ema_params, batch, key).generated
     np.testing.assert_array_equal(shown.generated, expected)
-    live = objective.preview(state.params, batch, preview_key).generated
+    live = objective.preview(state.params, batch, key).generated
     assert not np.array_equal(shown.generated, live)
 
 
@@ -573,7 +573,7 @@ def test_a_fit_journals_its_sampling_protocol(tmp_path):
     }
     assert found[0][1] == SamplingProtocol(**common)
     for step, record in found[1:]:
-        event_key = dew.training.key_text(jax.random.fold_in(jax.random.key(0), step))
+        event_key = dew.training.key_text(evaluation_key(jax.random.key(0), step))
         assert record == SamplingProtocol(
             **common, generated_rows=8, real_rows=8, event_key=event_key
         )

@@ -339,7 +339,7 @@ def run_stages(
     """Run `stages` in order, each counting its epochs from zero under its own
     stage name, and return the final state of each, by stage name.
 
-    Stage `i` trains with `jax.random.fold_in(key, i)`. A `GammaVarianceStage`
+    Stage `i` trains with the key `dew._domains.stage_key(key, i)`. A `GammaVarianceStage`
     whose `mean_model` is a `MeanStage` listed before it uses that stage's
     trained model.
     """
