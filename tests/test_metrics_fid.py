@@ -21,7 +21,15 @@ from hypothesis.extra import numpy as hnp
 
 from dew import metrics
 from dew.artifacts import Images, Representations
-from dew.metrics import FID, Moments, frechet_distance, load_fid_statistics, save_fid_statistics
+from dew.metrics import (
+    FID,
+    FIDStatistics,
+    Moments,
+    frechet_distance,
+    load_fid_statistics,
+    save_fid_statistics,
+)
+from dew.metrics._fid import _statistics
 from dew.testing import check_metric_laws, images
 
 
@@ -134,7 +142,9 @@ def test_distance_matches_the_sqrtm_formula_on_well_conditioned_covariances(dims
     result = frechet_distance(mean1, cov1, mean2, cov2)
     assert result.route == "cholesky"
     assert result.negative_mass < 1e-13
-    assert result.distance == pytest.approx(_sqrtm_formula(mean1, cov1, mean2, cov2), rel=1e-10)
+    expected = _sqrtm_formula(mean1, cov1, mean2, cov2)
+    assert result.distance == pytest.approx(expected, rel=1e-10)
+    assert float(result) == pytest.approx(expected, rel=1e-10)  # as pytorch-fid's callers write
     # tr √(C₁C₂) is symmetric in the two Gaussians
     swapped = frechet_distance(mean2, cov2, mean1, cov1).distance
     assert swapped == pytest.approx(result.distance, rel=1e-12)
@@ -391,9 +401,9 @@ def test_statistics_round_trip_and_score_like_the_pooled_reference(tmp_path):
         np.testing.assert_allclose(archive["sigma"], np.cov(features, rowvar=False), rtol=1e-12)
         assert archive["count"] == 30
     loaded = load_fid_statistics(path)
-    assert loaded.count == 30
+    assert isinstance(loaded, FIDStatistics) and loaded.count == 30 and loaded.rows == "30"
     np.testing.assert_array_equal(loaded.mean, real.mean)
-    np.testing.assert_allclose(loaded.m2, real.m2, rtol=1e-14)
+    np.testing.assert_allclose(loaded.covariance, np.cov(features, rowvar=False), rtol=1e-12)
 
     scored = FID(network=channel_means, reference=loaded)
     state = scored(Images(jnp.asarray(generated)))
@@ -423,10 +433,14 @@ def test_loading_rejects_what_is_not_dew_statistics(tmp_path):
     weights.write_bytes(b"\x80\x02}q\x00.")  # a pickle, as a .pth holds
     with pytest.raises(ValueError, match=re.escape(f"{weights} is not an .npz of FID statistics")):
         load_fid_statistics(weights)
-    pytorch_fid_stats = tmp_path / "pytorch_fid.npz"
-    np.savez(pytorch_fid_stats, mu=np.zeros(3), sigma=np.eye(3))
+    stamped = tmp_path / "stamped.npz"  # dew's format stamp, but no count
+    np.savez(stamped, mu=np.zeros(3), sigma=np.eye(3), format="dew.fid_statistics.v1")
     with pytest.raises(ValueError, match=r"has keys \['mu', 'sigma'\] and format"):
-        load_fid_statistics(pytorch_fid_stats)
+        load_fid_statistics(stamped)
+    no_sigma = tmp_path / "no_sigma.npz"
+    np.savez_compressed(no_sigma, mu=np.zeros(3))
+    with pytest.raises(ValueError, match=r"has keys \['mu'\] and format .* or pytorch-fid's"):
+        load_fid_statistics(no_sigma)
     single = tmp_path / "single.npy"
     np.save(single, np.zeros(3))
     with pytest.raises(ValueError, match=r"holds a single array, not an \.npz"):
@@ -439,6 +453,45 @@ def test_loading_rejects_what_is_not_dew_statistics(tmp_path):
     np.savez(malformed, mu=np.zeros(3), sigma=np.eye(2), count=np.float64(5))
     with pytest.raises(ValueError, match=r"malformed FID statistics: mu \(3,\), sigma \(2, 2\)"):
         load_fid_statistics(malformed)
+
+
+def test_pytorch_fids_own_statistics_score_with_their_count_unknown(tmp_path):
+    generated, reference = _images(0, 8), _images(1, 30, shift=0.1)
+    features = _features(channel_means, reference)
+    path = tmp_path / "pytorch_fid.npz"
+    # as pytorch-fid's save_fid_stats writes them: np.mean and np.cov of its float64
+    # activations, compressed, with no row count
+    np.savez_compressed(path, mu=np.mean(features, axis=0), sigma=np.cov(features, rowvar=False))
+    loaded = load_fid_statistics(path)
+    assert loaded.count is None and loaded.rows == "unknown"
+    np.testing.assert_allclose(loaded.covariance, np.cov(features, rowvar=False), rtol=1e-15)
+    against_file = FID(network=channel_means, reference=loaded)
+    pooled = FID(network=channel_means)
+    batch = Images(jnp.asarray(generated), reference=jnp.asarray(reference))
+    value = against_file.finalize(against_file(batch))
+    assert value == pytest.approx(pooled.finalize(pooled(batch)), rel=1e-12)
+    x1 = _features(channel_means, generated)
+    expected = _sqrtm_formula(
+        np.mean(x1, axis=0), np.cov(x1, rowvar=False), loaded.mean, loaded.covariance
+    )
+    assert value == pytest.approx(expected, rel=1e-9)
+    one_row = Images(jnp.asarray(generated[:1]))
+    with pytest.raises(ValueError, match="got 1 generated and unknown reference rows"):
+        against_file.finalize(against_file(one_row))
+
+
+def test_reference_moments_are_converted_and_need_two_rows():
+    moments = Moments.of(np.arange(12.0).reshape(4, 3) ** 2)
+    metric = FID(network=channel_means, reference=moments)
+    assert isinstance(metric.reference, FIDStatistics) and metric.reference.count == 4
+    np.testing.assert_array_equal(metric.reference.mean, moments.mean)
+    np.testing.assert_allclose(
+        metric.reference.covariance, np.cov(np.arange(12.0).reshape(4, 3) ** 2, rowvar=False)
+    )
+    with pytest.raises(ValueError, match="reference statistics need at least two rows, got 1"):
+        FID(network=channel_means, reference=Moments.of(np.ones((1, 3))))
+    with pytest.raises(TypeError, match=r"FID's reference must be FIDStatistics.*got ndarray"):
+        _statistics(np.zeros(3))  # the converter (the tests' type checks refuse it first)
 
 
 def test_reference_statistics_of_other_dims_are_refused_at_finalize(tmp_path):

@@ -36,11 +36,12 @@ from dew.metrics._clip import clip_score as clip_score
 from dew.metrics._fid import FID as FID
 from dew.metrics._fid import FIDState as FIDState
 from dew.metrics._fid import FrechetDistance as FrechetDistance
-from dew.metrics._fid import Moments as Moments
 from dew.metrics._fid import fid as fid
 from dew.metrics._fid import frechet_distance as frechet_distance
-from dew.metrics._fid import load_fid_statistics as load_fid_statistics
-from dew.metrics._fid import save_fid_statistics as save_fid_statistics
+from dew.metrics._fid_statistics import FIDStatistics as FIDStatistics
+from dew.metrics._fid_statistics import Moments as Moments
+from dew.metrics._fid_statistics import load_fid_statistics as load_fid_statistics
+from dew.metrics._fid_statistics import save_fid_statistics as save_fid_statistics
 from dew.metrics._images import MAE as MAE
 from dew.metrics._images import MSE as MSE
 from dew.metrics._images import PSNR as PSNR
@@ -76,6 +77,7 @@ __all__ = [
     "CrossEntropy",
     "ExpectedCalibrationError",
     "FIDState",
+    "FIDStatistics",
     "FrechetDistance",
     "KNNProbe",
     "LinearProbe",
