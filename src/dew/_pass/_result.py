@@ -24,6 +24,8 @@ class PassResult:
       `jax.distributed`, the placed global batch.
     - `uneven_shards`: whether some process still had a batch when another's shard had
       ended (its remaining rows never entered the metrics); always `False` in one process.
+    - `conditioning_sha256`: with `run_pass(conditioning=...)`, the identity of the rows'
+      conditioning values (`ConditioningDigest`); `None` without, or when no batch had any.
     """
 
     scores: dict[str, float]
@@ -32,6 +34,7 @@ class PassResult:
     first_artifact: Artifact | None
     first_batch: Mapping[str, Any] | None
     uneven_shards: bool = False
+    conditioning_sha256: str | None = None
 
 
 def _rows(batch: Mapping[str, Any]) -> int:

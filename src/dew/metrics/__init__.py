@@ -33,6 +33,8 @@ from dew.metrics._classification import Recall as Recall
 from dew.metrics._classification import TopKAccuracy as TopKAccuracy
 from dew.metrics._classification import WeightedCounts as WeightedCounts
 from dew.metrics._clip import clip_score as clip_score
+from dew.metrics._features import DescribesFeatures as DescribesFeatures
+from dew.metrics._features import FeatureDefinition as FeatureDefinition
 from dew.metrics._fid import FID as FID
 from dew.metrics._fid import FIDState as FIDState
 from dew.metrics._fid import FrechetDistance as FrechetDistance
@@ -76,8 +78,10 @@ __all__ = [
     "ConfusionMatrix",
     "CrossEntropy",
     "ExpectedCalibrationError",
+    "DescribesFeatures",
     "FIDState",
     "FIDStatistics",
+    "FeatureDefinition",
     "FrechetDistance",
     "KNNProbe",
     "LinearProbe",

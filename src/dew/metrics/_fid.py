@@ -25,8 +25,9 @@ from jaxtyping import Array
 
 from dew.artifacts import Artifact, Images
 from dew.metrics._base import Metric
+from dew.metrics._features import FeatureDefinition
 from dew.metrics._fid_statistics import FIDStatistics, Moments, load_fid_statistics
-from dew.nn.inception import FIDInceptionV3
+from dew.nn.inception import FEATURES, FIDInceptionV3
 
 __all__ = [
     "FID",
@@ -216,6 +217,8 @@ class FID(Metric[Images]):
       (`load_fid_statistics`; `Moments` given here are converted), or None to pool each
       batch's `Images.reference` rows.
     - `name`: the reported name, `fid` by default.
+    - `definition`: the `FeatureDefinition` of `network` (`fid()` gives InceptionV3's),
+      which `feature_definition()` reports; `None` names the callable alone.
 
     Both populations are pooled separately and may differ in size; `finalize` needs at
     least two rows in each (a `ValueError` names the counts; an empty pass is NaN). The
@@ -228,6 +231,24 @@ class FID(Metric[Images]):
     network: Callable[[Array], Array]
     reference: FIDStatistics | None = eqx.field(default=None, converter=_statistics)
     name: str = eqx.field(static=True, default="fid")
+    definition: FeatureDefinition | None = eqx.field(static=True, default=None)
+
+    def feature_definition(self) -> dict[str, Any]:
+        """What the score reads the images through (`dew.metrics.DescribesFeatures`):
+        `definition`'s fields (without one, the network callable's name and nothing
+        else), and the reference population: `"reference": "pooled"` (the pass's
+        reference rows), or `"statistics"` with their `"reference_rows"` (`None`: unknown,
+        pytorch-fid's own file)."""
+        if self.definition is not None:
+            described: dict[str, Any] = self.definition.to_dict()
+        else:
+            network = getattr(self.network, "__qualname__", type(self.network).__name__)
+            described = {"network": network, "preprocessing": None, "weights_sha256": None}
+        if self.reference is None:
+            return {**described, "reference": "pooled"}
+        count = self.reference.count
+        rows = None if count is None else int(count)
+        return {**described, "reference": "statistics", "reference_rows": rows}
 
     def moments(self, images: Any) -> Moments:
         """The float64 moments of the network's features of `images`, one population."""
@@ -322,4 +343,5 @@ def fid(
     network = FIDInceptionV3.load(weights, dtype=dtype)
     if reference is not None and not isinstance(reference, FIDStatistics | Moments):
         reference = load_fid_statistics(reference)
-    return FID(network=network.features, reference=reference, name=name)
+    definition = FeatureDefinition(FEATURES, network.preprocessing, network.weights_sha256)
+    return FID(network=network.features, reference=reference, name=name, definition=definition)

@@ -4,6 +4,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -314,6 +315,13 @@ class DiffusionObjective(Objective):
             real_rows=real_rows,
             event_key=event_key,
         )
+
+    def conditioning_values(self, batch: Batch) -> Any:
+        """The labels `evaluate` conditions each row's sample on: `batch["labels"]` for a
+        class-conditional model, else `None` (`dew.objectives.base.ReportsSampling`)."""
+        if not self.conditional or "labels" not in batch:
+            return None
+        return batch["labels"]
 
     def default_metrics(self) -> tuple[Metric, ...]:
         """`(fid(),)` for an image model when pytorch-fid's weights are at

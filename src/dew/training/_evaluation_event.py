@@ -20,6 +20,7 @@ from dew.naming import Split
 from dew.objectives.base import ReportsSampling
 from dew.steps import generation_params
 from dew.tracking import Tracker
+from dew.training._sampling import sampling_record
 
 if TYPE_CHECKING:
     from dew.training._trainer import Trainer
@@ -60,6 +61,7 @@ def evaluation_event(
         )
     previewing = preview  # fit decided it: process zero's tracker and preview=True
     params = generation_params(trainer.objective, state)  # EMA params where declared
+    sampling = isinstance(trainer.objective, ReportsSampling)
     result = run_pass(
         trainer.objective,
         params,
@@ -67,6 +69,7 @@ def evaluation_event(
         metric_set,
         event_key,
         keep_first_artifact=previewing,
+        conditioning=trainer.objective.conditioning_values if sampling else None,
     )
     if previewing and result.first_batch is not None:
         # every process takes part in generating it; process zero gets it to log
@@ -83,10 +86,8 @@ def evaluation_event(
     counts = engine.counts_note(
         result.batches, result.records, result.uneven_shards, key_text(event_key)
     )
-    if scores and isinstance(trainer.objective, ReportsSampling):  # it generated: report how
-        record = trainer.objective.sampling_record(
-            result.records, event_key=key_text(event_key), batch=result.first_batch
-        )
+    if scores and sampling:  # it generated: report how
+        record = sampling_record(trainer.objective, metric_set, result, key_text(event_key))
         engine.record(SAMPLING_RECORD, record, step)
     if not scores:
         if progress:
