@@ -6,6 +6,7 @@ The metric runs here on cheap stand-in feature networks; pytorch-fid's Inception
 `dew.nn.inception`'s (tests/test_inception.py), and the distance's parity with pytorch-fid
 is tests/parity/test_fid_parity.py."""
 
+import hashlib
 import itertools
 import re
 
@@ -19,7 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dew import metrics
+from dew import io, metrics
 from dew.artifacts import Images, Representations
 from dew.metrics import (
     FID,
@@ -30,6 +31,7 @@ from dew.metrics import (
     save_fid_statistics,
 )
 from dew.metrics._fid import _statistics
+from dew.nn import inception
 from dew.testing import check_metric_laws, images
 
 
@@ -480,6 +482,30 @@ def test_pytorch_fids_own_statistics_score_with_their_count_unknown(tmp_path):
         against_file.finalize(against_file(one_row))
 
 
+def test_the_feature_definition_names_the_network_and_the_reference(tmp_path):
+    pooled = FID(network=channel_means)
+    assert isinstance(pooled, metrics.DescribesFeatures)
+    assert pooled.feature_definition() == {
+        "network": "channel_means",  # no definition given: the callable's name alone
+        "preprocessing": None,
+        "weights_sha256": None,
+        "reference": "pooled",
+    }
+    definition = metrics.FeatureDefinition("means", "none", "ab" * 32)
+    path = tmp_path / "pytorch_fid.npz"
+    np.savez_compressed(path, mu=np.zeros(3), sigma=np.eye(3))
+    against_file = FID(
+        network=channel_means, definition=definition, reference=load_fid_statistics(path)
+    )
+    assert against_file.feature_definition() == {
+        "network": "means",
+        "preprocessing": "none",
+        "weights_sha256": "ab" * 32,
+        "reference": "statistics",
+        "reference_rows": None,  # pytorch-fid's file: the count is unknown
+    }
+
+
 def test_reference_moments_are_converted_and_need_two_rows():
     moments = Moments.of(np.arange(12.0).reshape(4, 3) ** 2)
     metric = FID(network=channel_means, reference=moments)
@@ -518,11 +544,27 @@ def test_fid_without_weights_says_where_to_put_them(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_fid_on_inception_features_with_reference_statistics(tmp_path):
+def test_fid_on_inception_features_with_reference_statistics(tmp_path, monkeypatch):
     weights = tmp_path / "random_inception.safetensors"
     random_inception_weights(weights)
+    hashed = []
+    monkeypatch.setattr(
+        inception, "sha256_of", lambda path: hashed.append(path) or io.sha256_of(path)
+    )
     metric = metrics.fid(weights=weights)
     assert isinstance(metric, FID) and metric.name == "fid"
+    # the feature definition a SamplingProtocol records, the weights' digest computed once
+    assert [metric.feature_definition() for _ in range(3)] == 3 * [
+        {
+            "network": "pytorch-fid 0.3.0 FID InceptionV3, pool3 (2048 features)",
+            "preprocessing": "bilinear resize to 299x299 without antialiasing "
+            "(align_corners=False), [0, 1] scaled to [-1, 1], computed in float32",
+            "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+            "reference": "pooled",
+        }
+    ]
+    assert hashed == [weights]
+    assert isinstance(metric, metrics.DescribesFeatures)
     # one shape for every call: each new shape compiles the whole network again
     generated, reference = _images(0, 4, side=16), _images(1, 4, side=16, shift=0.2)
     batch = Images(jnp.asarray(generated), reference=jnp.asarray(reference))
@@ -535,5 +577,7 @@ def test_fid_on_inception_features_with_reference_statistics(tmp_path):
     assert value == pytest.approx(_nuclear_formula(x1, x2), rel=1e-6)
     path = save_fid_statistics(tmp_path / "real.npz", state.reference)
     against_file = metrics.fid(weights=weights, reference=path, name="fid_against_file")
+    described = against_file.feature_definition()
+    assert (described["reference"], described["reference_rows"]) == ("statistics", 4)
     scored = against_file.finalize(against_file(Images(jnp.asarray(generated))))
     assert scored == pytest.approx(value, rel=1e-6)
