@@ -3,6 +3,7 @@ a run folder's latest checkpoint."""
 
 import os
 import pathlib
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,11 +11,13 @@ import equinox as eqx
 import jax
 
 from dew._domains import evaluation_key, run_key
+from dew._processes import is_process_zero
 from dew.checkpoints import Checkpointer
 from dew.config._config import RunConfig
 from dew.config._recipe import build_objective, is_uri, run_folder
 from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
+from dew.objectives.base import SkipsMetrics
 from dew.steps import TrainState, generation_params
 
 __all__ = ["default_metrics", "evaluate_run", "objective_shapes"]
@@ -55,7 +58,10 @@ def evaluate_run(
 
     The run is rebuilt from its `run.json`; its objective scores the checkpoint's
     params with `metrics` (default: the objective's `default_metrics()`) and the key
-    of the evaluation event at the checkpoint's step, as the Trainer would. A folder
+    of the evaluation event at the checkpoint's step, as the Trainer would. A default
+    metric the objective leaves out for want of something (FID without pytorch-fid's
+    weights) is named in one `UserWarning` line, `fid skipped: no weights at ...`, as
+    `dew eval` prints it; the scores then lack it. A folder
     without run.json or checkpoints, a damaged checkpoint, or a dataset without
     validation data raises, naming the folder; a `step` with no checkpoint raises naming
     the steps there are.
@@ -90,10 +96,19 @@ def evaluate_run(
         objective,
         generation_params(objective, state),
         data.val,  # evaluate reads this process's partition
-        metrics=objective.default_metrics() if metrics is None else metrics,
+        metrics=_default_metrics(objective) if metrics is None else metrics,
         key=evaluation_key(key, step),  # the Trainer's event key at `step`
         step=step,
     )
+
+
+def _default_metrics(objective: Any) -> tuple[Metric, ...]:
+    """`objective.default_metrics()`, each one it skips named in a warning (on process zero,
+    which prints for a multi-process run)."""
+    if isinstance(objective, SkipsMetrics) and is_process_zero():
+        for name, why in objective.skipped_metrics().items():
+            warnings.warn(f"{name} skipped: {why}", UserWarning, stacklevel=3)
+    return tuple(objective.default_metrics())
 
 
 def _detail(error: BaseException) -> str:
