@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
-from dew._domains import evaluation_key, preview_key
+from dew import _domains
 from dew._loop import LoopEngine
 from dew._pass import preview_on_process_zero
 from dew.data import Dataset, Partition, _lazily
@@ -48,7 +48,7 @@ def evaluation_event(
 ) -> bool:
     """One evaluation event at `step`; returns whether the early stopper says stop."""
     state = engine.current()
-    event_key = evaluation_key(trainer.key, step)
+    event_key = _domains.evaluation_key(trainer.key, step)
     batches: Iterable[Any] = _lazily(data.val, Partition.current())
     if progress and sys.stderr.isatty():
         batches = tqdm(
@@ -72,13 +72,10 @@ def evaluation_event(
         conditioning=trainer.objective.conditioning_values if sampling else None,
     )
     if previewing and result.first_batch is not None:
+        preview_key = _domains.preview_key(event_key)
         # every process takes part in generating it; process zero gets it to log
         artifact = preview_on_process_zero(
-            trainer.objective,
-            params,
-            result.first_batch,
-            preview_key(event_key),
-            result.first_artifact,
+            trainer.objective, params, result.first_batch, preview_key, result.first_artifact
         )
         if tracker is not None and artifact is not None:
             tracker.log_artifact(PREVIEW_NAME, artifact, step=step)
