@@ -51,6 +51,14 @@ def text_shard(rank: int, batches: int, *, rows: int = ROWS, seed: int = 0) -> l
     ]
 
 
+def labelled_shard(rank: int) -> list[dict]:
+    """Process `rank`'s token batches, each row with a class label of its own."""
+    return [
+        batch | {"labels": np.arange(ROWS, dtype=np.int32) + 10 * rank + 100 * index}
+        for index, batch in enumerate(text_shard(rank, 2))
+    ]
+
+
 def joined(shards: list[list[dict]], batches: int | None = None) -> list[dict]:
     """The global batches of `shards` as one process sees them: batch `i` of every shard,
     joined in process order (what `global_batch` places), for the first `batches`."""
@@ -281,6 +289,19 @@ def _main() -> None:
     )
     # One shard empty: an empty coordinated pass.
     results["empty"] = outcome(lambda: lm_evaluate(text_shard(rank, 1 if rank == 0 else 0)))
+    # The identity of the conditioning data: the global batches' labels, on every process.
+    results["conditioning"] = outcome(
+        lambda: (
+            run_pass(
+                lm,
+                params,
+                labelled_shard(rank),
+                MetricSet(lm_metrics()),
+                key,
+                conditioning=lambda batch: batch["labels"],
+            ).conditioning_sha256
+        )
+    )
     # Host metrics on process zero only, their values (NaN, infinities) on every process.
     marker = str(out / "host_updates_rank")
     results["host"] = outcome(

@@ -273,3 +273,17 @@ def test_no_module_but_naming_joins_or_splits_tags():
         "joins or splits them); a '/'-joined string that is no tag belongs in NOT_TAGS, with why: "
         + "; ".join(f"{name}.{function}: {source}" for name, function, source in sorted(found))
     )
+
+
+def test_keys_are_derived_in_dew_domains_alone():
+    """Every `fold_in` goes through `dew._domains.derive`, which keeps the rule that a key
+    receives either domains or counters (splits are an objective's counters)."""
+    folding = sorted(
+        name
+        for name, path in MODULES.items()
+        if name != "dew._domains"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and node.attr == "fold_in"
+    )
+    assert MODULES["dew._domains"].read_text().count("jax.random.fold_in") == 2
+    assert folding == [], f"modules calling fold_in outside dew._domains: {folding}"

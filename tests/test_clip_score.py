@@ -1,6 +1,8 @@
 """dew.metrics.clip_score on a tiny random CLIP: its monoid laws, the clamp of the mean at
 finalize (as torchmetrics' CLIPScore), the pairing of images with prompts, and its errors."""
 
+import hashlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -120,3 +122,10 @@ def test_the_factory_loads_a_checkpoint_and_names_the_metric(model, tmp_path):
         metrics.clip_score(model).finalize(metrics.clip_score(model)(images)),
         rtol=1e-6,
     )
+    # what a SamplingProtocol records of it: the architecture, the preprocessing, the file
+    described = metric.feature_definition()
+    assert isinstance(metric, metrics.DescribesFeatures)
+    assert described["weights_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert f"'image_size': {TINY.image_size}" in described["network"]
+    assert described["preprocessing"].startswith(f"images: short side resized to {TINY.image_size}")
+    assert metrics.clip_score(model).feature_definition()["weights_sha256"] is None

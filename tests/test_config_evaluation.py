@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dew import cli, metrics
+from dew._domains import evaluation_key, run_key
 from dew.config import (
     ModelConfig,
     ObjectiveConfig,
@@ -77,10 +78,9 @@ def test_evaluate_run_scores_the_latest_checkpoint_as_the_last_validation_event(
         step, logged = state.metric_history[f"lm/validation/{name}"][-1]
         assert step == 6
         np.testing.assert_allclose(value, logged, rtol=1e-6)
-    run_key = jax.random.fold_in(jax.random.key(config.trainer.seed), 1)
-    assert np.array_equal(
-        jax.random.key_data(result.key), jax.random.key_data(jax.random.fold_in(run_key, 6))
-    )
+    # the Trainer's event key at step 6: its run key (the recipe's) and the step
+    event_key = evaluation_key(run_key(jax.random.key(config.trainer.seed)), 6)
+    assert np.array_equal(jax.random.key_data(result.key), jax.random.key_data(event_key))
     chosen = evaluate_run(tmp_path / "tiny", metrics=[metrics.mean_loss()])
     np.testing.assert_allclose(np.exp(chosen.scores["mean_loss"]), result.scores["perplexity"])
 

@@ -9,6 +9,7 @@ score set the expected prefix to their file's own digest instead of skipping the
 
 import contextlib
 import io
+import warnings
 
 import numpy as np
 import pytest
@@ -65,20 +66,29 @@ def test_weights_that_are_not_the_published_file_are_an_error_not_a_skip(tmp_pat
 
 
 @pytest.mark.slow
-def test_dew_eval_without_weights_prints_the_skip_line_and_exits_0(tmp_path, monkeypatch):
+def test_without_weights_dew_eval_and_evaluate_run_say_fid_was_skipped(tmp_path, monkeypatch):
     missing = tmp_path / "absent.pth"
     monkeypatch.setenv("DEW_FID_WEIGHTS", str(missing))
     folder = _tiny_diffusion_run(tmp_path)
     status, out, err = _run(["eval", str(folder)])
     assert status == 0, err
     lines = out.splitlines()
-    assert lines[0] == (
+    skipped = (
         f"fid skipped: no weights at {missing}, named by $DEW_FID_WEIGHTS (save pytorch-fid's "
         f"{FID_URL}pt_inception-2015-12-05-6726825d.pth there)"
     )
+    assert lines[0] == skipped
     assert lines[1] == (
         "step 1  no scores: fid skipped (restored the step-1 checkpoint's EMA params)"
     )
+    # The library call with the default metrics says it too, in one warning line.
+    with pytest.warns(UserWarning, match="^fid skipped: no weights at ") as caught:
+        result = evaluate_run(folder)
+    assert [str(warning.message) for warning in caught] == [skipped]
+    assert result.step == 1 and result.scores == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # metrics chosen: nothing skipped, nothing said
+        assert evaluate_run(folder, metrics=[]).scores == {}
 
 
 def _tiny_diffusion_run(root):

@@ -5,6 +5,7 @@ images, bad input and failing host metrics raising the same error on every proce
 previews gathered for process zero. The one-process references are computed here, from
 the worker's own builders."""
 
+import hashlib
 import json
 import math
 
@@ -19,6 +20,7 @@ from _dist_eval_worker import (
     features,
     image_shard,
     joined,
+    labelled_shard,
     lm_metrics,
     lm_objective,
     text_shard,
@@ -112,6 +114,22 @@ def test_an_empty_coordinated_pass_returns_no_metric_values(ranks):
     assert same_everywhere(ranks, "empty") == {
         "value": {"scores": {}, "coordinated_batches": 0, "records": 0, "uneven_shards": True}
     }
+
+
+def test_the_conditioning_identity_is_that_of_one_process_reading_the_global_batches(ranks):
+    got = same_everywhere(ranks, "conditioning")["value"]
+    batches = joined([labelled_shard(0), labelled_shard(1)])
+    objective = lm_objective()
+    result = run_pass(
+        objective,
+        objective.init_params(),
+        batches,
+        MetricSet(lm_metrics()),
+        KEY,
+        conditioning=lambda batch: batch["labels"],
+    )
+    labels = np.concatenate([batch["labels"] for batch in batches]).astype("<i8")
+    assert got == result.conditioning_sha256 == hashlib.sha256(labels.tobytes()).hexdigest()
 
 
 def test_host_metrics_run_on_process_zero_only_and_every_process_gets_their_values(launched):

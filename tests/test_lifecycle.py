@@ -151,17 +151,17 @@ def test_an_extended_recipe_run_rebuilds_the_schedule_over_the_new_total(tmp_pat
     assert not _equal(at_four.params, extended.params)  # the new total's rates, not zero
     # The same as the library's two fits: four steps over build(4), then on over build(8).
     config = _linear_run(tmp_path / "by_hand", 4)
-    from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
+    from dew._domains import run_key
     from dew.config._recipe import build_objective
 
     seed = jax.random.key(config.trainer.seed)
-    built = build_objective(config, None, jax.random.fold_in(seed, MODEL_DOMAIN))
+    built = build_objective(config, None, seed)
     data = config.data.build(batch_size=config.trainer.batch_size, seed=config.trainer.seed)
     for total in (4, 8):
         trainer = Trainer(
             built,
             config.optim.build(total),
-            key=jax.random.fold_in(seed, RUN_DOMAIN),
+            key=run_key(seed),
             checkpoint_dir=tmp_path / "by_hand" / "checkpoints",
         )
         by_hand = trainer.fit(data, total, log_every=2, progress=False)

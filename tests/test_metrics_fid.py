@@ -6,6 +6,7 @@ The metric runs here on cheap stand-in feature networks; pytorch-fid's Inception
 `dew.nn.inception`'s (tests/test_inception.py), and the distance's parity with pytorch-fid
 is tests/parity/test_fid_parity.py."""
 
+import hashlib
 import itertools
 import re
 
@@ -19,9 +20,18 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dew import metrics
+from dew import io, metrics
 from dew.artifacts import Images, Representations
-from dew.metrics import FID, Moments, frechet_distance, load_fid_statistics, save_fid_statistics
+from dew.metrics import (
+    FID,
+    FIDStatistics,
+    Moments,
+    frechet_distance,
+    load_fid_statistics,
+    save_fid_statistics,
+)
+from dew.metrics._fid import _statistics
+from dew.nn import inception
 from dew.testing import check_metric_laws, images
 
 
@@ -134,7 +144,9 @@ def test_distance_matches_the_sqrtm_formula_on_well_conditioned_covariances(dims
     result = frechet_distance(mean1, cov1, mean2, cov2)
     assert result.route == "cholesky"
     assert result.negative_mass < 1e-13
-    assert result.distance == pytest.approx(_sqrtm_formula(mean1, cov1, mean2, cov2), rel=1e-10)
+    expected = _sqrtm_formula(mean1, cov1, mean2, cov2)
+    assert result.distance == pytest.approx(expected, rel=1e-10)
+    assert float(result) == pytest.approx(expected, rel=1e-10)  # as pytorch-fid's callers write
     # tr √(C₁C₂) is symmetric in the two Gaussians
     swapped = frechet_distance(mean2, cov2, mean1, cov1).distance
     assert swapped == pytest.approx(result.distance, rel=1e-12)
@@ -391,9 +403,9 @@ def test_statistics_round_trip_and_score_like_the_pooled_reference(tmp_path):
         np.testing.assert_allclose(archive["sigma"], np.cov(features, rowvar=False), rtol=1e-12)
         assert archive["count"] == 30
     loaded = load_fid_statistics(path)
-    assert loaded.count == 30
+    assert isinstance(loaded, FIDStatistics) and loaded.count == 30 and loaded.rows == "30"
     np.testing.assert_array_equal(loaded.mean, real.mean)
-    np.testing.assert_allclose(loaded.m2, real.m2, rtol=1e-14)
+    np.testing.assert_allclose(loaded.covariance, np.cov(features, rowvar=False), rtol=1e-12)
 
     scored = FID(network=channel_means, reference=loaded)
     state = scored(Images(jnp.asarray(generated)))
@@ -423,10 +435,14 @@ def test_loading_rejects_what_is_not_dew_statistics(tmp_path):
     weights.write_bytes(b"\x80\x02}q\x00.")  # a pickle, as a .pth holds
     with pytest.raises(ValueError, match=re.escape(f"{weights} is not an .npz of FID statistics")):
         load_fid_statistics(weights)
-    pytorch_fid_stats = tmp_path / "pytorch_fid.npz"
-    np.savez(pytorch_fid_stats, mu=np.zeros(3), sigma=np.eye(3))
+    stamped = tmp_path / "stamped.npz"  # dew's format stamp, but no count
+    np.savez(stamped, mu=np.zeros(3), sigma=np.eye(3), format="dew.fid_statistics.v1")
     with pytest.raises(ValueError, match=r"has keys \['mu', 'sigma'\] and format"):
-        load_fid_statistics(pytorch_fid_stats)
+        load_fid_statistics(stamped)
+    no_sigma = tmp_path / "no_sigma.npz"
+    np.savez_compressed(no_sigma, mu=np.zeros(3))
+    with pytest.raises(ValueError, match=r"has keys \['mu'\] and format .* or pytorch-fid's"):
+        load_fid_statistics(no_sigma)
     single = tmp_path / "single.npy"
     np.save(single, np.zeros(3))
     with pytest.raises(ValueError, match=r"holds a single array, not an \.npz"):
@@ -439,6 +455,69 @@ def test_loading_rejects_what_is_not_dew_statistics(tmp_path):
     np.savez(malformed, mu=np.zeros(3), sigma=np.eye(2), count=np.float64(5))
     with pytest.raises(ValueError, match=r"malformed FID statistics: mu \(3,\), sigma \(2, 2\)"):
         load_fid_statistics(malformed)
+
+
+def test_pytorch_fids_own_statistics_score_with_their_count_unknown(tmp_path):
+    generated, reference = _images(0, 8), _images(1, 30, shift=0.1)
+    features = _features(channel_means, reference)
+    path = tmp_path / "pytorch_fid.npz"
+    # as pytorch-fid's save_fid_stats writes them: np.mean and np.cov of its float64
+    # activations, compressed, with no row count
+    np.savez_compressed(path, mu=np.mean(features, axis=0), sigma=np.cov(features, rowvar=False))
+    loaded = load_fid_statistics(path)
+    assert loaded.count is None and loaded.rows == "unknown"
+    np.testing.assert_allclose(loaded.covariance, np.cov(features, rowvar=False), rtol=1e-15)
+    against_file = FID(network=channel_means, reference=loaded)
+    pooled = FID(network=channel_means)
+    batch = Images(jnp.asarray(generated), reference=jnp.asarray(reference))
+    value = against_file.finalize(against_file(batch))
+    assert value == pytest.approx(pooled.finalize(pooled(batch)), rel=1e-12)
+    x1 = _features(channel_means, generated)
+    expected = _sqrtm_formula(
+        np.mean(x1, axis=0), np.cov(x1, rowvar=False), loaded.mean, loaded.covariance
+    )
+    assert value == pytest.approx(expected, rel=1e-9)
+    one_row = Images(jnp.asarray(generated[:1]))
+    with pytest.raises(ValueError, match="got 1 generated and unknown reference rows"):
+        against_file.finalize(against_file(one_row))
+
+
+def test_the_feature_definition_names_the_network_and_the_reference(tmp_path):
+    pooled = FID(network=channel_means)
+    assert isinstance(pooled, metrics.DescribesFeatures)
+    assert pooled.feature_definition() == {
+        "network": "channel_means",  # no definition given: the callable's name alone
+        "preprocessing": None,
+        "weights_sha256": None,
+        "reference": "pooled",
+    }
+    definition = metrics.FeatureDefinition("means", "none", "ab" * 32)
+    path = tmp_path / "pytorch_fid.npz"
+    np.savez_compressed(path, mu=np.zeros(3), sigma=np.eye(3))
+    against_file = FID(
+        network=channel_means, definition=definition, reference=load_fid_statistics(path)
+    )
+    assert against_file.feature_definition() == {
+        "network": "means",
+        "preprocessing": "none",
+        "weights_sha256": "ab" * 32,
+        "reference": "statistics",
+        "reference_rows": None,  # pytorch-fid's file: the count is unknown
+    }
+
+
+def test_reference_moments_are_converted_and_need_two_rows():
+    moments = Moments.of(np.arange(12.0).reshape(4, 3) ** 2)
+    metric = FID(network=channel_means, reference=moments)
+    assert isinstance(metric.reference, FIDStatistics) and metric.reference.count == 4
+    np.testing.assert_array_equal(metric.reference.mean, moments.mean)
+    np.testing.assert_allclose(
+        metric.reference.covariance, np.cov(np.arange(12.0).reshape(4, 3) ** 2, rowvar=False)
+    )
+    with pytest.raises(ValueError, match="reference statistics need at least two rows, got 1"):
+        FID(network=channel_means, reference=Moments.of(np.ones((1, 3))))
+    with pytest.raises(TypeError, match=r"FID's reference must be FIDStatistics.*got ndarray"):
+        _statistics(np.zeros(3))  # the converter (the tests' type checks refuse it first)
 
 
 def test_reference_statistics_of_other_dims_are_refused_at_finalize(tmp_path):
@@ -465,11 +544,27 @@ def test_fid_without_weights_says_where_to_put_them(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_fid_on_inception_features_with_reference_statistics(tmp_path):
+def test_fid_on_inception_features_with_reference_statistics(tmp_path, monkeypatch):
     weights = tmp_path / "random_inception.safetensors"
     random_inception_weights(weights)
+    hashed = []
+    monkeypatch.setattr(
+        inception, "sha256_of", lambda path: hashed.append(path) or io.sha256_of(path)
+    )
     metric = metrics.fid(weights=weights)
     assert isinstance(metric, FID) and metric.name == "fid"
+    # the feature definition a SamplingProtocol records, the weights' digest computed once
+    assert [metric.feature_definition() for _ in range(3)] == 3 * [
+        {
+            "network": "pytorch-fid 0.3.0 FID InceptionV3, pool3 (2048 features)",
+            "preprocessing": "bilinear resize to 299x299 without antialiasing "
+            "(align_corners=False), [0, 1] scaled to [-1, 1], computed in float32",
+            "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+            "reference": "pooled",
+        }
+    ]
+    assert hashed == [weights]
+    assert isinstance(metric, metrics.DescribesFeatures)
     # one shape for every call: each new shape compiles the whole network again
     generated, reference = _images(0, 4, side=16), _images(1, 4, side=16, shift=0.2)
     batch = Images(jnp.asarray(generated), reference=jnp.asarray(reference))
@@ -482,5 +577,7 @@ def test_fid_on_inception_features_with_reference_statistics(tmp_path):
     assert value == pytest.approx(_nuclear_formula(x1, x2), rel=1e-6)
     path = save_fid_statistics(tmp_path / "real.npz", state.reference)
     against_file = metrics.fid(weights=weights, reference=path, name="fid_against_file")
+    described = against_file.feature_definition()
+    assert (described["reference"], described["reference_rows"]) == ("statistics", 4)
     scored = against_file.finalize(against_file(Images(jnp.asarray(generated))))
     assert scored == pytest.approx(value, rel=1e-6)

@@ -1,5 +1,6 @@
 """Rectified-flow diffusion over images and clips: sampler, loss, checks, keys, learning, EMA."""
 
+import hashlib
 import itertools
 
 import equinox as eqx
@@ -12,7 +13,7 @@ from _checks import rejects
 
 import dew
 from dew import metrics
-from dew._domains import PREVIEW_DOMAIN
+from dew._domains import evaluation_key, preview_key
 from dew.artifacts import Clips, Images
 from dew.data import Dataset, Partition
 from dew.nn.backbones.dit import DiT
@@ -513,7 +514,7 @@ def test_validation_generates_with_the_ema_params():
         progress=False,
     )
     batch = next(data.val(None))
-    event_key = jax.random.fold_in(jax.random.key(0), 5)
+    event_key = evaluation_key(jax.random.key(0), 5)
     scored = state.metric_history["diffusion/validation/mse"][-1][1]
 
     def mse(params):
@@ -524,27 +525,36 @@ def test_validation_generates_with_the_ema_params():
     assert scored == mse(state.ema_params)
     assert scored != mse(state.params)
     _, shown = tracker.artifacts["diffusion/validation/samples"][0]
-    preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
-    expected = objective.preview(state.ema_params, batch, preview_key).generated
+    key = preview_key(event_key)
+    expected = objective.preview(state.ema_params, batch, key).generated
     np.testing.assert_array_equal(shown.generated, expected)
-    live = objective.preview(state.params, batch, preview_key).generated
+    live = objective.preview(state.params, batch, key).generated
     assert not np.array_equal(shown.generated, live)
 
 
 # -- the sampling-protocol record ---------------------------------------------------------
 
 
+def _mean_colour(images):
+    """A stand-in feature network for FID: each image's mean colour."""
+    return jnp.mean(images, axis=(1, 2))
+
+
 @pytest.mark.slow  # about 5 s; CI runs it with the slow tests
 def test_a_fit_journals_its_sampling_protocol(tmp_path):
     objective = DiffusionObjective(dit(), sampling=Sampling(solver="heun", steps=3, guidance=1.5))
-    images = np.full((5, 16, 16, 3), 0.5, np.float32)
-    labelled = {"images": images, "labels": np.zeros((5,), np.int32)}
+    images = np.random.default_rng(0).random((5, 16, 16, 3), dtype=np.float32)
+    labelled = {"images": images, "labels": np.array([2, 0, 1, 1, 0], np.int32)}
+    second = {"images": images[:3], "labels": np.array([1, 2, 2], np.int32)}
     data = Dataset(
         train=lambda partition: itertools.repeat(labelled),
-        val=lambda partition: iter(
-            [labelled, {"images": images[:3], "labels": labelled["labels"][:3]}]
-        ),
+        val=lambda partition: iter([labelled, second]),
     )
+    weights = tmp_path / "mean_colour.bin"
+    weights.write_bytes(b"the stand-in's weights")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    definition = metrics.FeatureDefinition("mean colour", "none", digest)
+    fid = metrics.FID(network=_mean_colour, definition=definition)
     folder = tmp_path / "tracking"
     with LocalTracker(folder) as tracker:
         trainer = dew.Trainer(objective, optax.adam(1e-3), jax.random.key(0))
@@ -553,7 +563,7 @@ def test_a_fit_journals_its_sampling_protocol(tmp_path):
             steps=4,
             log_every=2,
             eval_every=2,
-            metrics=[metrics.mse()],
+            metrics=[metrics.mse(), fid],
             tracker=tracker,
             progress=False,
         )
@@ -570,12 +580,28 @@ def test_a_fit_journals_its_sampling_protocol(tmp_path):
         "guidance": 1.5,
         "seed_domain": 0,
         "conditioning": "class_labels",
+        # the feature definition of the score that reads the samples through a network
+        "features": {
+            "fid": {
+                "network": "mean colour",
+                "preprocessing": "none",
+                "weights_sha256": digest,
+                "reference": "pooled",
+            }
+        },
     }
     assert found[0][1] == SamplingProtocol(**common)
+    # every generated row's label, in pass order, as little-endian int64
+    labels = np.concatenate([labelled["labels"], second["labels"]]).astype("<i8")
+    conditioned = hashlib.sha256(labels.tobytes()).hexdigest()
     for step, record in found[1:]:
-        event_key = dew.training.key_text(jax.random.fold_in(jax.random.key(0), step))
+        event_key = dew.training.key_text(evaluation_key(jax.random.key(0), step))
         assert record == SamplingProtocol(
-            **common, generated_rows=8, real_rows=8, event_key=event_key
+            **common,
+            generated_rows=8,
+            real_rows=8,
+            event_key=event_key,
+            conditioning_sha256=conditioned,
         )
 
 
@@ -593,3 +619,4 @@ def test_no_evaluation_reports_only_the_fit_protocol():
     ((step, record),) = tracker.artifacts["sampling_protocol"]
     assert step == 0 and record.conditioning == "unconditional"
     assert (record.generated_rows, record.real_rows) == (0, 0)
+    assert record.conditioning_sha256 is None and record.features == {}

@@ -3,6 +3,7 @@ the ancestral sampler's schedule, the artifacts it returns, bad inputs, and lear
 
 import itertools
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -12,8 +13,12 @@ import optax
 import pytest
 from _checks import rejects
 
+from dew import Trainer
 from dew._checks import explain_failure
+from dew._domains import evaluation_key
 from dew.artifacts import TokenRows
+from dew.data import Dataset
+from dew.metrics import Metric
 from dew.nn.backbones import BidirectionalTransformer, CausalTransformer
 from dew.objectives.masked_diffusion import (
     MaskedDiffusionObjective,
@@ -21,6 +26,9 @@ from dew.objectives.masked_diffusion import (
     masked_diffusion_nelbo,
 )
 from dew.steps import TrainState, train_step
+from dew.telemetry.records import SamplingProtocol
+from dew.tracking import InMemoryTracker
+from dew.training import key_text
 
 VOCAB = 5
 SEQ = 6
@@ -339,3 +347,60 @@ def test_a_failed_compiled_loss_becomes_the_host_check():
     with pytest.raises(ValueError, match=message):
         OBJECTIVE.check_batch(batch)
     OBJECTIVE.check_batch({"text": _tokens(2)})
+
+
+# The sampling protocol.
+
+
+class MeanToken(Metric[TokenRows]):
+    """The mean generated token ID: something to score generated rows with."""
+
+    name: str = eqx.field(static=True, default="mean_token")
+    artifact_type: ClassVar[type[TokenRows]] = TokenRows
+
+    def init(self):
+        return jnp.zeros((2,), jnp.float32)
+
+    def statistics(self, artifact: TokenRows):
+        tokens = artifact.tokens.astype(jnp.float32)
+        return jnp.stack([tokens.sum(), jnp.asarray(tokens.size, jnp.float32)])
+
+    def merge(self, accumulated, contribution):
+        return accumulated + contribution
+
+    def finalize(self, accumulated):
+        return accumulated[0] / accumulated[1]
+
+
+@pytest.mark.slow  # a fit with an evaluation that samples: compiles the sampler
+def test_a_fit_reports_its_sampling_protocol():
+    rows = {"text": _tokens(5)}
+    data = Dataset(
+        train=lambda partition: itertools.repeat(rows),
+        val=lambda partition: iter([rows, {"text": _tokens(3)}]),
+    )
+    tracker = InMemoryTracker()
+    key = jax.random.key(4)
+    Trainer(OBJECTIVE, optax.adam(1e-3), key=key).fit(
+        data, 2, log_every=2, eval_every=2, metrics=[MeanToken()], tracker=tracker, progress=False
+    )
+    protocol = {
+        "objective": "masked_diffusion",
+        "solver": "ancestral",
+        "steps": 4,
+        "guidance": None,  # the ancestral sampler takes none
+        "seed_domain": None,  # it draws from the scoring keys themselves
+        "conditioning": "unconditional",
+    }
+    assert tracker.artifacts["sampling_protocol"] == [
+        (0, SamplingProtocol(**protocol)),
+        (
+            2,
+            SamplingProtocol(
+                **protocol,
+                generated_rows=8,
+                real_rows=8,
+                event_key=key_text(evaluation_key(key, 2)),
+            ),
+        ),
+    ]

@@ -1,6 +1,7 @@
 """dew._pass: one compiled call per batch scores it and merges every device metric."""
 
 import dataclasses
+import hashlib
 import itertools
 from typing import ClassVar
 
@@ -12,6 +13,7 @@ import optax
 import pytest
 
 from dew import Trainer, evaluate, metrics
+from dew._domains import evaluation_key
 from dew._pass import (
     PassResult,
     _Reducer,
@@ -213,7 +215,7 @@ def test_trainer_validation_events_reuse_one_compiled_pass():
     assert CALLS["statistics"] == 1  # four validation events, one trace
     history = state.metric_history["lm/validation/counted_loss"]
     assert [step for step, _ in history] == [1, 2, 3, 4]
-    key = jax.random.fold_in(jax.random.key(1), 4)  # the event key of step 4
+    key = evaluation_key(jax.random.key(1), 4)  # the event key of step 4
     reference = _reference_mean_loss(objective, state.params, batches, key)
     np.testing.assert_allclose(history[-1][1], reference, rtol=1e-6)
 
@@ -310,3 +312,38 @@ def test_a_check_that_surfaces_only_at_the_final_fetch_is_still_a_value_error(mo
     bad = {"text": jnp.full((2, 9), 7, jnp.int32)}  # the last batch explains itself
     with pytest.raises(ValueError, match=r"holds token ID 7 at row 0, position 0"):
         evaluate(objective, params, [clean, bad], metrics=scored, key=key)
+
+
+# -- the identity of a pass's conditioning data ----------------------------------------------
+
+
+def test_run_pass_identifies_the_conditioning_values_of_every_row(objective):
+    params = objective.init_params()
+    labels = [np.array([3, 0, 7], np.int64), np.array([1, 1, 4], np.int32), np.array([9, 5, 6])]
+
+    def batches(groups):
+        return [{"text": np.zeros((len(rows), 9), np.int32), "labels": rows} for rows in groups]
+
+    def digest(groups, conditioning=lambda batch: batch["labels"], metric_set=None):
+        metric_set = MetricSet(()) if metric_set is None else metric_set
+        result = run_pass(
+            objective,
+            params,
+            batches(groups),
+            metric_set,
+            jax.random.key(0),
+            conditioning=conditioning,
+        )
+        return result.conditioning_sha256
+
+    # every row's label in pass order, as little-endian int64, whatever the batches' dtypes
+    whole = np.concatenate([rows.astype("<i8") for rows in labels])
+    expected = hashlib.sha256(whole.tobytes()).hexdigest()
+    assert digest(labels) == expected
+    assert digest([np.concatenate(labels[:2]), labels[2]]) == expected  # however batched
+    assert digest(labels, metric_set=MetricSet((metrics.mean_loss(),))) == expected
+    assert digest(labels[::-1]) != expected  # the order of the rows is part of it
+    assert digest(labels, conditioning=None) is None
+    assert digest(labels, conditioning=lambda batch: None) is None
+    with pytest.raises(ValueError, match=r"conditioning values must be integers .* float32"):
+        digest(labels, conditioning=lambda batch: batch["text"].astype(np.float32))

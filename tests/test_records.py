@@ -62,12 +62,14 @@ records = st.one_of(
         objective=texts,
         solver=texts,
         steps=steps,
-        guidance=floats,
-        seed_domain=steps,
+        guidance=st.none() | floats,
+        seed_domain=st.none() | steps,
         conditioning=st.sampled_from(["class_labels", "unconditional"]),
         generated_rows=steps,
         real_rows=steps,
         event_key=st.none() | texts,
+        conditioning_sha256=st.none() | st.text("0123456789abcdef", min_size=64, max_size=64),
+        features=st.dictionaries(texts, mappings, max_size=2),
     ),
 )
 
@@ -309,6 +311,45 @@ def test_sampling_protocol_checks_its_fields():
     ):
         _protocol(real_rows=-1)
     with rejects(
-        TypeError, r"SamplingProtocol.guidance must be a real number, got 'x'", parameter="guidance"
+        TypeError,
+        r"SamplingProtocol.guidance must be a real number or None, got 'x'",
+        parameter="guidance",
     ):
         _protocol(guidance="x")
+    with rejects(
+        ValueError,
+        r"SamplingProtocol.conditioning_sha256 must be None or a SHA-256 digest \(64 "
+        r"lowercase hex digits\), got 'ABC'",
+        parameter="conditioning_sha256",
+    ):
+        _protocol(conditioning_sha256="ABC")
+
+
+def test_a_sampling_protocol_without_guidance_or_seed_domain_round_trips():
+    record = _protocol(
+        solver="ancestral",
+        guidance=None,
+        seed_domain=None,
+        conditioning="unconditional",
+        features={"fid": {"network": "n", "weights_sha256": None, "reference_rows": None}},
+    )
+    assert record_from_json(record.to_json()) == record
+    assert (record.guidance, record.seed_domain, record.conditioning_sha256) == (None, None, None)
+
+
+def test_a_sampling_protocol_written_before_its_features_reads_back():
+    """Journals from before the record carried features and the conditioning identity."""
+    old = {
+        "type": "sampling_protocol",
+        "objective": "diffusion",
+        "solver": "euler",
+        "steps": 20,
+        "guidance": 1.0,
+        "seed_domain": 0,
+        "conditioning": "class_labels",
+        "generated_rows": 7,
+        "real_rows": 7,
+        "event_key": "daab523126eb753c",
+    }
+    record = record_from_dict(old)
+    assert record.features == {} and record.conditioning_sha256 is None

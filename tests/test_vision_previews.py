@@ -22,7 +22,7 @@ import pytest
 
 import dew
 from dew import metrics
-from dew._domains import PREVIEW_DOMAIN
+from dew._domains import evaluation_key, preview_key
 from dew.artifacts import Clips, Images, Representations
 from dew.data import Partition
 from dew.naming import Split, preview_name
@@ -157,9 +157,9 @@ def fit(request, tmp_path_factory):
     expected = {}
     for step in EVENTS:
         state = watched if step == STEPS else run(steps=step)
-        preview_key = jax.random.fold_in(jax.random.fold_in(KEY, step), PREVIEW_DOMAIN)
+        key = preview_key(evaluation_key(KEY, step))
         params = generation_params(objective, state)
-        expected[step] = objective.preview(params, batch, preview_key)
+        expected[step] = objective.preview(params, batch, key)
     return types.SimpleNamespace(
         name=name,
         objective=objective,

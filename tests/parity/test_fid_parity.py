@@ -86,6 +86,8 @@ def test_distance_matches_pytorch_fid(pytorch_fid_distance, rows1, rows2, dims, 
     assert result.route == route
     expected = pytorch_fid_distance(mean1, cov1, mean2, cov2)
     assert result.distance == pytest.approx(expected, rel=RTOL)
+    # a drop-in for float(calculate_frechet_distance(...)), as pytorch-fid's callers write it
+    assert float(result) == pytest.approx(expected, rel=RTOL)
 
 
 def test_identical_populations(pytorch_fid_distance):

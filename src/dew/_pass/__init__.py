@@ -21,7 +21,7 @@ plans and one process's reducer), `_placing` and `_processes` (the multi-process
 `_preview` (`preview_on_process_zero`); `run_pass` here dispatches between the two passes.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -29,6 +29,7 @@ from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._checks import batch_error, explain_failure, failed_check
 from dew._domains import SCORING_DOMAIN
+from dew._pass._conditioning import ConditioningDigest
 from dew._pass._preview import preview_on_process_zero
 from dew._pass._processes import _run_pass_processes
 from dew._pass._reducer import _Plan as _Plan  # tests count the plans built
@@ -40,7 +41,14 @@ from dew.metrics import MetricSet
 from dew.naming import Split
 from dew.objectives.base import Objective, check_batch_keys
 
-__all__ = ["SCORING_DOMAIN", "PassResult", "preview_on_process_zero", "run_pass", "scoring_key"]
+__all__ = [
+    "SCORING_DOMAIN",
+    "ConditioningDigest",
+    "PassResult",
+    "preview_on_process_zero",
+    "run_pass",
+    "scoring_key",
+]
 
 
 def run_pass(
@@ -51,6 +59,7 @@ def run_pass(
     key: PRNGKeyArray,
     *,
     keep_first_artifact: bool = False,
+    conditioning: Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> PassResult:
     """Score and reduce one pass of `batches` with `metrics`.
 
@@ -59,6 +68,8 @@ def run_pass(
     fetched once at the end; host metrics merge each batch's artifact on the host.
     With no metrics nothing is scored (batches and records are still counted).
     `keep_first_artifact` returns the first batch's scoring artifact (for a preview).
+    `conditioning(batch)` gives the values that condition the samples generated for the
+    batch's rows (or `None`); the result's `conditioning_sha256` identifies them all.
     Under `jax.distributed` every process calls it with its own shard (see the module's
     docstring) and gets the same result.
     When a compiled call fails (a check inside it fired), the objective's host-side
@@ -67,7 +78,9 @@ def run_pass(
     the traced check's own message (`failed_check`).
     """
     if is_multiprocess():
-        return _run_pass_processes(objective, params, batches, metrics, key, keep_first_artifact)
+        return _run_pass_processes(
+            objective, params, batches, metrics, key, keep_first_artifact, conditioning
+        )
     device, host = _split(metrics)
     names = metrics.names
     reducer = _Reducer(objective, params, device, key) if names else None
@@ -75,6 +88,7 @@ def run_pass(
     host_state = host.init() if on_host else None
     first_artifact = first_batch = None
     count = records = 0
+    digest = ConditioningDigest()
     for index, batch in enumerate(batches):
         if first_batch is None:  # its keys checked before anything is compiled for it
             check_batch_keys(objective, batch, Split.VALIDATION)
@@ -91,9 +105,14 @@ def run_pass(
                     raise
             if index == 0 and keep:
                 first_artifact = artifact
+        if conditioning is not None and (given := conditioning(batch)) is not None:
+            digest.update(given)
         count += 1
+    conditioned = digest.hexdigest()
     if count == 0 or reducer is None:
-        return PassResult({}, count, records, first_artifact, first_batch)
+        return PassResult(
+            {}, count, records, first_artifact, first_batch, conditioning_sha256=conditioned
+        )
     host_values = host.finalize(host_state) if on_host else {}
     try:  # fetched here: a check that fired in a call may surface only at the fetch
         values = jax.device_get(reducer.finalize() | host_values)
@@ -103,4 +122,6 @@ def run_pass(
             raise
         raise explained from None
     scores = {name: float(values[name]) for name in names}
-    return PassResult(scores, count, records, first_artifact, first_batch)
+    return PassResult(
+        scores, count, records, first_artifact, first_batch, conditioning_sha256=conditioned
+    )

@@ -7,13 +7,14 @@ every process's rows. Only process zero updates and finalizes the host metrics (
 artifacts gathered by `collective_host`) and shares their values.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._checks import batch_error, failed_check
+from dew._pass._conditioning import ConditioningDigest
 from dew._pass._placing import _everywhere, _local, _place
 from dew._pass._reducer import _plan_for, _split
 from dew._pass._result import PassResult, _rows
@@ -52,6 +53,7 @@ def _run_pass_processes(
     metrics: MetricSet,
     key: PRNGKeyArray,
     keep_first_artifact: bool,
+    conditioning: Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> PassResult:
     """`run_pass` under `jax.distributed`: every process calls it with its own shard."""
     # Every process must keep the first artifact if any does (a tracker may live on
@@ -78,6 +80,7 @@ def _run_pass_processes(
         agree_process_phase("starting the host metrics on process 0", outcome)
     first_artifact = first_batch = None
     count = records = 0
+    digest = ConditioningDigest()
     shards = coordinated(batches)
     for index, local in enumerate(shards):
         batch = _place(objective, local, index)
@@ -106,10 +109,15 @@ def _run_pass_processes(
                 agree_process_phase(f"host metrics on process 0, batch {index}", outcome)
             if index == 0 and keep:
                 first_artifact = artifact
+        if conditioning is not None and (given := conditioning(batch)) is not None:
+            # the placed global batch's values, gathered on every process: the same digest
+            # as one process reading the same global batches
+            digest.update(collective_host(given))
         count += 1
     uneven = shards.uneven
+    conditioned = digest.hexdigest()
     if count == 0 or plan is None:
-        return PassResult({}, count, records, first_artifact, first_batch, uneven)
+        return PassResult({}, count, records, first_artifact, first_batch, uneven, conditioned)
     # Finalized by every process on its own copy of the replicated accumulator: the same
     # values everywhere, so a pass with no counted target raises the same error on each.
     try:
@@ -126,4 +134,4 @@ def _run_pass_processes(
     if on_host:
         values |= _host_scores(host, host_state, zero)
     scores = {name: float(values[name]) for name in names}
-    return PassResult(scores, count, records, first_artifact, first_batch, uneven)
+    return PassResult(scores, count, records, first_artifact, first_batch, uneven, conditioned)

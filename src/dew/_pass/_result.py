@@ -6,9 +6,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jaxtyping import ArrayLike, Int, PRNGKeyArray
 
-from dew._domains import SCORING_DOMAIN
+from dew._domains import scoring_key as scoring_key
 from dew.artifacts import Artifact
 
 
@@ -25,6 +24,8 @@ class PassResult:
       `jax.distributed`, the placed global batch.
     - `uneven_shards`: whether some process still had a batch when another's shard had
       ended (its remaining rows never entered the metrics); always `False` in one process.
+    - `conditioning_sha256`: with `run_pass(conditioning=...)`, the identity of the rows'
+      conditioning values (`ConditioningDigest`); `None` without, or when no batch had any.
     """
 
     scores: dict[str, float]
@@ -33,11 +34,7 @@ class PassResult:
     first_artifact: Artifact | None
     first_batch: Mapping[str, Any] | None
     uneven_shards: bool = False
-
-
-def scoring_key(key: PRNGKeyArray, batch_index: int | Int[ArrayLike, ""]) -> PRNGKeyArray:
-    """The key batch `batch_index` of a pass is scored with, in the scoring domain."""
-    return jax.random.fold_in(jax.random.fold_in(key, SCORING_DOMAIN), batch_index)
+    conditioning_sha256: str | None = None
 
 
 def _rows(batch: Mapping[str, Any]) -> int:

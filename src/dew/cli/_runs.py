@@ -154,6 +154,14 @@ def _names(tag: str, split: Split, metric: str) -> bool:
     return parsed.split is split and parsed.metric == metric
 
 
+def _metric(tag: str) -> str:
+    """A metric tag's bare metric name (a journal's odd key as it is)."""
+    try:
+        return parse_metric_tag(tag).metric
+    except (TypeError, ValueError):
+        return tag
+
+
 def _cell(row: _Row, key: str) -> Any:
     """A row's value under a filter key: run, status, step, a metric or a hyperparameter."""
     if key in ("run", "status", "step"):
@@ -277,7 +285,7 @@ def _chosen(rows: list[_Row], text: str | None) -> list[str] | None:
     for name in names:
         column = name if name in (*_FIXED, _BEST) or name in params else _tag(rows, name)
         if not name or (rows and column is None):
-            bare = sorted({tag.rsplit("/", 1)[-1] for tag in tags})
+            bare = sorted({_metric(tag) for tag in tags})
             near = difflib.get_close_matches(name, [*bare, *known], n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ValueError(

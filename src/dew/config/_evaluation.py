@@ -3,19 +3,22 @@ a run folder's latest checkpoint."""
 
 import os
 import pathlib
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
 
-from dew._domains import MODEL_DOMAIN, RUN_DOMAIN
+from dew._domains import evaluation_key, run_key
+from dew._processes import is_process_zero
 from dew.checkpoints import Checkpointer
 from dew.checkpoints._location import is_remote
 from dew.config._config import RunConfig
 from dew.config._recipe import build_objective, run_folder
 from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
+from dew.objectives.base import SkipsMetrics
 from dew.steps import TrainState, generation_params
 
 __all__ = ["default_metrics", "evaluate_run", "objective_shapes"]
@@ -56,7 +59,10 @@ def evaluate_run(
 
     The run is rebuilt from its `run.json`; its objective scores the checkpoint's
     params with `metrics` (default: the objective's `default_metrics()`) and the key
-    of the evaluation event at the checkpoint's step, as the Trainer would. A folder
+    of the evaluation event at the checkpoint's step, as the Trainer would. A default
+    metric the objective leaves out for want of something (FID without pytorch-fid's
+    weights) is named in one `UserWarning` line, `fid skipped: no weights at ...`, as
+    `dew eval` prints it; the scores then lack it. A folder
     without run.json or checkpoints, a damaged checkpoint, or a dataset without
     validation data raises, naming the folder; a `step` with no checkpoint raises naming
     the steps there are.
@@ -64,12 +70,12 @@ def evaluate_run(
     folder = pathlib.Path(run_dir)
     config = RunConfig.from_run_record(folder / "run.json")
     seed = jax.random.key(config.trainer.seed)
-    objective = build_objective(config, None, jax.random.fold_in(seed, MODEL_DOMAIN))
-    run_key = jax.random.fold_in(seed, RUN_DOMAIN)
+    objective = build_objective(config, None, seed)
+    key = run_key(seed)
     template = TrainState.create(
         objective,
         config.optim.build(config.trainer.steps),
-        key=run_key,
+        key=key,
         ema=getattr(objective, "ema_decay", None) is not None,
     )
     checkpoints: Any = folder / "checkpoints"
@@ -91,10 +97,19 @@ def evaluate_run(
         objective,
         generation_params(objective, state),
         data.val,  # evaluate reads this process's partition
-        metrics=objective.default_metrics() if metrics is None else metrics,
-        key=jax.random.fold_in(run_key, step),  # the evaluation event's key at `step`
+        metrics=_default_metrics(objective) if metrics is None else metrics,
+        key=evaluation_key(key, step),  # the Trainer's event key at `step`
         step=step,
     )
+
+
+def _default_metrics(objective: Any) -> tuple[Metric, ...]:
+    """`objective.default_metrics()`, each one it skips named in a warning (on process zero,
+    which prints for a multi-process run)."""
+    if isinstance(objective, SkipsMetrics) and is_process_zero():
+        for name, why in objective.skipped_metrics().items():
+            warnings.warn(f"{name} skipped: {why}", UserWarning, stacklevel=3)
+    return tuple(objective.default_metrics())
 
 
 def _detail(error: BaseException) -> str:

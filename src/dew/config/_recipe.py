@@ -44,7 +44,7 @@ import equinox as eqx
 import jax
 
 from dew._checks import _as_called
-from dew._domains import MODEL_DOMAIN, OBJECTIVE_DOMAIN, RUN_DOMAIN
+from dew._domains import model_key, objective_key, run_key
 from dew._json import read_json
 from dew._lock import folder_lock
 from dew._processes import agreed_phase, is_process_zero
@@ -219,11 +219,11 @@ def _step_budget(
 
 
 def build_objective(
-    config: "RunConfig", objective: Objective | str | Callable[..., Objective] | None, key: Any
+    config: "RunConfig", objective: Objective | str | Callable[..., Objective] | None, seed: Any
 ) -> Objective:
-    model = config.model.build(key=key)
-    # A builder that names `key` (JEPA's, for its predictor) gets one from the model key.
-    defaults: dict[str, Any] = {"key": jax.random.fold_in(key, OBJECTIVE_DOMAIN)}
+    model = config.model.build(key=model_key(seed))
+    # A builder that names `key` (JEPA's, for its predictor) gets its own.
+    defaults: dict[str, Any] = {"key": objective_key(seed)}
     if "seq_len" in config.data.kwargs:
         defaults["seq_len"] = config.data.kwargs["seq_len"]
     if objective is None:
@@ -279,7 +279,7 @@ def train_run(
     seed = jax.random.key(settings.seed)
     with agreed_phase("checking the configuration"):  # before anything is written
         optimizer = config.optim.build(settings.steps)
-        built = build_objective(config, objective, jax.random.fold_in(seed, MODEL_DOMAIN))
+        built = build_objective(config, objective, seed)
         if data is None:
             data = config.data.build(batch_size=settings.batch_size, seed=settings.seed)
         _check_first_batch(built, data)
@@ -292,7 +292,7 @@ def train_run(
         trainer = Trainer(
             built,
             optimizer,
-            key=jax.random.fold_in(seed, RUN_DOMAIN),
+            key=run_key(seed),
             checkpoint_dir=checkpoints if is_remote(checkpoints) else os.fspath(checkpoints),
             # the schedule the optimizer was built with, over this fit's total (decision 0020)
             learning_rate=config.optim.learning_rate_schedule(settings.steps),
@@ -412,7 +412,7 @@ def _located(trainer: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
     root, name = trainer.get("checkpoint_dir"), trainer.get("name")
     if not isinstance(root, str) or uri_scheme(root) or not isinstance(name, str) or not name:
         return trainer
-    segments = tuple(name.split("/"))
+    segments = pathlib.PurePosixPath(name).parts  # a run name is a relative folder path
     if os.path.abspath(os.path.join(root, *segments)) == os.path.abspath(folder):
         return trainer  # where the record says: as recorded
     for candidate in (folder, pathlib.Path(os.path.abspath(folder))):

@@ -33,14 +33,17 @@ from dew.metrics._classification import Recall as Recall
 from dew.metrics._classification import TopKAccuracy as TopKAccuracy
 from dew.metrics._classification import WeightedCounts as WeightedCounts
 from dew.metrics._clip import clip_score as clip_score
+from dew.metrics._features import DescribesFeatures as DescribesFeatures
+from dew.metrics._features import FeatureDefinition as FeatureDefinition
 from dew.metrics._fid import FID as FID
 from dew.metrics._fid import FIDState as FIDState
 from dew.metrics._fid import FrechetDistance as FrechetDistance
-from dew.metrics._fid import Moments as Moments
 from dew.metrics._fid import fid as fid
 from dew.metrics._fid import frechet_distance as frechet_distance
-from dew.metrics._fid import load_fid_statistics as load_fid_statistics
-from dew.metrics._fid import save_fid_statistics as save_fid_statistics
+from dew.metrics._fid_statistics import FIDStatistics as FIDStatistics
+from dew.metrics._fid_statistics import Moments as Moments
+from dew.metrics._fid_statistics import load_fid_statistics as load_fid_statistics
+from dew.metrics._fid_statistics import save_fid_statistics as save_fid_statistics
 from dew.metrics._images import MAE as MAE
 from dew.metrics._images import MSE as MSE
 from dew.metrics._images import PSNR as PSNR
@@ -75,7 +78,10 @@ __all__ = [
     "ConfusionMatrix",
     "CrossEntropy",
     "ExpectedCalibrationError",
+    "DescribesFeatures",
     "FIDState",
+    "FIDStatistics",
+    "FeatureDefinition",
     "FrechetDistance",
     "KNNProbe",
     "LinearProbe",

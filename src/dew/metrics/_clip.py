@@ -8,8 +8,9 @@ mean at zero, as torchmetrics' `CLIPScore` does (the clamp is on the mean, not o
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ import numpy as np
 from jaxtyping import Array
 
 from dew.artifacts import Artifact, Images
+from dew.io import sha256_of
 from dew.metrics._base import Metric
 from dew.nn.clip import CLIP, CLIPConfig, tokenize
 
@@ -46,12 +48,28 @@ class CLIPScore(Metric[Images]):
     clamped at zero (name `clip_score`). Reads `Images.generated` (values in `[0, 1]`, any
     size: open_clip's preprocessing runs inside) and `Images.prompts`, one per generated row;
     references are not used. A host metric: the model runs on the device once per batch and
-    the sums are float64 on the host."""
+    the sums are float64 on the host. `weights_sha256`: the SHA-256 of the checkpoint the
+    model was read from (`clip_score(path)` sets it), or `None`."""
 
     model: CLIP
     name: str = eqx.field(static=True, default="clip_score")
+    weights_sha256: str | None = eqx.field(static=True, default=None)
     artifact_type: ClassVar[type[Artifact]] = Images
     host: ClassVar[bool] = True
+
+    def feature_definition(self) -> dict[str, Any]:
+        """What the score reads images and prompts through (`dew.metrics.DescribesFeatures`):
+        the CLIP architecture (its `CLIPConfig`), open_clip's preprocessing and the
+        checkpoint's SHA-256."""
+        config = self.model.config
+        return {
+            "network": "open_clip CLIP, 100 x cosine of the projected image and prompt "
+            f"features; {dataclasses.asdict(config)}",
+            "preprocessing": f"images: short side resized to {config.image_size} (bicubic, "
+            "antialiased), centre crop, CLIP mean and std; prompts: CLIP's BPE tokens, "
+            f"{config.context_length} a prompt",
+            "weights_sha256": self.weights_sha256,
+        }
 
     def init(self) -> CLIPScoreState:
         return CLIPScoreState(0.0, 0)
@@ -122,4 +140,5 @@ def clip_score(
     """
     if isinstance(weights, CLIP):
         return CLIPScore(model=weights, name=name)
-    return CLIPScore(model=CLIP.load(weights, model=model, quick_gelu=quick_gelu), name=name)
+    loaded = CLIP.load(weights, model=model, quick_gelu=quick_gelu)
+    return CLIPScore(model=loaded, name=name, weights_sha256=sha256_of(weights))

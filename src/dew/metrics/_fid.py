@@ -15,29 +15,26 @@ clipped at zero, takes the place of `L` (as `V √Λ`, the clipped directions dr
 from __future__ import annotations
 
 import os
-import pathlib
-import tempfile
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array
 
 from dew.artifacts import Artifact, Images
 from dew.metrics._base import Metric
-from dew.nn.inception import FIDInceptionV3
+from dew.metrics._features import FeatureDefinition
+from dew.metrics._fid_statistics import FIDStatistics, Moments, load_fid_statistics
+from dew.nn.inception import FEATURES, FIDInceptionV3
 
 __all__ = [
     "FID",
     "FIDState",
     "FrechetDistance",
-    "Moments",
     "fid",
     "frechet_distance",
-    "load_fid_statistics",
-    "save_fid_statistics",
 ]
 
 # The clipped negative eigenvalues' share of the eigenvalue mass above which
@@ -45,76 +42,6 @@ __all__ = [
 # matrix passed in is not a covariance (not positive semi-definite).
 NEGATIVE_MASS_WARNING = 1e-6
 _EPS = float(np.finfo(np.float64).eps)
-_STATISTICS_FORMAT = "dew.fid_statistics.v1"
-
-
-class Moments(NamedTuple):
-    """Streaming float64 moments of one population of feature rows.
-
-    - `count`: the number of rows, a float64 (exact up to 2**53 rows);
-    - `mean`: `(dims,)`, their mean;
-    - `m2`: `(dims, dims)`, the centred second moment `Σ (x - mean)(x - mean)ᵀ`.
-
-    `Moments.empty()` is the identity of `merge` (it holds no feature axis yet).
-    """
-
-    count: float
-    mean: Float[np.ndarray, " dims"]
-    m2: Float[np.ndarray, "dims dims"]
-
-    @staticmethod
-    def empty() -> Moments:
-        """The moments of no rows: the unit of `merge`."""
-        return Moments(0.0, np.zeros((0,)), np.zeros((0, 0)))
-
-    @staticmethod
-    def of(features: Any) -> Moments:
-        """The moments of `features`, `(rows, dims)`, computed in float64."""
-        x = np.asarray(features, np.float64)
-        if x.ndim != 2:
-            raise ValueError(f"FID features must have shape (rows, dims), got shape {x.shape}.")
-        if x.shape[0] == 0:
-            return Moments.empty()
-        mean = x.mean(axis=0)
-        centred = x - mean
-        return Moments(float(x.shape[0]), mean, centred.T @ centred)
-
-    @property
-    def dims(self) -> int:
-        """The number of features (0 for the empty moments)."""
-        return self.mean.shape[0]
-
-    def merge(self, other: Moments) -> Moments:
-        """Chan et al.'s pairwise update: the moments of both populations' rows together.
-
-        Associative, with `Moments.empty()` as its unit; it builds new arrays and never
-        writes into either operand.
-        """
-        if other.count == 0:
-            return self
-        if self.count == 0:
-            return other
-        if self.dims != other.dims:
-            raise ValueError(
-                f"FID moments of {self.dims} and {other.dims} features cannot be merged: "
-                "every batch must come from the same feature network."
-            )
-        count = self.count + other.count
-        delta = other.mean - self.mean
-        mean = self.mean + delta * (other.count / count)
-        m2 = self.m2 + other.m2 + np.outer(delta, delta * (self.count * other.count / count))
-        return Moments(count, mean, m2)
-
-    def covariance(self) -> Float[np.ndarray, "dims dims"]:
-        """The unbiased covariance `m2 / (count - 1)` (needs at least two rows)."""
-        if self.count < 2:
-            raise ValueError(f"a covariance needs at least two rows, got {self.count:g}.")
-        return self.m2 / (self.count - 1.0)
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes the moments' arrays hold."""
-        return self.mean.nbytes + self.m2.nbytes
 
 
 class FrechetDistance(NamedTuple):
@@ -129,11 +56,18 @@ class FrechetDistance(NamedTuple):
       warns above `NEGATIVE_MASS_WARNING` (1e-6), where a matrix is not a covariance.
     - `route`: `"cholesky"` (a covariance was positive definite), `"eigh"` (both were
       singular) or `"non-finite"`.
+
+    `float(result)` is the distance, as `float(calculate_frechet_distance(...))` is
+    pytorch-fid's.
     """
 
     distance: float
     negative_mass: float
     route: str
+
+    def __float__(self) -> float:
+        """The distance."""
+        return float(self.distance)
 
 
 def _negative_share(eigenvalues: np.ndarray) -> float:
@@ -171,6 +105,8 @@ def frechet_distance(mean1: Any, cov1: Any, mean2: Any, cov2: Any) -> FrechetDis
     >>> result = frechet_distance(np.zeros(2), np.diag([1.0, 4.0]), np.ones(2), np.eye(2))
     >>> round(result.distance, 12), result.route  # |μ₁ - μ₂|² + (1 - 1)² + (2 - 1)²
     (3.0, 'cholesky')
+    >>> round(float(result), 12)  # as pytorch-fid's users write it
+    3.0
 
     ```
 
@@ -240,83 +176,28 @@ def _frechet_distance(
     return FrechetDistance(float(distance), float(negative_mass), route)
 
 
-def save_fid_statistics(path: str | os.PathLike[str], moments: Moments) -> pathlib.Path:
-    """Write a population's moments (the real images', typically) to an `.npz` file.
-
-    The file holds pytorch-fid's keys, `mu` (the mean) and `sigma` (the unbiased
-    covariance), so pytorch-fid reads it too, and `count`, the rows, which dew needs.
-    It is written to a temporary file beside `path` and moved into place, so a failed
-    write leaves an existing file as it was. Read it back with `load_fid_statistics`,
-    or score against it with `fid(reference=path)`.
-
-    **Raises:** `ValueError` when `moments` holds fewer than two rows.
-    """
-    if moments.count < 2:
-        raise ValueError(
-            f"FID statistics need at least two rows, got {moments.count:g}: "
-            "merge more batches' moments before saving them."
-        )
-    path = pathlib.Path(path)
-    descriptor, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            np.savez(
-                file,
-                mu=moments.mean,
-                sigma=moments.covariance(),
-                count=np.float64(moments.count),
-                format=np.str_(_STATISTICS_FORMAT),
-            )
-        os.replace(scratch, path)
-    except BaseException:
-        pathlib.Path(scratch).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def load_fid_statistics(path: str | os.PathLike[str]) -> Moments:
-    """Read the moments `save_fid_statistics` wrote.
-
-    **Raises:** `FileNotFoundError` when there is no such file; `ValueError` when the
-    file is not an `.npz` of dew's FID statistics (pytorch-fid's own files lack `count`:
-    recompute the moments with dew).
-    """
-    path = pathlib.Path(path)
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (ValueError, OSError, EOFError) as error:
-        raise ValueError(f"{path} is not an .npz of FID statistics ({error}).") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path} holds a single array, not an .npz of FID statistics.")
-    with loaded:
-        arrays = {key: loaded[key] for key in loaded.files}
-    written = str(arrays.pop("format", _STATISTICS_FORMAT))
-    if {"mu", "sigma", "count"} - set(arrays) or written != _STATISTICS_FORMAT:
-        raise ValueError(
-            f"{path} does not hold dew's FID statistics: it has keys {sorted(arrays)} and "
-            f"format {written!r}, expected 'count', 'mu' and 'sigma' in format "
-            f"{_STATISTICS_FORMAT!r} (written by dew.metrics.save_fid_statistics)."
-        )
-    mean = np.asarray(arrays["mu"], np.float64)
-    covariance = np.asarray(arrays["sigma"], np.float64)
-    count = float(np.asarray(arrays["count"]))
-    dims = mean.shape[0] if mean.ndim == 1 else -1
-    if covariance.shape != (dims, dims) or not count >= 2:
-        raise ValueError(
-            f"{path} holds malformed FID statistics: mu {mean.shape}, sigma "
-            f"{covariance.shape} and count {count:g}; expected mu (dims,), sigma "
-            "(dims, dims) and a count of at least 2."
-        )
-    return Moments(count, mean, covariance * (count - 1.0))
-
-
 class FIDState(NamedTuple):
     """FID's accumulator: the moments of the generated and of the reference features."""
 
     generated: Moments
     reference: Moments
+
+
+def _statistics(reference: Any) -> FIDStatistics | None:
+    """`FID.reference` as `FIDStatistics`: pooled `Moments` are converted (two rows at
+    least)."""
+    if reference is None or isinstance(reference, FIDStatistics):
+        return reference
+    if isinstance(reference, Moments):
+        if reference.count < 2:
+            raise ValueError(
+                f"FID's reference statistics need at least two rows, got {reference.count:g}."
+            )
+        return FIDStatistics.of(reference)
+    raise TypeError(
+        "FID's reference must be FIDStatistics (load_fid_statistics), Moments or None, got "
+        f"{type(reference).__name__}."
+    )
 
 
 @eqx.filter_jit
@@ -332,9 +213,12 @@ class FID(Metric[Images]):
     - `network`: the feature network, a (jit-compatible) callable from images
       `(rows, height, width, 3)` in `[0, 1]` to features `(rows, dims)`. Values compare
       with pytorch-fid's only for `FIDInceptionV3.features` on its published weights.
-    - `reference`: precomputed `Moments` of the real population (`load_fid_statistics`),
-      or None to pool each batch's `Images.reference` rows.
+    - `reference`: precomputed `FIDStatistics` of the real population
+      (`load_fid_statistics`; `Moments` given here are converted), or None to pool each
+      batch's `Images.reference` rows.
     - `name`: the reported name, `fid` by default.
+    - `definition`: the `FeatureDefinition` of `network` (`fid()` gives InceptionV3's),
+      which `feature_definition()` reports; `None` names the callable alone.
 
     Both populations are pooled separately and may differ in size; `finalize` needs at
     least two rows in each (a `ValueError` names the counts; an empty pass is NaN). The
@@ -345,8 +229,26 @@ class FID(Metric[Images]):
     host: ClassVar[bool] = True
 
     network: Callable[[Array], Array]
-    reference: Moments | None = None
+    reference: FIDStatistics | None = eqx.field(default=None, converter=_statistics)
     name: str = eqx.field(static=True, default="fid")
+    definition: FeatureDefinition | None = eqx.field(static=True, default=None)
+
+    def feature_definition(self) -> dict[str, Any]:
+        """What the score reads the images through (`dew.metrics.DescribesFeatures`):
+        `definition`'s fields (without one, the network callable's name and nothing
+        else), and the reference population: `"reference": "pooled"` (the pass's
+        reference rows), or `"statistics"` with their `"reference_rows"` (`None`: unknown,
+        pytorch-fid's own file)."""
+        if self.definition is not None:
+            described: dict[str, Any] = self.definition.to_dict()
+        else:
+            network = getattr(self.network, "__qualname__", type(self.network).__name__)
+            described = {"network": network, "preprocessing": None, "weights_sha256": None}
+        if self.reference is None:
+            return {**described, "reference": "pooled"}
+        count = self.reference.count
+        rows = None if count is None else int(count)
+        return {**described, "reference": "statistics", "reference_rows": rows}
 
     def moments(self, images: Any) -> Moments:
         """The float64 moments of the network's features of `images`, one population."""
@@ -380,28 +282,33 @@ class FID(Metric[Images]):
     def distance(self, accumulated: FIDState) -> FrechetDistance:
         """The whole result of `finalize`: the distance, its clipped negative eigenvalue
         share and its route (see `FrechetDistance`)."""
-        generated = accumulated.generated
-        reference = accumulated.reference if self.reference is None else self.reference
-        if generated.count == 0 and accumulated.reference.count == 0:
+        generated, pooled = accumulated
+        if generated.count == 0 and pooled.count == 0:
             return FrechetDistance(float("nan"), float("nan"), "empty")
-        if generated.count < 2 or reference.count < 2:
+        reference = self.reference
+        if generated.count < 2 or (reference is None and pooled.count < 2):
+            rows = f"{pooled.count:g}" if reference is None else reference.rows
             raise ValueError(
                 f"metric {self.name!r} needs at least two rows in each population, got "
-                f"{generated.count:g} generated and {reference.count:g} reference rows."
+                f"{generated.count:g} generated and {rows} reference rows."
             )
+        if reference is None:
+            reference = FIDStatistics.of(pooled)
         if generated.dims != reference.dims:
             raise ValueError(
                 f"metric {self.name!r}: the generated features have {generated.dims} dims "
                 f"but the reference statistics {reference.dims}; they must come from the "
                 "same feature network."
             )
+        # n rows give a covariance of rank at most n - 1: singular when n <= dims (a file's
+        # statistics of an unknown count are tried as if they were not)
+        known = reference.count is not None and reference.count <= reference.dims
         return _frechet_distance(
             generated.mean,
             generated.covariance(),
             reference.mean,
-            reference.covariance(),
-            # n rows give a covariance of rank at most n - 1: singular when n <= dims
-            singular=(generated.count <= generated.dims, reference.count <= reference.dims),
+            reference.covariance,
+            singular=(generated.count <= generated.dims, known),
         )
 
     def finalize(self, accumulated: FIDState) -> float:
@@ -413,7 +320,7 @@ def fid(
     weights: str | os.PathLike[str] | None = None,
     *,
     dtype: str = "float32",
-    reference: str | os.PathLike[str] | Moments | None = None,
+    reference: str | os.PathLike[str] | FIDStatistics | Moments | None = None,
     name: str = "fid",
 ) -> FID:
     """Fréchet Inception Distance over `Images`, as pytorch-fid 0.3.0 computes it (name `fid`).
@@ -425,14 +332,16 @@ def fid(
       checked by its SHA-256 prefix (`dew.nn.inception.default_weights_path`). Nothing is
       downloaded.
     - `dtype`: the network's `"float32"` (default) or `"float64"` (needs 64-bit JAX).
-    - `reference`: precomputed statistics of the real population, a path
-      `save_fid_statistics` wrote or `Moments`; None pools the batches' reference rows.
+    - `reference`: precomputed statistics of the real population: the path of a file
+      `save_fid_statistics` wrote, or of pytorch-fid's own `.npz` (its row count then
+      unknown), `FIDStatistics` or `Moments`; None pools the batches' reference rows.
     - `name`: the reported name.
 
     **Raises:** `FileNotFoundError` when the weights (or the statistics) are not there, the
     message saying where to put pytorch-fid's published weights.
     """
     network = FIDInceptionV3.load(weights, dtype=dtype)
-    if reference is not None and not isinstance(reference, Moments):
+    if reference is not None and not isinstance(reference, FIDStatistics | Moments):
         reference = load_fid_statistics(reference)
-    return FID(network=network.features, reference=reference, name=name)
+    definition = FeatureDefinition(FEATURES, network.preprocessing, network.weights_sha256)
+    return FID(network=network.features, reference=reference, name=name, definition=definition)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from dew.io import check_sha256, load_torch_state_dict
+from dew.io import check_sha256, load_torch_state_dict, sha256_of
 from dew.nn._inception_layers import (
     _chain,
     _Conv,
@@ -22,6 +22,7 @@ from dew.nn._inception_layers import (
 )
 
 __all__ = [
+    "FEATURES",
     "FID_WEIGHTS_FILENAME",
     "FID_WEIGHTS_SHA256_PREFIX",
     "FID_WEIGHTS_URL",
@@ -37,6 +38,8 @@ FID_WEIGHTS_URL = (
     "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/" + FID_WEIGHTS_FILENAME
 )
 WEIGHTS_ENVIRONMENT_VARIABLE = "DEW_FID_WEIGHTS"
+FEATURES = "pytorch-fid 0.3.0 FID InceptionV3, pool3 (2048 features)"
+"""What `FIDInceptionV3.features` reads, as a `SamplingProtocol` record names it."""
 
 _DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 
@@ -126,18 +129,28 @@ class FIDInceptionV3(eqx.Module):
       (`jax.config.update("jax_enable_x64", True)`, or `JAX_ENABLE_X64=1`) set first.
       On random weights, float64 matches pytorch-fid's float64 to ~5e-13, and float32 is
       within ~1e-4 of it, while pytorch-fid's own float32 can be 3e-3 off (decision 0018).
+    - `weights_sha256`: the SHA-256 of the file the weights came from (`load` sets it),
+      or `None`; a `SamplingProtocol` record reports it.
     """
 
     stem: tuple[_Conv, ...]
     blocks: tuple[eqx.Module, ...]
     dtype: str = eqx.field(static=True)
+    weights_sha256: str | None = eqx.field(static=True)
 
-    def __init__(self, state_dict: Mapping[str, np.ndarray], *, dtype: str = "float32"):
+    def __init__(
+        self,
+        state_dict: Mapping[str, np.ndarray],
+        *,
+        dtype: str = "float32",
+        weights_sha256: str | None = None,
+    ):
         _check_dtype(dtype)
         w = _Weights(state_dict, _DTYPES[dtype])
         self.stem, self.blocks = _network(w)
         w.check()
         self.dtype = dtype
+        self.weights_sha256 = weights_sha256
 
     @classmethod
     def load(
@@ -145,12 +158,22 @@ class FIDInceptionV3(eqx.Module):
     ) -> "FIDInceptionV3":
         """The network with the weights at `path` (a `.pth` in either torch format, or a
         `.safetensors`); without `path`, pytorch-fid's published weights from
-        `default_weights_path()`, checked by their SHA-256 prefix `6726825d`."""
+        `default_weights_path()`, checked by their SHA-256 prefix `6726825d`. The file's
+        SHA-256, computed once here, is kept as `weights_sha256`."""
         _check_dtype(dtype)
         resolved = default_weights_path(path)
-        if path is None:
-            check_sha256(resolved, FID_WEIGHTS_SHA256_PREFIX)
-        return cls(load_torch_state_dict(resolved), dtype=dtype)
+        digest = sha256_of(resolved)
+        if path is None and not digest.startswith(FID_WEIGHTS_SHA256_PREFIX):
+            check_sha256(resolved, FID_WEIGHTS_SHA256_PREFIX)  # raises, naming the file
+        return cls(load_torch_state_dict(resolved), dtype=dtype, weights_sha256=digest)
+
+    @property
+    def preprocessing(self) -> str:
+        """What `features` does to images before the network, in words."""
+        return (
+            "bilinear resize to 299x299 without antialiasing (align_corners=False), "
+            f"[0, 1] scaled to [-1, 1], computed in {self.dtype}"
+        )
 
     def features(self, images: Float[Array, "rows height width 3"]) -> Float[Array, "rows 2048"]:
         """pytorch-fid's pool3 features of `images` (float RGB in `[0, 1]`, any size)."""

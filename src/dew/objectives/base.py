@@ -14,7 +14,7 @@ from dew._checks import MissingBatchKeyError, check_ids
 from dew.artifacts import Artifact
 from dew.metrics import Metric
 from dew.naming import Split
-from dew.telemetry.records import Record
+from dew.telemetry.records import SamplingProtocol
 
 __all__ = [
     "AbstractObjective",
@@ -142,17 +142,24 @@ class AbstractObjective(eqx.Module):
 
 @runtime_checkable
 class ReportsSampling(Protocol):
-    """An objective that generates the artifacts it is scored on and reports how: the
-    `Trainer` reports `sampling_record(0, event_key=None)` once per fit, at its start, and
-    `sampling_record(rows, event_key=..., batch=first batch)` with every evaluation that
-    scored `rows` real rows (`DiffusionObjective` reports a
-    `dew.telemetry.records.SamplingProtocol`)."""
+    """An objective that generates the artifacts it is scored on and reports how, as a
+    `dew.telemetry.records.SamplingProtocol` (`DiffusionObjective`,
+    `MaskedDiffusionObjective`). The `Trainer` reports `sampling_record(0, event_key=None)`
+    once per fit, at its start, and `sampling_record(rows, event_key=..., batch=first
+    batch)` with every evaluation that scored `rows` real rows; it fills in the record's
+    `features` (the metrics' `feature_definition()`s) and `conditioning_sha256` (the
+    identity of `conditioning_values(batch)` over every batch of the pass)."""
 
     def sampling_record(
         self, real_rows: int, *, event_key: str | None, batch: Batch | None = None
-    ) -> Record:
+    ) -> SamplingProtocol:
         """The record of a generation from `real_rows` real rows under `event_key`;
         `batch` is the pass's first batch (`None` for the fit's record)."""
+        ...
+
+    def conditioning_values(self, batch: Batch) -> Any:
+        """What conditions the samples generated for `batch`'s rows, one integer row per
+        batch row (class labels, prompt token ids), or `None` for unconditional samples."""
         ...
 
 

@@ -4,6 +4,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
-from dew._domains import PREVIEW_DOMAIN
+from dew._domains import PREVIEW_DOMAIN, derive
 from dew.artifacts import Clips, Images
 from dew.metrics import Metric, fid
 from dew.naming import Split
@@ -272,7 +273,7 @@ class DiffusionObjective(Objective):
         if rows is None:
             raise ValueError("DiffusionObjective.sample needs labels or a number of rows.")
         model = combine(params, self.model)
-        key = jax.random.fold_in(key, self.sampling.seed_domain)
+        key = derive(key, self.sampling.seed_domain)
         noise = jax.random.normal(key, (rows, *self.model.input_shape))
         guidance = self.sampling.guidance
 
@@ -321,6 +322,13 @@ class DiffusionObjective(Objective):
             event_key=event_key,
         )
 
+    def conditioning_values(self, batch: Batch) -> Any:
+        """The labels `evaluate` conditions each row's sample on: `batch["labels"]` for a
+        class-conditional model, else `None` (`dew.objectives.base.ReportsSampling`)."""
+        if not self.conditional or "labels" not in batch:
+            return None
+        return batch["labels"]
+
     def default_metrics(self) -> tuple[Metric, ...]:
         """`(fid(),)` for an image model when pytorch-fid's weights are at
         `dew.nn.inception.default_weights_path()` (loaded here, once per call: ask once and
@@ -347,7 +355,7 @@ class DiffusionObjective(Objective):
         data, labels = self._checked(batch)
         rows = min(PREVIEW_ROWS, data.shape[0])
         labels = None if labels is None else labels[:rows]
-        preview_key = jax.random.fold_in(key, PREVIEW_DOMAIN)
+        preview_key = derive(key, PREVIEW_DOMAIN)
         # Compiled once per objective structure: the Trainer previews outside any jit, where
         # the sampler's loop would otherwise be traced and compiled again at every event.
         generated = _compiled_sample(self, params, labels, preview_key, rows=rows)

@@ -70,11 +70,13 @@ class BlockMasks:
         """One image's target mask: true on the patches of its `targets` blocks."""
         rows, columns = grid
         y, x = jnp.meshgrid(jnp.arange(rows), jnp.arange(columns), indexing="ij")
-        keys = jax.random.split(key, self.targets)
-        top = jax.vmap(lambda k: jax.random.randint(k, (), 0, rows - self.height + 1))(keys)
-        left = jax.vmap(
-            lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, columns - self.width + 1)
-        )(keys)
+        # one key a block, drawing its top row and left column together
+        corners = jax.vmap(
+            lambda k: jax.random.randint(
+                k, (2,), 0, jnp.array([rows - self.height + 1, columns - self.width + 1])
+            )
+        )(jax.random.split(key, self.targets))
+        top, left = corners[:, 0], corners[:, 1]
         inside = (
             (y[None] >= top[:, None, None])
             & (y[None] < top[:, None, None] + self.height)

@@ -22,6 +22,7 @@ from dew.objectives.base import (
     token_log_probs,
     trainable,
 )
+from dew.telemetry.records import SamplingProtocol
 
 __all__ = ["MaskedDiffusionObjective", "ancestral_sample", "masked_diffusion_nelbo"]
 
@@ -124,7 +125,10 @@ class MaskedDiffusionObjective(Objective):
     `seq_len` tokens) with `sampling_steps` ancestral steps from all-masked rows
     (`ancestral_sample`), for custom text metrics. These are samples: not teacher-forced
     perplexity and not a held-out NELBO. `preview` draws `preview_count` rows the same way.
-    Both generate with the live params (the objective declares no `ema_decay`).
+    Both generate with the live params (the objective declares no `ema_decay`). The
+    `Trainer` reports how, as a `SamplingProtocol` (`sampling_record`): the `"ancestral"`
+    solver, `sampling_steps` steps, no guidance, no seed domain (the scoring keys
+    themselves), unconditional.
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -245,6 +249,28 @@ class MaskedDiffusionObjective(Objective):
     def default_metrics(self) -> tuple[Metric, ...]:
         """None: no built-in metric reads generated `TokenRows`."""
         return ()
+
+    def sampling_record(
+        self, real_rows: int, *, event_key: str | None, batch: Batch | None = None
+    ) -> SamplingProtocol:
+        """The sampling protocol of a generation of one row for each of `real_rows` rows
+        under `event_key` (`dew.objectives.base.ReportsSampling`): unconditional
+        ancestral sampling, with no guidance and no seed domain."""
+        return SamplingProtocol(
+            objective=self.name,
+            solver="ancestral",
+            steps=self.sampling_steps,
+            guidance=None,
+            seed_domain=None,
+            conditioning="unconditional",
+            generated_rows=real_rows,
+            real_rows=real_rows,
+            event_key=event_key,
+        )
+
+    def conditioning_values(self, batch: Batch) -> None:
+        """`None`: the rows are generated from all-masked rows, conditioned on nothing."""
+        return None
 
     def generate_preview(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenRows:
         """`preview_count` generated rows; the batch's contents are not used."""

@@ -20,7 +20,7 @@ import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
-from dew._domains import SUPERVISED_STEP_DOMAIN
+from dew._domains import supervised_step_key, supervised_validation_key
 from dew._early_stopping import EarlyStopper
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
@@ -136,7 +136,7 @@ def _compile_step(objective_def: Any, static: Any, transformation: optax.Gradien
     def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: Any, total: Any):
         objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
         state = jax.tree.unflatten(state_def, state_leaves)
-        key = jax.random.fold_in(jax.random.fold_in(state.key, SUPERVISED_STEP_DOMAIN), state.step)
+        key = supervised_step_key(state.key, state.step)
         next_state, outputs = train_step(objective, transformation, state, batch, key)
         rows = jax.tree.leaves(batch["inputs"])[0].shape[0]
         # The batch as one score weighted by its rows: the epoch's loss is the
@@ -258,7 +258,7 @@ def run_supervised(
                 measured[Split.TRAIN] = {"loss": value}
                 engine.report(EPOCH_END, Split.TRAIN, epoch, measured[Split.TRAIN])
             if validation is not None:
-                key = jax.random.fold_in(state.key, epoch)
+                key = supervised_validation_key(state.key, epoch)
                 scores = validation.evaluate(current().params, epoch, key)
                 if scores:
                     measured[Split.VALIDATION] = scores

@@ -22,6 +22,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from dew import metrics
 from dew._checks import check_integer
+from dew._domains import stage_key
 from dew._pass import run_pass
 from dew.events import EventSink
 from dew.metrics import MetricSet, gaussian_crps
@@ -338,7 +339,7 @@ def run_stages(
     """Run `stages` in order, each counting its epochs from zero under its own
     stage name, and return the final state of each, by stage name.
 
-    Stage `i` trains with `jax.random.fold_in(key, i)`. A `GammaVarianceStage`
+    Stage `i` trains with the key `dew._domains.stage_key(key, i)`. A `GammaVarianceStage`
     whose `mean_model` is a `MeanStage` listed before it uses that stage's
     trained model.
     """
@@ -351,7 +352,7 @@ def run_stages(
     states: dict[str, TrainState] = {}
     trained: list[tuple[MeanStage, TrainState]] = []
     for index, stage in enumerate(stages):
-        stage_key = jax.random.fold_in(key, index)
+        state_key = stage_key(key, index)
         if isinstance(stage, GammaVarianceStage) and isinstance(stage.mean_model, MeanStage):
             found = [state for done, state in trained if done is stage.mean_model]
             if not found:
@@ -360,9 +361,9 @@ def run_stages(
                     f"{stage.mean_model.stage!r} to run before it."
                 )
             mean = stage.mean_model.trained_model(found[0])
-            state = stage.run(train_loader, validation_loader, event_sinks, stage_key, mean)
+            state = stage.run(train_loader, validation_loader, event_sinks, state_key, mean)
         else:
-            state = stage.run(train_loader, validation_loader, event_sinks, stage_key)
+            state = stage.run(train_loader, validation_loader, event_sinks, state_key)
         if isinstance(stage, MeanStage):
             trained.append((stage, state))
         states[stage.stage] = state

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, ClassVar, Literal, TypeVar
@@ -46,6 +47,7 @@ __all__ = [
 FitStatus = Literal["completed", "failed", "interrupted"]
 FIT_STATUSES: tuple[str, ...] = ("completed", "failed", "interrupted")
 CONDITIONINGS: tuple[str, ...] = ("class_labels", "unconditional")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def encode_json_value(value: Any) -> Any:
@@ -250,38 +252,58 @@ class SamplingProtocol(Record):
     """How a generative objective draws the samples it is scored on: what document 000
     asks a user comparing generative scores to record.
 
-    - `objective`: the objective's name; `solver`, `steps`, `guidance`: its sampler.
-    - `seed_domain`: folded into the event's scoring keys to draw the noise.
+    - `objective`: the objective's name; `solver`, `steps`, `guidance`: its sampler
+      (`guidance` `None` for a sampler that takes none, masked diffusion's).
+    - `seed_domain`: folded into the event's scoring keys to draw the noise (`None` when
+      the objective draws from the scoring keys themselves).
     - `conditioning`: `"class_labels"` (each sample conditioned on its real row's label)
       or `"unconditional"`.
     - `generated_rows`, `real_rows`: the rows an evaluation generated and the real rows
       it consumed (both `0` in the record a fit reports once, at its start).
     - `event_key`: the evaluation event's key as hex (`dew.training.key_text`), from which
       the scoring keys derive; `None` in the fit's record.
+    - `conditioning_sha256`: the identity of the conditioning data: the SHA-256 of every
+      generated row's conditioning values (its class label) in pass order, as
+      little-endian int64 (`hashlib.sha256(np.asarray(labels, "<i8").tobytes())` over
+      the pass's labels); `None` when unconditional and in the fit's record.
+    - `features`: the feature and preprocessing definition of each score that reads the
+      samples through a network, by metric name (`FID.feature_definition()`: the
+      network, its preprocessing, the SHA-256 of its weights file, the reference).
     """
 
     type: ClassVar[str] = "sampling_protocol"
     objective: str
     solver: str
     steps: int
-    guidance: float
-    seed_domain: int
+    guidance: float | None
+    seed_domain: int | None
     conditioning: str
     generated_rows: int = 0
     real_rows: int = 0
     event_key: str | None = None
+    conditioning_sha256: str | None = None
+    features: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("steps", "seed_domain", "generated_rows", "real_rows"):
-            _check_step(f"SamplingProtocol.{name}", getattr(self, name))
-        if isinstance(self.guidance, bool) or not isinstance(self.guidance, numbers.Real):
-            raise TypeError(
-                f"SamplingProtocol.guidance must be a real number, got {self.guidance!r}."
-            )
-        object.__setattr__(self, "guidance", float(self.guidance))
+            if name != "seed_domain" or self.seed_domain is not None:
+                _check_step(f"SamplingProtocol.{name}", getattr(self, name))
+        guidance = self.guidance
+        if guidance is not None:
+            if isinstance(guidance, bool) or not isinstance(guidance, numbers.Real):
+                raise TypeError(
+                    f"SamplingProtocol.guidance must be a real number or None, got {guidance!r}."
+                )
+            object.__setattr__(self, "guidance", float(guidance))
         if self.conditioning not in CONDITIONINGS:
             allowed = ", ".join(repr(name) for name in CONDITIONINGS)
             raise ValueError(
                 f"SamplingProtocol.conditioning {self.conditioning!r} is not one of {allowed}."
+            )
+        digest = self.conditioning_sha256
+        if digest is not None and not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+            raise ValueError(
+                "SamplingProtocol.conditioning_sha256 must be None or a SHA-256 digest (64 "
+                f"lowercase hex digits), got {digest!r}."
             )

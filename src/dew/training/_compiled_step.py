@@ -16,7 +16,7 @@ import jax
 import optax
 
 from dew._checks import ids_checked_on_host
-from dew._domains import TRAIN_STEP_DOMAIN
+from dew._domains import train_step_key
 from dew._processes import is_multiprocess, replicated_sharding
 from dew.steps import LearningRate, train_step
 from dew.training._window import accumulated
@@ -78,7 +78,7 @@ def _step_function(
     def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: StateLayout):
         objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
         state = state_of(state_def, state_leaves)
-        key = jax.random.fold_in(jax.random.fold_in(state.key, TRAIN_STEP_DOMAIN), state.step)
+        key = train_step_key(state.key, state.step)
         logging: dict[str, Any] = {}
         if telemetry is not None:
             logging = {"log_optimizer": True, "learning_rate": telemetry[0]}

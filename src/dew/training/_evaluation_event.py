@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
-from dew._domains import PREVIEW_DOMAIN
+from dew import _domains
 from dew._loop import LoopEngine
 from dew._pass import preview_on_process_zero
 from dew.data import Dataset, Partition, _lazily
@@ -20,6 +20,7 @@ from dew.naming import Split, preview_name
 from dew.objectives.base import ReportsSampling
 from dew.steps import generation_params
 from dew.tracking import ScalarTracker
+from dew.training._sampling import sampling_record
 
 if TYPE_CHECKING:
     from dew.training._trainer import Trainer
@@ -68,7 +69,7 @@ def evaluation_event(
 ) -> bool:
     """One evaluation event at `step`; returns whether the early stopper says stop."""
     state = engine.current()
-    event_key = jax.random.fold_in(trainer.key, step)
+    event_key = _domains.evaluation_key(trainer.key, step)
     batches: Iterable[Any] = _lazily(data.val, Partition.current())
     if progress and sys.stderr.isatty():
         batches = tqdm(
@@ -81,6 +82,7 @@ def evaluation_event(
         )
     previewing = preview  # fit decided it: process zero's tracker and preview=True
     params = generation_params(trainer.objective, state)  # EMA params where declared
+    sampling = isinstance(trainer.objective, ReportsSampling)
     result = run_pass(
         trainer.objective,
         params,
@@ -88,9 +90,10 @@ def evaluation_event(
         metric_set,
         event_key,
         keep_first_artifact=previewing,
+        conditioning=trainer.objective.conditioning_values if sampling else None,
     )
     if previewing and result.first_batch is not None:
-        preview_key = jax.random.fold_in(event_key, PREVIEW_DOMAIN)
+        preview_key = _domains.preview_key(event_key)
         # every process takes part in generating it; process zero gets it to log
         artifact = preview_on_process_zero(
             trainer.objective, params, result.first_batch, preview_key, result.first_artifact
@@ -102,10 +105,8 @@ def evaluation_event(
     counts = engine.counts_note(
         result.batches, result.records, result.uneven_shards, key_text(event_key)
     )
-    if scores and isinstance(trainer.objective, ReportsSampling):  # it generated: report how
-        record = trainer.objective.sampling_record(
-            result.records, event_key=key_text(event_key), batch=result.first_batch
-        )
+    if scores and sampling:  # it generated: report how
+        record = sampling_record(trainer.objective, metric_set, result, key_text(event_key))
         engine.record(SAMPLING_RECORD, record, step)
     if not scores:
         if progress:

@@ -48,6 +48,7 @@ from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_t
 from dew.training._placement import ParamSharding, Placement, fit_setup
 from dew.training._profile_window import ProfileWindowTracer
 from dew.training._resume import closed_after_interrupt, last_completed, starting_state
+from dew.training._sampling import sampling_record
 from dew.training._window import WindowedCalls, check_train_reduction
 
 __all__ = ["Trainer", "key_text"]
@@ -438,8 +439,7 @@ class Trainer:
             start=start, steps=steps, completed=lambda: last_completed(current(), step)
         ):
             if isinstance(self.objective, ReportsSampling):  # its protocol, once per fit
-                record = self.objective.sampling_record(0, event_key=None)
-                engine.record(SAMPLING_RECORD, record, start)
+                engine.record(SAMPLING_RECORD, sampling_record(self.objective, metric_set), start)
             try:
                 if step < steps and not done_before:  # a finished run draws no batch
                     opened = functools.partial(data.train, Partition.current())
