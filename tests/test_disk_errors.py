@@ -106,9 +106,11 @@ def test_a_preview_that_fails_names_its_file_and_journals_nothing(tmp_path):
     with LocalTracker(tmp_path) as tracker:
         before = (tmp_path / "records.jsonl").read_bytes()
         with _disk_full_past(64), pytest.raises(OSError, match="File too large") as caught:
-            tracker.log_artifact("samples", images, step=4)
+            tracker.log_artifact("lm/validation/samples", images, step=4)
         assert caught.value.errno == errno.EFBIG
-        assert caught.value.filename.startswith(str(tmp_path / "previews" / "samples" / "4"))
+        assert caught.value.filename.startswith(
+            str(tmp_path / "previews" / "lm" / "validation" / "samples" / "4")
+        )
         assert (tmp_path / "records.jsonl").read_bytes() == before
         leftovers = [path for path in (tmp_path / "previews").rglob("*") if path.is_file()]
         assert all(not path.name.startswith(".") for path in leftovers)  # no temporary file
