@@ -1,4 +1,4 @@
-"""Datasets as functions of a process's partition."""
+"""`Dataset`: training and validation batches as functions of a process's partition."""
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
