@@ -9,5 +9,15 @@ from dew.data._indexed import InOrder as InOrder
 from dew.data._indexed import Rows as Rows
 from dew.data._indexed import StepBatches as StepBatches
 from dew.data._indexed import indexed_dataset as indexed_dataset
+from dew.data._text import text as text
 
-__all__ = ["Batches", "Dataset", "InOrder", "Partition", "Rows", "StepBatches", "indexed_dataset"]
+__all__ = [
+    "Batches",
+    "Dataset",
+    "InOrder",
+    "Partition",
+    "Rows",
+    "StepBatches",
+    "indexed_dataset",
+    "text",
+]
