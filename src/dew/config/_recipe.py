@@ -33,6 +33,7 @@ from dew._json import read_json
 from dew._processes import agree_process_phase, is_multiprocess, is_process_zero
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset
+from dew.data.tokenizers import check_vocabulary
 from dew.metrics import Metric
 from dew.objectives.base import Objective
 from dew.steps import TrainState
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["run_folder", "train_run"]
 
 LOCAL_ROOT = "runs"
+DATA_CACHE = "data-cache"
+"""The folder in a run folder where a source that caches (`text`'s tokens) keeps its cache,
+unless the configuration names a `cache_dir`."""
 STEP_BUDGET = "step_budget"
 """The journal artifact noting a run continued to another step total (decision 0020)."""
 
@@ -182,6 +186,14 @@ def build_objective(
     )
 
 
+def _check_vocabulary(config: "RunConfig", objective: Objective, data: Dataset) -> None:
+    """A model whose vocabulary cannot embed the data's tokenizer's IDs is refused before
+    training, naming both sizes."""
+    model_vocab = getattr(getattr(objective, "model", None), "vocab_size", None)
+    if data.tokenizer is not None and isinstance(model_vocab, int):
+        check_vocabulary(model_vocab, data.tokenizer, model=f"the model {config.model.name!r}")
+
+
 def train_run(
     config: "RunConfig",
     objective: Objective | str | Callable[..., Objective] | None = None,
@@ -227,7 +239,10 @@ def train_run(
     seed = jax.random.key(settings.seed)
     built = build_objective(config, objective, jax.random.fold_in(seed, MODEL_DOMAIN))
     if data is None:
-        data = config.data.build(batch_size=settings.batch_size, seed=settings.seed)
+        data = config.data.build(
+            batch_size=settings.batch_size, seed=settings.seed, cache_dir=folder / DATA_CACHE
+        )
+    _check_vocabulary(config, built, data)
     trainer = Trainer(
         built,
         config.optim.build(settings.steps),

@@ -17,13 +17,14 @@ _MAGIC = frozenset("*?[")
 def _entries(owner: str, paths: object) -> list[str]:
     if isinstance(paths, str | os.PathLike):
         return [os.fspath(paths)]
-    if isinstance(paths, Sequence) and paths and all(
-        isinstance(entry, str | os.PathLike) for entry in paths
+    if (
+        isinstance(paths, Sequence)
+        and paths
+        and all(isinstance(entry, str | os.PathLike) for entry in paths)
     ):
         return [os.fspath(entry) for entry in paths]
     raise TypeError(
-        f"{owner}: paths must be a file path or glob, or a non-empty list of them, got "
-        f"{paths!r}."
+        f"{owner}: paths must be a file path or glob, or a non-empty list of them, got {paths!r}."
     )
 
 
@@ -109,7 +110,9 @@ def file_documents(
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{where} is not JSON ({error.msg} at column {error.colno}).") from None
+            raise ValueError(
+                f"{where} is not JSON ({error.msg} at column {error.colno})."
+            ) from None
         if not isinstance(record, dict):
             raise ValueError(
                 f"{where} is {_json_kind(record)}, not an object with the field {field!r}."

@@ -19,15 +19,16 @@ from dew.data._token_cache import token_cache
 from dew.data.tokenizers._load import load_tokenizer
 from dew.data.tokenizers._protocol import Tokenizer
 
-__all__ = ["TextWindows", "document_windows", "text"]
+__all__ = ["TextWindows", "document_windows", "text", "text_entry"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TextWindows:
     """`Rows` of `seq_len + 1` token IDs (int32, under `"text"`) over one split's stream.
 
-    The stream is the chosen documents' tokens in file order (each document's IDs and its
-    end-of-document ID): `tokens[starts[d]:starts[d] + lengths[d]]` for each chosen `d`.
+    The stream is the chosen `documents` (indices into the cache's documents, sorted) in file
+    order, each its IDs and its end-of-document ID: the `i`-th begins at `starts[i]` in the
+    cache's `tokens` and at `cumulative[i]` in the stream (`cumulative[-1]` tokens in all).
     Window `i` is the stream's positions `i * seq_len ... i * seq_len + seq_len`, so
     consecutive windows share one boundary token and every token but the first is a target
     once. A read maps stream positions to the cache's through the documents' cumulative
@@ -35,6 +36,7 @@ class TextWindows:
     """
 
     tokens: np.ndarray
+    documents: np.ndarray
     starts: np.ndarray
     cumulative: np.ndarray
     seq_len: int
@@ -67,7 +69,7 @@ def document_windows(
     starts = np.ascontiguousarray(offsets[documents], np.int64)
     lengths = offsets[documents + 1] - starts
     cumulative = np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths)])
-    return TextWindows(tokens, starts, cumulative, seq_len, fingerprint)
+    return TextWindows(tokens, documents, starts, cumulative, seq_len, fingerprint)
 
 
 def _fraction(value: object) -> float:
@@ -209,4 +211,43 @@ def text(
         records=len(training),
         batch=batch,
         tokenizer=chosen,
+    )
+
+
+def text_entry(
+    *,
+    paths: str | Sequence[str],
+    tokenizer: str = "bytes",
+    seq_len: int,
+    val_fraction: float = 0.0,
+    field: str | None = None,
+    cache_dir: str | None = None,
+    content_hash: bool = False,
+    batch_size: int,
+    seed: int,
+) -> Dataset:
+    """`text` as the dataset registry names it (`[data] name = "text"`): `batch_size` and
+    `seed` come from the trainer, the rest from the configuration, e.g.
+
+    ```toml
+    [data]
+    name = "text"
+
+    [data.kwargs]
+    paths = ["corpus/*.txt"]
+    tokenizer = "bytes"          # or "tokenizer.json", or "spm.model"
+    seq_len = 128
+    val_fraction = 0.05
+    ```
+    """
+    return text(
+        paths,
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+        batch=batch_size,
+        val_fraction=val_fraction,
+        seed=seed,
+        field=field,
+        cache_dir=cache_dir,
+        content_hash=content_hash,
     )

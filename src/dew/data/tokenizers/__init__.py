@@ -13,9 +13,9 @@
 from dew.data.tokenizers._bytes import BytesTokenizer as BytesTokenizer
 from dew.data.tokenizers._huggingface import EOS_NAMES as EOS_NAMES
 from dew.data.tokenizers._huggingface import HFTokenizer as HFTokenizer
+from dew.data.tokenizers._load import load_tokenizer as load_tokenizer
 from dew.data.tokenizers._protocol import Tokenizer as Tokenizer
 from dew.data.tokenizers._protocol import check_vocabulary as check_vocabulary
-from dew.data.tokenizers._load import load_tokenizer as load_tokenizer
 from dew.data.tokenizers._sentencepiece import SentencePieceTokenizer as SentencePieceTokenizer
 from dew.data.tokenizers._training import END_OF_TEXT as END_OF_TEXT
 from dew.data.tokenizers._training import train_tokenizer as train_tokenizer

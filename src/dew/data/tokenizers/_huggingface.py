@@ -43,8 +43,7 @@ class HFTokenizer:
         except Exception as error:
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise ValueError(
-                f"HFTokenizer: {os.fspath(path)!r} is not a Hugging Face tokenizer.json "
-                f"({reason})."
+                f"HFTokenizer: {os.fspath(path)!r} is not a Hugging Face tokenizer.json ({reason})."
             ) from None
         self.path = os.fspath(path)
         vocabulary = self._tokenizer.get_vocab(with_added_tokens=True)

@@ -12,7 +12,7 @@ from dew.data.tokenizers._sentencepiece import SentencePieceTokenizer
 __all__ = ["load_tokenizer"]
 
 
-def load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str]) -> Tokenizer:
+def load_tokenizer(tokenizer: object) -> Tokenizer:
     """The tokenizer `tokenizer` names.
 
     **Arguments:**

@@ -83,29 +83,30 @@ def existing_file(owner: str, path: str | os.PathLike[str]) -> pathlib.Path:
     return found
 
 
-def check_vocabulary(model_vocab_size: int, tokenizer: Tokenizer, *, model: str = "model") -> None:
+def check_vocabulary(
+    model_vocab_size: int, tokenizer: Tokenizer, *, model: str = "the model"
+) -> None:
     """Refuse a model whose vocabulary cannot embed every ID `tokenizer` produces.
 
     A model's `vocab_size` may be larger than the tokenizer's (padded to a round number),
-    never smaller.
+    never smaller. `model` names the model in the message.
 
     **Raises:** `ValueError` naming both sizes when `model_vocab_size < tokenizer.vocab_size`.
 
     ```python
     >>> from dew.data.tokenizers import BytesTokenizer
-    >>> check_vocabulary(16, BytesTokenizer(), model="causal_transformer")
+    >>> check_vocabulary(16, BytesTokenizer(), model="the model 'causal_transformer'")
     Traceback (most recent call last):
     ...
-    ValueError: the causal_transformer's vocab_size is 16, but the tokenizer 'bytes' ...
+    ValueError: the model 'causal_transformer' has vocab_size=16, but the tokenizer 'bytes' ...
 
     ```
     """
     if model_vocab_size < tokenizer.vocab_size:
         raise ValueError(
-            f"the {model}'s vocab_size is {model_vocab_size}, but the tokenizer "
-            f"{describe(tokenizer)} produces IDs up to {tokenizer.vocab_size - 1} (its "
-            f"vocab_size is {tokenizer.vocab_size}): set the model's vocab_size to "
-            f"{tokenizer.vocab_size} or more."
+            f"{model} has vocab_size={model_vocab_size}, but the tokenizer {describe(tokenizer)} "
+            f"has vocab_size={tokenizer.vocab_size} (IDs 0 to {tokenizer.vocab_size - 1}): set "
+            f"the model's vocab_size to {tokenizer.vocab_size} or more."
         )
 
 
