@@ -289,14 +289,15 @@ def token_cache(
     show = sys.stderr.isatty() if progress is None else bool(progress)
     try:
         _write(owner, building, files, tokenizer, field, key, show)
-        if final.exists():  # damaged (it did not load): set aside, then replaced
+        # Another process may have finished the same cache meanwhile: theirs is read, ours
+        # removed. A folder there that does not read back whole is damaged: replaced.
+        if final.exists() and _load(final, key) is None:
             shutil.rmtree(final, ignore_errors=True)
         try:
             os.rename(building, final)
         except OSError:
             if not final.is_dir():
                 raise
-            # another process finished the same cache first: theirs is read, ours removed
         _fsync(cache_dir)
     finally:
         shutil.rmtree(building, ignore_errors=True)
