@@ -211,11 +211,16 @@ def _write(
     def documents() -> Iterator[str | bytes]:
         nonlocal empty
         for number, (path, size) in enumerate(zip(files, sizes, strict=True), start=1):
+            bar.set_postfix_str(f"file {number}/{len(files)}", refresh=False)
             found = file_documents(owner, path, path.read_bytes(), field=field, raw=raw)
             empty += not found
-            yield from found
-            bar.update(size)
-            bar.set_postfix_str(f"file {number}/{len(files)}", refresh=False)
+            left = size
+            for document in found:  # a JSON Lines file advances the bar as it is tokenized
+                yield document
+                step = min(len(document), left)
+                bar.update(step)
+                left -= step
+            bar.update(left)
 
     with bar, (folder / "tokens.bin").open("wb") as out:
         for chunk in _chunks(documents(), tokenizer):
