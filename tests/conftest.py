@@ -43,6 +43,19 @@ def _quick_compilation() -> None:
 
 _quick_compilation()
 
+
+def _private_token_cache() -> None:
+    """`dew.data.text`'s default token cache (`~/.cache/dew/tokens`) in a temporary folder
+    for the test run, so that no test or docs example writes to the user's home."""
+    if "DEW_CACHE_DIR" in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="dew-tests-token-cache-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["DEW_CACHE_DIR"] = folder
+
+
+_private_token_cache()
+
 import jax  # noqa: E402 (after the environment it reads)
 from hypothesis import HealthCheck, settings  # noqa: E402
 

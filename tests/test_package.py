@@ -17,6 +17,8 @@ OPTIONAL = [
     "optuna",
     "matplotlib",
     "orbax",
+    "tokenizers",
+    "sentencepiece",
     "torch",
     "tensorflow",
 ]

@@ -11,10 +11,11 @@ you register your own by name (as a call or as a decorator):
   dataset (after checking that `kwargs` bind to its builder), so a run config names its
   data instead of holding it; `datasets.builder(name)` is the builder itself.
 
-The built-in datasets are synthetic or read a local `.npy` file, so they never download:
+The built-in datasets are synthetic or read local files, so they never download:
 `"token_windows"` (language modelling and masked diffusion), `"preference_pairs"` (DPO),
-`"prompts"` (GRPO), and the synthetic vision data `"shapes"` (images of squares, discs
-and bars, labelled by kind) and `"moving_shapes"` (clips of one such shape moving).
+`"prompts"` (GRPO), the synthetic vision data `"shapes"` (images of squares, discs
+and bars, labelled by kind) and `"moving_shapes"` (clips of one such shape moving), and
+`"text"` (`dew.data.text`: your text files or JSON Lines, tokenized once into a cache).
 
 ```python
 >>> import optax

@@ -1,11 +1,18 @@
 """`DataConfig` and the dataset registry whose entries build one by name."""
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from dew import _datasets, _shapes
-from dew._registry import DATASET_SUPPLIED, Registry, _takes, check_arguments
+from dew._registry import (
+    DATASET_SUPPLIED,
+    Registry,
+    _takes,
+    check_arguments,
+    keyword_parameters,
+)
 from dew.config._fields import (
     _EMPTY,
     _kwargs,
@@ -15,6 +22,7 @@ from dew.config._fields import (
     _where,
 )
 from dew.data import Dataset
+from dew.data._text import text_entry
 
 __all__ = ["DataConfig", "DatasetRegistry", "datasets"]
 
@@ -45,12 +53,20 @@ class DataConfig(_Section):
         }
         _set(self, "kwargs", _kwargs(f"{where}.kwargs", self.kwargs, reserved))
 
-    def build(self, *, batch_size: int, seed: int) -> Dataset:
+    def build(
+        self, *, batch_size: int, seed: int, cache_dir: str | os.PathLike[str] | None = None
+    ) -> Dataset:
         """The dataset: `dew.registry.datasets.builder(name)(batch_size=..., seed=...,
-        **kwargs)`."""
+        **kwargs)`. `cache_dir` is where a builder that takes a `cache_dir` (`text`'s token
+        cache) keeps its cache when the configuration names none (a run's `data-cache`)."""
         builder = datasets.builder(self.name)
         check_arguments("dataset", self.name, builder, self.kwargs, supplied=DATASET_SUPPLIED)
-        data = builder(batch_size=batch_size, seed=seed, **self.kwargs)
+        kwargs = dict(self.kwargs)
+        if cache_dir is not None and "cache_dir" not in kwargs:
+            names, _ = keyword_parameters(builder)
+            if "cache_dir" in names:
+                kwargs["cache_dir"] = os.fspath(cache_dir)
+        data = builder(batch_size=batch_size, seed=seed, **kwargs)
         if not isinstance(data, Dataset):
             raise TypeError(
                 f"dataset {self.name!r} returned {type(data).__name__}; a dataset builder must "
@@ -91,3 +107,4 @@ datasets.register("preference_pairs", _datasets.preference_pairs)
 datasets.register("prompts", _datasets.prompts)
 datasets.register("shapes", _shapes.shapes)
 datasets.register("moving_shapes", _shapes.moving_shapes)
+datasets.register("text", text_entry)

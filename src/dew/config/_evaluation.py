@@ -15,7 +15,7 @@ from dew._processes import is_process_zero
 from dew.checkpoints import Checkpointer
 from dew.checkpoints._location import is_remote
 from dew.config._config import RunConfig
-from dew.config._recipe import build_objective, run_folder
+from dew.config._recipe import DATA_CACHE, build_objective, run_folder
 from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
 from dew.objectives.base import SkipsMetrics
@@ -89,7 +89,11 @@ def evaluate_run(
     except (OSError, ValueError, KeyError) as error:  # orbax's KeyError: a damaged checkpoint
         which = "the latest checkpoint" if step is None else f"the step-{step} checkpoint"
         raise ValueError(f"cannot restore {which} under {checkpoints}: {_detail(error)}") from error
-    data = config.data.build(batch_size=config.trainer.batch_size, seed=config.trainer.seed)
+    data = config.data.build(  # a text run's token cache is read from the run folder
+        batch_size=config.trainer.batch_size,
+        seed=config.trainer.seed,
+        cache_dir=folder / DATA_CACHE,
+    )
     if data.val is None:
         raise ValueError(f"the run's dataset {config.data.name!r} has no validation data.")
     step = int(state.step)  # the checkpoint's own

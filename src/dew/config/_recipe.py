@@ -52,6 +52,7 @@ from dew.checkpoints._location import checkpoint_location, is_remote, uri_scheme
 from dew.config._identity import LOCATION, absolute_paths, comparable
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset, Partition
+from dew.data.tokenizers import check_vocabulary
 from dew.metrics import Metric
 from dew.naming import Split
 from dew.objectives.base import Objective, check_batch_keys
@@ -66,6 +67,9 @@ if TYPE_CHECKING:
 __all__ = ["run_folder", "train_run"]
 
 LOCAL_ROOT = "runs"
+DATA_CACHE = "data-cache"
+"""The folder in a run folder where a source that caches (`text`'s tokens) keeps its cache,
+unless the configuration names a `cache_dir`."""
 STEP_BUDGET = "step_budget"
 """The journal artifact noting a run continued to another step total (decision 0020)."""
 
@@ -248,6 +252,14 @@ def build_objective(
     )
 
 
+def _check_vocabulary(config: "RunConfig", objective: Objective, data: Dataset) -> None:
+    """A model whose vocabulary cannot embed the data's tokenizer's IDs is refused before
+    training, naming both sizes."""
+    model_vocab = getattr(getattr(objective, "model", None), "vocab_size", None)
+    if data.tokenizer is not None and isinstance(model_vocab, int):
+        check_vocabulary(model_vocab, data.tokenizer, model=f"the model {config.model.name!r}")
+
+
 def train_run(
     config: "RunConfig",
     objective: Objective | str | Callable[..., Objective] | None = None,
@@ -281,7 +293,10 @@ def train_run(
         optimizer = config.optim.build(settings.steps)
         built = build_objective(config, objective, seed)
         if data is None:
-            data = config.data.build(batch_size=settings.batch_size, seed=settings.seed)
+            data = config.data.build(
+                batch_size=settings.batch_size, seed=settings.seed, cache_dir=folder / DATA_CACHE
+            )
+        _check_vocabulary(config, built, data)
         _check_first_batch(built, data)
     writing = is_process_zero()  # the other processes of a multi-process run write nothing
     with contextlib.ExitStack() as held:

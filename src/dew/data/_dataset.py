@@ -1,4 +1,4 @@
-"""Datasets as functions of a process's partition."""
+"""`Dataset`: training and validation batches as functions of a process's partition."""
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
@@ -7,6 +7,7 @@ from typing import Any
 import jax
 
 from dew._checks import check_integer
+from dew.data.tokenizers._protocol import Tokenizer
 
 __all__ = ["Batches", "Dataset", "Partition"]
 
@@ -48,6 +49,9 @@ class Dataset:
     - `batch`: the rows of every batch `train` yields in this process (optional); when set,
       the trainer checks each training batch against it, so a ragged batch (which would
       also recompile the step) fails with the step that yielded it.
+    - `tokenizer`: the `dew.data.tokenizers.Tokenizer` that made the batches' token IDs
+      (optional: a text source sets it), so a model's vocabulary can be checked against it
+      before training and a batch decoded back to text.
 
     ```python
     >>> import itertools
@@ -65,6 +69,7 @@ class Dataset:
     val: Batches | None = None
     records: int | None = None
     batch: int | None = None
+    tokenizer: "Tokenizer | None" = None
 
     def __post_init__(self) -> None:
         for field in ("train", "val"):
@@ -77,6 +82,11 @@ class Dataset:
         for field in ("records", "batch"):
             value = getattr(self, field)
             check_integer(f"Dataset.{field}", value, minimum=1, optional=True)
+        if self.tokenizer is not None and not isinstance(self.tokenizer, Tokenizer):
+            raise TypeError(
+                "Dataset.tokenizer must be a dew.data.tokenizers.Tokenizer (encode, decode, "
+                f"vocab_size, eos_id, fingerprint) or None, got {type(self.tokenizer).__name__}."
+            )
         if self.records is not None and self.batch is not None and self.batch > self.records:
             raise ValueError(
                 f"Dataset.batch={self.batch} is more than Dataset.records={self.records}: "

@@ -1,0 +1,23 @@
+"""Datasets: training and validation batches as functions of a process's partition, and
+random-access sources whose training batch is a function of the step."""
+
+from dew.data._dataset import Batches as Batches
+from dew.data._dataset import Dataset as Dataset
+from dew.data._dataset import Partition as Partition
+from dew.data._dataset import _lazily as _lazily
+from dew.data._indexed import InOrder as InOrder
+from dew.data._indexed import Rows as Rows
+from dew.data._indexed import StepBatches as StepBatches
+from dew.data._indexed import indexed_dataset as indexed_dataset
+from dew.data._text import text as text
+
+__all__ = [
+    "Batches",
+    "Dataset",
+    "InOrder",
+    "Partition",
+    "Rows",
+    "StepBatches",
+    "indexed_dataset",
+    "text",
+]
