@@ -211,7 +211,7 @@ def _write(
     def documents() -> Iterator[str | bytes]:
         nonlocal empty
         for number, (path, size) in enumerate(zip(files, sizes, strict=True), start=1):
-            bar.set_postfix_str(f"file {number}/{len(files)}", refresh=False)
+            bar.set_postfix_str(f"file {number} of {len(files)}", refresh=False)
             found = file_documents(owner, path, path.read_bytes(), field=field, raw=raw)
             empty += not found
             left = size
