@@ -27,7 +27,7 @@ from dew.profiling import Profile
 from dew.steps import EMPTY_HISTORY, LearningRate, TrainState
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import Tracker
-from dew.training._batches import _draw_block, _opened, _stack
+from dew.training._batches import _draw_block, _opened, _stack, step_indexed
 from dew.training._compiled_step import (
     Telemetry,
     compiled_steps,
@@ -164,8 +164,12 @@ class Trainer:
           (`CheckpointRequested` means submitted, not durable); `fit` waits for every
           save before it returns or raises. When the directory already holds a
           checkpoint, `fit` resumes from the latest one: its state, metric history
-          and early-stopping state, and it draws and discards the training batches
-          the saved run had consumed, so the data order continues where it was. A
+          and early-stopping state. A step-indexed `data.train` (one with
+          `batch_at(step, partition)`: `dew.data.StepBatches`) is read from the
+          restored step's batch on; an iterator of batches is opened again and the
+          batches the saved run had consumed are drawn and discarded (replayed), so
+          the data order continues where it was. A fit given `state=` reads a
+          step-indexed source from `state.step`'s batch, an iterator from its start. A
           larger `steps` than the saved fit's continues the run to it; a checkpoint past
           `steps` raises. Ctrl-C saves the last completed step, then raises
           `FitInterrupted` (a `KeyboardInterrupt`).
@@ -322,7 +326,11 @@ class Trainer:
         state = with_history(state, EMPTY_HISTORY)
         start = int(state.step)
         resumed = data_start is not None  # restored from a checkpoint
-        data_start = start if data_start is None else data_start
+        stepped = step_indexed(data.train) is not None
+        if stepped:  # batch s is batch_at(s): an iterator of it starts at step 0
+            data_start = 0
+        elif data_start is None:  # a fresh fit, or one given state=, starts the iterator
+            data_start = start
         leaves, state_def = state_leaves(state)  # its keys as raw key data
         compiled = (self._objective_def, self._static, self.optimizer)
         if telemetry not in self._compiled:  # once per Trainer, even with unhashable statics
@@ -433,8 +441,11 @@ class Trainer:
                 engine.record(SAMPLING_RECORD, record, start)
             try:
                 if step < steps and not done_before:  # a finished run draws no batch
-                    opened = functools.partial(data.train, Partition.current())
-                    batches = _opened(opened, start - data_start, draw is not _draw_block)
+                    agreed = draw is not _draw_block
+                    if placement is not None and agreed and stepped:
+                        placement.agree_order(getattr(data.train, "fingerprint", None))
+                    partition = Partition.current()
+                    batches = _opened(data.train, partition, start, data_start, agreed)
                 while step < steps and not done_before:
                     aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
                     block = steps_per_call if aligned else 1
