@@ -8,8 +8,9 @@ a `dew.data.Dataset` through `indexed_dataset`: its validation rows are held out
 - the global batch of step `s` (the batch the optimizer step from state step `s` to `s + 1`
   trains on) is the rows at global positions `s * B ... s * B + B - 1`, `B` the global batch;
 - global position `g` lies in epoch `e = g // N` (`N` training rows), and epoch `e` is one
-  permutation of the rows drawn from `(fingerprint, seed, e)`: Grain's `index_shuffle` (a
-  Feistel network over the row index), so no epoch ever builds an `N`-row array;
+  permutation of the rows drawn from `(fingerprint, seed, e)`: NumPy's, computed once per
+  epoch (4 bytes a row) and kept while its batches are read (decision 0034 says why not
+  Grain's `index_shuffle`);
 - process `p` of `P` takes the `p`-th of `P` equal slices of the global batch (`B = P * b`,
   `b` the rows of one process's batch, the `batch` the trainer is given).
 
@@ -25,7 +26,7 @@ import functools
 import hashlib
 import math
 import numbers
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -44,11 +45,7 @@ __all__ = [
     "fingerprint_of",
     "hold_out",
     "indexed_dataset",
-    "shuffled",
 ]
-
-ROUNDS = 4
-"""The Feistel rounds of every permutation (Grain's own `MapDataset.shuffle` uses 4)."""
 
 _WHOLE_DIGEST_BYTES = 64 << 20
 _SAMPLES = 64
@@ -110,32 +107,22 @@ def check_fraction(source: str, value: Any) -> float:
     return float(value)
 
 
-def _seed32(*parts: object) -> int:
-    """A uint32 seed (what `index_shuffle` takes) drawn from `parts`."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little")
+def _seed_words(*parts: object) -> list[int]:
+    """NumPy seed words drawn from `parts` (a fingerprint, a seed, a purpose, an epoch)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
+    return [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 16, 4)]
 
 
-@functools.cache
-def _index_shuffle() -> Callable[[int, int, int, int], int]:
-    # Imported at the first shuffle, not with dew: `import grain` costs ~0.3 s on top of JAX.
-    from grain.experimental import index_shuffle
-
-    return index_shuffle
-
-
-def shuffled(positions: np.ndarray, count: int, seed: int) -> np.ndarray:
-    """The entries at `positions` (each in `[0, count)`) of the permutation of
-    `range(count)` drawn from the uint32 `seed`: Grain's `index_shuffle`, one call per
-    position, no `count`-sized array."""
-    shuffle, last = _index_shuffle(), count - 1
-    entries = [shuffle(position, last, seed, ROUNDS) for position in positions.tolist()]
-    return np.array(entries, np.int64)
-
-
-@functools.lru_cache(maxsize=64)
-def _epoch_seed(fingerprint: str, seed: int, epoch: int) -> int:
-    return _seed32(fingerprint, seed, "epoch", epoch)
+@functools.lru_cache(maxsize=4)
+def _permutation(fingerprint: str, seed: int, epoch: int, count: int) -> np.ndarray:
+    """Epoch `epoch`'s order of `count` rows: NumPy's permutation drawn from (fingerprint,
+    seed, epoch), int32 where it fits (4 bytes a row), kept for the epoch's batches."""
+    dtype = np.int32 if count < 2**31 else np.int64
+    order = np.random.default_rng(_seed_words(fingerprint, seed, "epoch", epoch)).permutation(
+        np.arange(count, dtype=dtype)
+    )
+    order.flags.writeable = False
+    return order
 
 
 def epoch_positions(fingerprint: str, seed: int, count: int, positions: np.ndarray) -> np.ndarray:
@@ -145,11 +132,12 @@ def epoch_positions(fingerprint: str, seed: int, count: int, positions: np.ndarr
     positions = np.asarray(positions, np.int64)
     epochs, within = np.divmod(positions, count)
     if positions.size and epochs[0] == epochs[-1]:  # one epoch: every batch but a boundary's
-        return shuffled(within, count, _epoch_seed(fingerprint, seed, int(epochs[0])))
+        order = _permutation(fingerprint, seed, int(epochs[0]), count)
+        return order[within].astype(np.int64)
     rows = np.empty_like(positions)
     for epoch in np.unique(epochs).tolist():
         chosen = epochs == epoch
-        rows[chosen] = shuffled(within[chosen], count, _epoch_seed(fingerprint, seed, epoch))
+        rows[chosen] = _permutation(fingerprint, seed, epoch, count)[within[chosen]]
     return rows
 
 
@@ -179,9 +167,7 @@ def hold_out(
     """`(train, val)` row indices: `ceil(val_fraction * count)` rows drawn from
     (fingerprint, seed) are held out (both sorted, disjoint, together every row)."""
     held = math.ceil(val_fraction * count) if val_fraction > 0 else 0
-    words = hashlib.blake2b(repr((fingerprint, seed, "validation")).encode(), digest_size=16)
-    entropy = int.from_bytes(words.digest(), "little")
-    order = np.random.default_rng(entropy).permutation(count)
+    order = np.random.default_rng(_seed_words(fingerprint, seed, "validation")).permutation(count)
     return np.sort(order[held:]), np.sort(order[:held])
 
 
