@@ -120,6 +120,11 @@ def token_dataset(
             f"{source}: {windows} window(s) leave no training row after holding out "
             f"val_fraction={val_fraction} for validation; add data or lower val_fraction."
         )
+    if batch > windows - held:
+        raise ValueError(
+            f"{source}: batch={batch} is more than the {windows - held} training window(s); "
+            "lower the batch or add tokens."
+        )
     digest = array_digest(tokens) if digest is None else digest
     train = TokenWindows(tokens, seq_len, first=0, count=windows - held, digest=digest)
     val = TokenWindows(tokens, seq_len, first=windows - held, count=held, digest=digest)
