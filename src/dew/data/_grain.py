@@ -98,9 +98,13 @@ def map_dataset(
     **Raises:** `TypeError` for anything but a `MapDataset` or for elements that are not
     dicts; `ValueError` for an infinite or empty dataset, or no training row left.
     """
-    import grain
-
     name = "map_dataset"
+    try:
+        import grain
+    except ImportError:
+        raise ImportError(
+            f"{name} needs Grain: install dew-ml[grain] (pip install 'dew-ml[grain]')."
+        ) from None
     if not isinstance(dataset, grain.MapDataset):
         raise TypeError(f"{name}: needs a grain.MapDataset, got {type(dataset).__name__}.")
     if len(dataset) >= sys.maxsize:

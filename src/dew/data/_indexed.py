@@ -67,7 +67,9 @@ class Rows(Protocol):
 
     def __len__(self) -> int: ...
 
-    def read(self, indices: np.ndarray) -> Mapping[str, np.ndarray]: ...
+    def read(self, indices: np.ndarray) -> Mapping[str, np.ndarray]:
+        """The rows at `indices` (1-D int64), each field's leading axis `len(indices)`."""
+        ...
 
 
 def fingerprint_of(*parts: object) -> str:
@@ -155,6 +157,7 @@ class Subset:
         return int(self.indices.shape[0])
 
     def read(self, indices: np.ndarray) -> Mapping[str, np.ndarray]:
+        """The rows of `rows` at `self.indices[indices]`."""
         return self.rows.read(self.indices[np.asarray(indices, np.int64)])
 
     def __repr__(self) -> str:
@@ -223,6 +226,7 @@ class StepBatches:
         return self.rows.read(self.indices(step, partition))
 
     def __call__(self, partition: Partition) -> Iterator[Mapping[str, np.ndarray]]:
+        """`batch_at(0, partition)`, `batch_at(1, partition)`, ... (endless)."""
         partition = _checked_partition(partition)
         self.indices(0, partition)  # a global batch larger than the rows raises at the call
         return self._from(0, partition)
@@ -245,6 +249,7 @@ class InOrder:
         self.batch = check_integer("InOrder.batch", batch, minimum=1)
 
     def __call__(self, partition: Partition) -> Iterator[Mapping[str, np.ndarray]]:
+        """This process's strided share of the rows, in order, in batches of `batch`."""
         partition = _checked_partition(partition)
         mine = np.arange(partition.index, len(self.rows), partition.count, dtype=np.int64)
         return (
