@@ -25,7 +25,7 @@ Targets (issue 25, item 7), each a ratio measured side by side in one run:
   an epoch, and Grain's own `MapDataset.range(65537).shuffle(seed=5)`, which is no
   permutation (one row never comes, another comes twice).
 
-Run: `python benchmarks/data.py` (every part; about 2 minutes on 2 cores at load 6),
+Run: `python benchmarks/data.py` (every part; about 3 minutes on 2 cores at load 5),
 `--part loader|resume|order` (repeatable), `--quick` (fewer batches and steps). It asserts
 nothing and always exits 0.
 """
