@@ -209,14 +209,15 @@ def test_a_run_folder_of_another_configuration_fails_every_process(cluster):
 
 
 def test_a_failing_process_stops_the_run_and_is_named(tmp_path):
-    # 17 tokens make two windows of 9, one held out: process 1's partition has no rows.
+    # 17 tokens make two windows of 9, one held out: a global batch of 2 rows (2 processes
+    # of 1) is more than the 1 training row, which every process finds at its first batch.
     tiny = ["--set", "data.kwargs.num_tokens=17", "--set", "data.kwargs.val_fraction=0.5"]
     argv = ["train", "--processes", "2", "--steps", "2", "--checkpoint-dir", tmp_path, *SMALL]
     code, _, err = dew(*argv, *tiny, "--set", "trainer.batch_size=1", "--process-timeout", "120")
     assert code == 2, err
     assert "failed (exit status 2)" in err
     assert "stopped the other processes" in err
-    assert "1 training row(s) leave none for partition 1 of 2" in err
+    assert "a global batch of 2 rows (2 process(es) x 1) is more than the 1 training row(s)" in err
 
 
 def test_dew_sweep_processes_2_keeps_one_ledger(tmp_path):
