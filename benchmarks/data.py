@@ -1,17 +1,31 @@
-"""dew's data path against its peers, each part a ratio measured side by side in one run.
+"""Data loading: the loader's batch rate against the trainer's step rate, resume latency without
+replay against replay, and the measurements behind the epoch order (decision 0034).
 
-Design targets (issue 25, item 7; DESIGN.md "Performance targets"):
+Targets (issue 25, item 7), each a ratio measured side by side in one run:
 
+- `loader`: the loader's batches per second at least 10x the trainer's steps per second for
+  `tiny_lm` (the loader never the bottleneck). The loader side reads
+  `data.train.batch_at(step, partition)` for consecutive steps, as `Trainer.fit` does, on
+  `tiny_lm`'s own data (`token_windows`' synthetic Markov chain, 8,191 windows of 33 tokens,
+  batch 32) and on `dew.data.tokens` over memory-mapped token files written for the run (the
+  same 262,144 tokens as a `.npy`, and 64M uint16 tokens as a raw `.bin`, 128 MiB); each side is
+  timed after one warm-up batch, over whole epochs' worth of steps where that is short. The
+  trainer side is `Trainer.fit` on `tiny_lm`'s configuration (model, objective, optimizer,
+  batch 32, `log_every=50`), continued with `state=` after a warm-up fit (compilation excluded).
+- `resume`: the time a fit resumed at step `s` takes to produce its first batch, for `s` in
+  10, 1,000, 100,000: a step-indexed source reads batch `s` directly (its epoch permutation
+  computed afresh: the permutation cache is cleared first), while an iterator of the same
+  batches (today's fallback, `Dataset(train=callable)`) is replayed: its first `s` batches
+  drawn and discarded, as `Trainer.fit` does. Target: under 1 s at step 100,000, and flat in
+  the step. Then the whole resume through `Trainer.fit` (a checkpoint at step `s` restored by
+  orbax, one step trained, compilation warm) for both sources.
 - `tokenize`: building dew's token cache for a corpus runs at >= 0.8x the MB/s of the
-  `tokenizers` library's own `encode_batch` on the same files.
-
-Parts (`--part NAME`, repeatable; all by default):
-
-- `tokenize`: the corpus is the Python standard library's own sources
-  (`sysconfig.get_paths()["stdlib"]`, `**/*.py` in sorted order, as many files as fit in
-  `--megabytes`, 8 by default; present on every machine, and nobody here wrote it), and a
-  byte-level BPE `tokenizer.json` of `--vocab-size` (8192) IDs trained on it with
-  `dew.data.tokenizers.train_tokenizer` before any timing (or `--tokenizer PATH`). Each
+  `tokenizers` library's own `encode_batch` on the same files. The corpus is the Python
+  standard library's own sources (`sysconfig.get_paths()["stdlib"]`, `**/*.py` in sorted
+  order, as many files as fit in `--megabytes`, 8 by default; present on every machine, and
+  nobody here wrote it), and a byte-level BPE `tokenizer.json` of `--vocab-size` (8192) IDs
+  trained on it with `dew.data.tokenizers.train_tokenizer` before any timing (or
+  `--tokenizer PATH`). Each
   round, in alternating order:
   - `dew text cache`: `dew.data.text(files, tokenizer=PATH, seq_len=128, batch=8,
     cache_dir=<fresh folder>)`, the call a user makes: it fingerprints the files, reads them,
@@ -31,27 +45,237 @@ Parts (`--part NAME`, repeatable; all by default):
   round's MB/s and the tokens a side produced (dew's include one end-of-document ID per
   file), and dew / peer as the ratio of the medians and of the best rounds (the steadier on
   a shared machine).
+- `order`: why the epoch order is NumPy's permutation and not Grain's `index_shuffle`
+  (decision 0034): the cost of one batch of 32 through `index_shuffle` at several row counts
+  against a lookup into NumPy's cached permutation, the cost of computing that permutation once
+  an epoch, and Grain's own `MapDataset.range(65537).shuffle(seed=5)`, which is no
+  permutation (one row never comes, another comes twice).
 
-Run: `python benchmarks/data.py` (all parts), `--part tokenize`, `--quick` (a 1 MB corpus, 2
-rounds). The benchmark asserts nothing and always exits 0; `tokenizers` missing skips the part.
+Run: `python benchmarks/data.py` (every part), `--part loader|resume|tokenize|order`
+(repeatable), `--quick` (fewer batches and steps, a 1 MB corpus and 2 rounds). It asserts
+nothing and always exits 0; `tokenizers` missing skips the `tokenize` part.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
+import importlib.metadata
 import os
 import pathlib
 import platform
 import statistics
-import sys
 import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dew.config import builtin
+from dew.config._recipe import build_objective
+from dew.data import Dataset, Partition, tokens
+from dew.data import _indexed as indexed
+from dew.training import Trainer
+
+RESUME_STEPS = (10, 1_000, 100_000)
 TOKENIZE_TARGET = 0.8  # dew's cache build / tokenizers' encode_batch, MB/s
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def header(args: argparse.Namespace) -> None:
+    versions = ", ".join(
+        f"{package} {_version(package)}" for package in ("dew-ml", "jax", "numpy", "grain")
+    )
+    print("Data loading: loader rate vs trainer step rate, resume latency, the epoch order")
+    print(f"python {platform.python_version()}, {versions}")
+    print(
+        f"cpu cores {os.cpu_count()}, jax devices {jax.devices()}, load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, mode {'quick' if args.quick else 'full'}"
+    )
+    print()
+
+
+def _rate(call: Callable[[int], Any], count: int) -> float:
+    """Calls per second of `call(0) ... call(count - 1)` after one warm-up call."""
+    call(0)
+    started = time.perf_counter()
+    for index in range(count):
+        call(index)
+    return count / (time.perf_counter() - started)
+
+
+def _tiny_lm() -> tuple[Any, Dataset]:
+    config = builtin("tiny_lm")
+    data = config.data.build(batch_size=config.trainer.batch_size, seed=config.trainer.seed)
+    return config, data
+
+
+def _trainer_rate(config: Any, data: Dataset, steps: int) -> float:
+    """`tiny_lm`'s optimizer steps per second through `Trainer.fit` (compilation excluded)."""
+    key = jax.random.key(config.trainer.seed)
+    objective = build_objective(config, None, key)
+    trainer = Trainer(objective, config.optim.build(10 * steps), key=key)
+    log_every = config.trainer.log_every
+    state = trainer.fit(data, log_every, log_every=log_every, progress=False)
+    started = time.perf_counter()
+    state = trainer.fit(data, log_every + steps, log_every=log_every, state=state, progress=False)
+    jax.block_until_ready(state.params)
+    return steps / (time.perf_counter() - started)
+
+
+def loader(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="dew-data-bench-") as folder:
+        _loader(args, pathlib.Path(folder))
+
+
+def _loader(args: argparse.Namespace, folder: pathlib.Path) -> None:
+    config, data = _tiny_lm()
+    batches = 500 if args.quick else 5000
+    partition = Partition()
+    stream = np.asarray(data.train.rows.tokens)
+    np.save(folder / "tiny_lm.npy", stream)
+    big = np.random.default_rng(0).integers(0, 16, 1 << 26, dtype=np.uint16)
+    big.tofile(folder / "big.bin")
+    seq_len, batch = 32, config.trainer.batch_size
+    sources = {
+        "tiny_lm data (token_windows, in memory)": data.train,
+        "tokens: the same tokens as a .npy": tokens(
+            folder / "tiny_lm.npy", seq_len=seq_len, batch=batch, val_fraction=0.02
+        ).train,
+        "tokens: 64M uint16 tokens as a raw .bin": tokens(
+            folder / "big.bin", dtype="uint16", seq_len=seq_len, batch=batch
+        ).train,
+    }
+    rates = {
+        name: _rate(lambda step, s=s: s.batch_at(step, partition), batches)
+        for name, s in sources.items()
+    }
+    steps = 30 if args.quick else 200
+    trainer = _trainer_rate(config, data, steps)
+    print(
+        f"loader: batches per second vs tiny_lm's Trainer.fit steps per second ({batches} "
+        f"batches of {batch}, {steps} steps)"
+    )
+    print(f"  trainer: {trainer:10.1f} steps/s  ({1e3 / trainer:.2f} ms a step)")
+    for name, rate in rates.items():
+        ratio = rate / trainer
+        print(
+            f"  {name}: {rate:10.1f} batches/s  ({1e3 / rate:.3f} ms a batch)  "
+            f"{ratio:8.1f}x the step rate  (target >= 10x: {'met' if ratio >= 10 else 'NOT met'})"
+        )
+    print()
+
+
+def _replayed(train: Any, partition: Partition, step: int) -> Any:
+    """The first batch of an iterator resumed at `step`: `step` batches drawn and discarded."""
+    batches = iter(train(partition))
+    for _ in range(step):
+        next(batches)
+    return next(batches)
+
+
+def resume(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="dew-data-bench-") as folder:
+        _resume(args, pathlib.Path(folder))
+
+
+def _resume(args: argparse.Namespace, folder: pathlib.Path) -> None:
+    from dew.checkpoints import Checkpointer
+    from dew.steps import TrainState
+
+    config, data = _tiny_lm()
+    partition = Partition()
+    # The fallback: the same batches as an iterator (Dataset(train=callable)), replayed.
+    iterator = Dataset(train=lambda p: data.train(p), batch=data.batch)
+    print("resume: time to the first batch of a fit resumed at step s")
+    print(f"  {'step':>8}  {'read by step':>14}  {'replayed':>12}  ratio")
+    steps = RESUME_STEPS[:2] if args.quick else RESUME_STEPS
+    for step in steps:
+        indexed._permutation.cache_clear()
+        started = time.perf_counter()
+        data.train.batch_at(step, partition)
+        direct = time.perf_counter() - started
+        started = time.perf_counter()
+        _replayed(iterator.train, partition, step)
+        replay = time.perf_counter() - started
+        print(
+            f"  {step:>8}  {direct * 1e3:11.3f} ms  {replay * 1e3:9.1f} ms  {replay / direct:8.1f}x"
+        )
+    print("  target: read by step under 1 s at step 100,000 and flat in the step")
+    key = jax.random.key(0)
+    objective = build_objective(config, None, key)
+    optimizer = config.optim.build(200_000)
+    start = TrainState.create(objective, optimizer, key=key)
+    print("  whole resume through Trainer.fit (orbax restore, one step, the final save;")
+    print("  compilation warm: a resume at step 5 first, excluded):")
+    for step in (5, *steps):
+        timings = []
+        for name, source in (("read by step", data), ("replayed", iterator)):
+            directory = folder / f"resume-{name.replace(' ', '-')}-{step}"
+            state = eqx.tree_at(lambda s: s.step, start, jnp.asarray(step, jnp.int32))
+            with Checkpointer(directory) as checkpoints:
+                checkpoints.save(step, state, {"data_start": 0})
+            indexed._permutation.cache_clear()
+            trainer = Trainer(objective, optimizer, key=key, checkpoint_dir=directory)
+            started = time.perf_counter()
+            trainer.fit(source, step + 1, log_every=1, progress=False)
+            timings.append(time.perf_counter() - started)
+        if step == 5:
+            continue
+        print(
+            f"  {step:>8}  {timings[0]:11.3f} s   {timings[1]:9.3f} s  "
+            f"{timings[1] / timings[0]:8.1f}x"
+        )
+    print()
+
+
+def order(args: argparse.Namespace) -> None:
+    try:
+        import grain
+        from grain.experimental import index_shuffle
+    except ImportError:
+        print("order: skipped, Grain is not installed (pip install 'dew-ml[grain]')\n")
+        return
+
+    batch, repeats = 32, 20 if args.quick else 100
+    print("order: one batch of 32 rows' positions in an epoch's permutation")
+    print(f"  {'rows':>11}  {'index_shuffle':>14}  {'numpy lookup':>13}  {'numpy epoch':>12}")
+    for count in (300, 8_191, 65_536, 1_000_000, 10_000_000):
+        positions = np.arange(batch, dtype=np.int64) + min(count - batch, 12_345)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            [index_shuffle(int(p), count - 1, 7, 4) for p in positions.tolist()]
+        grain_ms = (time.perf_counter() - started) / repeats * 1e3
+        indexed._permutation.cache_clear()
+        started = time.perf_counter()
+        indexed.epoch_positions("f", 0, count, positions)
+        epoch_ms = (time.perf_counter() - started) * 1e3
+        started = time.perf_counter()
+        for _ in range(repeats):
+            indexed.epoch_positions("f", 0, count, positions)
+        lookup_ms = (time.perf_counter() - started) / repeats * 1e3
+        print(f"  {count:>11,}  {grain_ms:11.3f} ms  {lookup_ms:10.4f} ms  {epoch_ms:9.1f} ms")
+    shuffled = grain.MapDataset.range(65_537).shuffle(seed=5)
+    drawn = [shuffled[index] for index in range(len(shuffled))]
+    missing = sorted(set(range(65_537)) - set(drawn))
+    twice = sorted(row for row, times in collections.Counter(drawn).items() if times > 1)
+    print(
+        f"  grain.MapDataset.range(65537).shuffle(seed=5): {len(set(drawn))} distinct rows of "
+        f"65537; never drawn {missing}, drawn twice {twice}"
+    )
+    print()
 
 
 def stdlib_files(megabytes: float) -> list[pathlib.Path]:
@@ -158,7 +382,12 @@ def tokenize(args: argparse.Namespace) -> None:
         )
 
 
-PARTS: dict[str, Callable[[argparse.Namespace], None]] = {"tokenize": tokenize}
+PARTS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "loader": loader,
+    "resume": resume,
+    "tokenize": tokenize,
+    "order": order,
+}
 
 
 def main() -> None:
@@ -166,15 +395,16 @@ def main() -> None:
     parser.add_argument(
         "--part", action="append", choices=sorted(PARTS), help="a part to run (default: all)"
     )
-    parser.add_argument("--quick", action="store_true", help="smoke run: small inputs, 2 rounds")
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per side")
+    parser.add_argument("--quick", action="store_true", help="fewer batches and steps")
+    parser.add_argument("--rounds", type=int, default=7, help="tokenize: timed rounds per side")
     parser.add_argument("--megabytes", type=float, default=8.0, help="tokenize: corpus size")
     parser.add_argument("--vocab-size", type=int, default=8192, help="tokenize: BPE vocabulary")
     parser.add_argument("--tokenizer", help="tokenize: a tokenizer.json to use instead")
     args = parser.parse_args()
-    print(f"python {platform.python_version()}, {platform.machine()}, {sys.platform}")
+    header(args)
     for name in args.part or list(PARTS):
         PARTS[name](args)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

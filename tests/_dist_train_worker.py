@@ -2,7 +2,8 @@
 
 `python _dist_train_worker.py RANK COUNT PORT OUT PHASE`: PHASE `main` runs every training
 scenario of one launch (replicated, sharded params, fused steps, tracking on process zero
-only, a first-batch row mismatch, a fit checkpointed at step CHECKPOINT_AT); PHASE
+only, a first-batch row mismatch, a token file read by step and one read in another order on
+each process, a fit checkpointed at step CHECKPOINT_AT); PHASE
 `resume` continues that checkpointed fit to STEPS. Each scenario's params on this rank go
 to OUT/<scenario>-rank<R>.npz, everything else to OUT/<phase>-rank<R>.json. The test
 imports this module (without running it) for the model and the data, to train the
@@ -23,7 +24,7 @@ import optax
 
 from dew import Trainer, metrics
 from dew.artifacts import Artifact, TokenScores
-from dew.data import Dataset
+from dew.data import Dataset, tokens
 from dew.naming import Split
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
@@ -33,6 +34,12 @@ STEPS = 6
 CHECKPOINT_AT = 4
 ROWS = 4  # rows a process reads per step
 KEY = 5
+TOKEN_SEED = 1
+
+
+def token_ids() -> np.ndarray:
+    """The token file's IDs (the test writes it to OUT/tokens.npy before the launch)."""
+    return np.random.default_rng(9).integers(0, 8, 4000)
 
 
 def objective() -> LMObjective:
@@ -277,6 +284,16 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
                 trainer().fit(data, STEPS, log_every=3, progress=False) and None
             )
         )
+
+    # A token file read by step (dew.data.tokens): each process reads its slice of the
+    # global batch; and with another seed on process 1, every process raises the same error.
+    windows = tokens(out / "tokens.npy", seq_len=8, batch=ROWS, vocab_size=8, seed=TOKEN_SEED)
+    state = trainer().fit(windows, STEPS, log_every=3, progress=False)
+    save(out / f"tokens-rank{rank}.npz", state)
+    other = tokens(out / "tokens.npy", seq_len=8, batch=ROWS, vocab_size=8, seed=rank)
+    results["order_mismatch"] = outcome(
+        lambda: trainer().fit(other, STEPS, log_every=3, progress=False) and None
+    )
 
     # Checkpointed to CHECKPOINT_AT (the resume phase continues it), with early stopping's
     # and the history's state in the JSON item.

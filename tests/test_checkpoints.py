@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 
 from dew import Trainer, metrics
 from dew.checkpoints import Checkpointer, history_from_json, history_to_json
-from dew.data import Dataset
+from dew.data import Dataset, Partition, StepBatches, tokens
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
 from dew.profiling import Profile, profile
@@ -176,17 +177,25 @@ def test_the_run_key_survives_a_checkpoint(objective, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("source", ["iterator", "token file"])
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, source):
+    """An iterator of batches is replayed to the checkpoint; a token file (dew.data.tokens)
+    is read from the checkpoint's step: both end bitwise equal to a run never killed."""
+    extra = []
+    if source == "token file":
+        np.save(tmp_path / "tokens.npy", np.random.default_rng(5).integers(0, 8, 3000))
+        extra = [str(tmp_path / "tokens.npy")]
     worker = [sys.executable, str(HERE / "_checkpoint_worker.py")]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     subprocess.run(
-        [*worker, str(tmp_path / "whole"), str(tmp_path / "whole.npz"), "0"],
+        [*worker, str(tmp_path / "whole"), str(tmp_path / "whole.npz"), "0", *extra],
         check=True,
         env=env,
         timeout=300,
     )
     run = tmp_path / "killed"
-    process = subprocess.Popen([*worker, str(run), str(tmp_path / "killed.npz"), "0.15"], env=env)
+    killed = [*worker, str(run), str(tmp_path / "killed.npz")]
+    process = subprocess.Popen([*killed, "0.15", *extra], env=env)
     deadline = time.monotonic() + 240
     # Kill it mid-run, once a checkpoint past the first is complete (and more are coming).
     while not (run / "8").is_dir():
@@ -199,14 +208,71 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     assert process.returncode == -signal.SIGKILL
     assert not (tmp_path / "killed.npz").exists()
     assert 8 <= Checkpointer(run).latest_step() < 24
-    subprocess.run(
-        [*worker, str(run), str(tmp_path / "killed.npz"), "0"], check=True, env=env, timeout=300
-    )
+    subprocess.run([*killed, "0", *extra], check=True, env=env, timeout=300)
     whole, resumed = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "killed.npz")
     assert sorted(whole.files) == sorted(resumed.files)
     assert int(resumed["step"]) == 24
     for name in whole.files:
         assert np.array_equal(whole[name], resumed[name]), name
+
+
+class _CountingRows:
+    """Token windows that record every read (the rows each batch asked for)."""
+
+    def __init__(self, rows):
+        self.rows, self.fingerprint, self.reads = rows, rows.fingerprint, []
+
+    def __len__(self):
+        return len(self.rows)
+
+    def read(self, indices):
+        self.reads.append(np.array(indices))
+        return self.rows.read(indices)
+
+
+def _step_indexed(path):
+    windows = tokens(path, seq_len=8, batch=8, vocab_size=8, seed=3)
+    rows = _CountingRows(windows.train.rows)
+    return windows.train, rows, Dataset(train=StepBatches(rows, 8, 3), batch=8)
+
+
+def test_a_step_indexed_source_resumes_at_step_100000_reading_only_the_new_batches(
+    objective, tmp_path
+):
+    np.save(tmp_path / "tokens.npy", np.random.default_rng(5).integers(0, 8, 3000))
+    reference, rows, data = _step_indexed(tmp_path / "tokens.npy")
+    start = TrainState.create(objective, OPTIMIZER, key=jax.random.key(11))
+    far = eqx.tree_at(lambda state: state.step, start, jnp.asarray(100_000, jnp.int32))
+    with Checkpointer(tmp_path / "run") as checkpoints:  # a run saved at step 100,000
+        checkpoints.save(100_000, far, {"data_start": 0})
+    trainer = Trainer(objective, OPTIMIZER, key=jax.random.key(11), checkpoint_dir=tmp_path / "run")
+    resumed = trainer.fit(data, 100_003, log_every=1, progress=False)
+    assert int(resumed.step) == 100_003
+    # No replay: the three batches read are those of steps 100,000 to 100,002, nothing else.
+    expected = [reference.indices(step, Partition()) for step in (100_000, 100_001, 100_002)]
+    assert len(rows.reads) == 3
+    for read, want in zip(rows.reads, expected, strict=True):
+        np.testing.assert_array_equal(read, want)
+    # A fit continued with state= reads the same batches (a batch is a function of the step).
+    _, rows, data = _step_indexed(tmp_path / "tokens.npy")
+    trainer = Trainer(objective, OPTIMIZER, key=jax.random.key(11))
+    continued = trainer.fit(data, 100_003, log_every=1, state=far, progress=False)
+    assert len(rows.reads) == 3
+    assert _same_bits(continued.params, resumed.params)
+
+
+@pytest.mark.slow  # about 7 s (a fused step's compilation)
+def test_a_step_indexed_resume_ends_bitwise_equal_to_one_fit_fused_or_not(objective, tmp_path):
+    np.save(tmp_path / "tokens.npy", np.random.default_rng(5).integers(0, 8, 3000))
+    whole = Trainer(objective, OPTIMIZER, key=jax.random.key(11)).fit(
+        _step_indexed(tmp_path / "tokens.npy")[2], 8, log_every=2, progress=False
+    )
+    trainer = Trainer(objective, OPTIMIZER, key=jax.random.key(11), checkpoint_dir=tmp_path / "r")
+    trainer.fit(_step_indexed(tmp_path / "tokens.npy")[2], 4, log_every=2, progress=False)
+    _, rows, data = _step_indexed(tmp_path / "tokens.npy")
+    resumed = trainer.fit(data, 8, log_every=2, steps_per_call=2, progress=False)
+    assert len(rows.reads) == 4  # steps 4 to 7, two fused calls of two
+    assert _same_bits(resumed.params, whole.params)
 
 
 def _traces(folder):

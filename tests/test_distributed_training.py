@@ -15,7 +15,7 @@ import pytest
 from _multiprocess import TESTS, launch
 
 from dew import metrics
-from dew.data import Dataset
+from dew.data import Dataset, tokens
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,9 @@ WORKER = TESTS / "_dist_train_worker.py"
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
-    return tmp_path_factory.mktemp("dist-train")
+    folder = tmp_path_factory.mktemp("dist-train")
+    np.save(folder / "tokens.npy", worker.token_ids())
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -217,3 +219,34 @@ def test_a_multi_process_checkpoint_resumes_as_in_one_process(main, resumed, out
             "commit_success.txt",
             "metadata",
         ]
+
+
+def test_a_token_file_trains_on_the_same_global_batches_as_one_process(main, out):
+    """dew.data.tokens read by step: two processes of ROWS rows train as one process of
+    2 * ROWS rows (the global batch of each step is one order's, sliced per process)."""
+    data = tokens(
+        out / "tokens.npy", seq_len=8, batch=2 * worker.ROWS, vocab_size=8, seed=worker.TOKEN_SEED
+    )
+    state = worker.trainer().fit(data, worker.STEPS, log_every=3, progress=False)
+    expected = [np.asarray(leaf) for leaf in jax.tree.leaves(state.params)]
+    (zero, step0), (one, step1) = params(out, "tokens", 0), params(out, "tokens", 1)
+    assert step0 == step1 == worker.STEPS
+    for a, b in zip(zero, one, strict=True):
+        assert a.tobytes() == b.tobytes()
+    initial = [np.asarray(leaf) for leaf in jax.tree.leaves(worker.objective().init_params())]
+    moved = False
+    for got, want, start in zip(zero, expected, initial, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        moved = moved or not np.allclose(want, start, rtol=0, atol=1e-4)
+    assert moved
+
+
+def test_processes_reading_different_orders_raise_the_same_error(main):
+    ranks, _ = main
+    outcomes = [r["order_mismatch"] for r in ranks]
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0]["error"] == "ValueError"
+    assert outcomes[0]["message"].startswith(
+        "the processes' step-indexed training data differ (fingerprints of the rows, seed and "
+        "batch: process 0: "
+    )

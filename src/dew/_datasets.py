@@ -1,20 +1,21 @@
-"""dew's built-in datasets: synthetic token windows, preference pairs and prompts, or
-token windows read from a local `.npy` file. Nothing downloads."""
+"""dew's built-in datasets: synthetic token windows, preference pairs and prompts, token
+windows read from a local token file, and a local `.npz`/`.npy` file of arrays, each as
+step-indexed rows (`dew.data.StepBatches`). Nothing downloads."""
 
 import functools
-import itertools
 import math
-import numbers
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from dew._checks import check_integer
-from dew.data import Dataset, Partition
+from dew.data import Dataset, Subset, arrays, indexed_dataset, tokens
+from dew.data._indexed import check_fraction, fingerprint_of
+from dew.data._tokens import check_vocabulary, load_token_file, token_dataset
 
-__all__ = ["preference_pairs", "prompts", "token_windows"]
+__all__ = ["arrays_file", "preference_pairs", "prompts", "token_file", "token_windows"]
 
 SYNTHETIC_TOKENS = 32768
 SYNTHETIC_BYTES = 2**30
@@ -85,14 +86,7 @@ def _check_stream(vocab_size: int, num_tokens: int) -> None:
 
 
 def _fraction(builder: str, value: Any) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-        or not 0 <= value < 1
-    ):
-        raise ValueError(f"{builder}: val_fraction must be a number in [0, 1), got {value!r}.")
-    return float(value)
+    return check_fraction(builder, value)
 
 
 @functools.lru_cache(maxsize=8)
@@ -118,33 +112,17 @@ def _markov_stream(vocab_size: int, num_tokens: int) -> np.ndarray:
     return stream
 
 
-def _load_tokens(path: str | os.PathLike, vocab_size: int) -> np.ndarray:
-    try:
-        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"token_windows: no token file at {os.fspath(path)!r} (a .npy file of token IDs)."
-        ) from None
-    if not isinstance(tokens, np.ndarray):
-        raise ValueError(
-            f"token_windows: {os.fspath(path)!r} must hold one array of token IDs (a .npy "
-            f"file), got {type(tokens).__name__}."
-        )
-    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(
-            f"token_windows: {os.fspath(path)!r} must hold a 1-D array of integer token IDs, "
-            f"got shape {tokens.shape} and dtype {tokens.dtype}."
-        )
-    if tokens.size:
-        low, high = int(tokens.min()), int(tokens.max())
-        if low < 0 or high >= vocab_size:
-            bad = low if low < 0 else high
-            position = int(np.argmax(tokens == bad))
-            raise ValueError(
-                f"token_windows: {os.fspath(path)!r} holds token ID {bad} at position "
-                f"{position}; valid IDs are 0 to {vocab_size - 1} (vocab_size={vocab_size})."
-            )
-    return tokens
+class _PoolRows:
+    """`Rows` of a fixed synthetic pool: `count` rows, `gather(indices)` reads them, and
+    `fingerprint` names every argument that shapes them."""
+
+    def __init__(
+        self, count: int, gather: Callable[[np.ndarray], dict[str, np.ndarray]], fingerprint: str
+    ) -> None:
+        self.count, self.read, self.fingerprint = count, gather, fingerprint
+
+    def __len__(self) -> int:
+        return self.count
 
 
 def _rows_dataset(
@@ -155,46 +133,26 @@ def _rows_dataset(
     val_fraction: float,
     batch_size: int,
     seed: int,
+    shape: tuple[Any, ...],
 ) -> Dataset:
-    """A Dataset over `rows` indexed rows: the last `ceil(val_fraction * rows)` are held
-    out for validation; `gather(indices)` returns the batch of those rows."""
+    """A step-indexed Dataset over `rows` indexed rows (`gather(indices)` returns them;
+    `shape`: every argument that shapes a row): the last `ceil(val_fraction * rows)` are
+    held out for validation, the same rows for every seed."""
     held_out = math.ceil(val_fraction * rows) if val_fraction > 0 else 0
-    train_rows = rows - held_out
-    if train_rows < 1:
+    if rows - held_out < 1:
         raise ValueError(
             f"{builder}: {rows} row(s) leave no training row after holding out "
             f"val_fraction={val_fraction} for validation; add data or lower val_fraction."
         )
-
-    def share(rows: int, partition: Partition) -> np.ndarray:
-        if not isinstance(partition, Partition):
-            raise TypeError(f"{builder} batches take a dew.data.Partition, got {partition!r}.")
-        return np.arange(partition.index, rows, partition.count)
-
-    def train(partition: Partition) -> Iterator[dict[str, np.ndarray]]:
-        if share(train_rows, partition).size == 0:
-            raise ValueError(
-                f"{builder}: {train_rows} training row(s) leave none for partition "
-                f"{partition.index} of {partition.count}."
-            )
-        return _endless(partition)
-
-    def _endless(partition: Partition) -> Iterator[dict[str, np.ndarray]]:
-        pending = np.empty(0, np.int64)
-        for epoch in itertools.count():
-            order = np.random.default_rng([seed, epoch]).permutation(train_rows)
-            pending = np.concatenate([pending, order[partition.index :: partition.count]])
-            while pending.size >= batch_size:
-                yield gather(pending[:batch_size])
-                pending = pending[batch_size:]
-
-    def val(partition: Partition) -> Iterator[dict[str, np.ndarray]]:
-        mine = train_rows + share(held_out, partition)
-        return (
-            gather(mine[start : start + batch_size]) for start in range(0, mine.size, batch_size)
-        )
-
-    return Dataset(train=train, val=val if held_out else None, records=train_rows, batch=batch_size)
+    pool = _PoolRows(rows, gather, fingerprint_of(builder, *shape))
+    order = np.arange(rows, dtype=np.int64)
+    return indexed_dataset(
+        Subset(pool, order[: rows - held_out], "train"),
+        batch=batch_size,
+        seed=seed,
+        val=Subset(pool, order[rows - held_out :], "validation") if held_out else None,
+        source=builder,
+    )
 
 
 def token_windows(
@@ -207,7 +165,9 @@ def token_windows(
     batch_size: int,
     seed: int,
 ) -> Dataset:
-    """Windows of `seq_len + 1` token IDs (int32, under `"text"`) cut from one token array.
+    """Windows of `seq_len + 1` token IDs (int32, under `"text"`) cut from one token array:
+    the synthetic one, or a `.npy` file (`dew.data.tokens` reads it, with the rest of its
+    arguments, under this older name).
 
     **Arguments:**
 
@@ -221,13 +181,15 @@ def token_windows(
       validation; `0` gives a dataset without validation data.
     - `batch_size`: rows per batch of each partition; `seed`: the shuffle's seed.
 
-    **Batches:** `train(partition)` is an endless iterator of `batch_size` rows, shuffled
-    anew each epoch from `(seed, epoch)`; every call restarts the same order, so a
-    resumed run replays it. Partitions take disjoint strided shares of each epoch's
-    order. `val(partition)` passes once, in order, over the partition's share of the
-    held-out windows; the last batch keeps its remainder (it may be short).
+    **Batches:** the training batch of step `s` is a function of (the tokens, `seed`, `s`,
+    the global batch): `train` is a `dew.data.StepBatches`, each epoch a permutation of the
+    training windows, each process its slice of the global batch, so a resumed run reads
+    its next batch directly. `val(partition)` passes once, in order, over the partition's
+    strided share of the held-out windows; the last batch keeps its remainder (it may be
+    short).
 
     ```python
+    >>> from dew.data import Partition
     >>> data = token_windows(seq_len=8, batch_size=4, seed=0)
     >>> batch = next(data.train(Partition()))
     >>> batch["text"].shape, batch["text"].dtype.name
@@ -244,32 +206,63 @@ def token_windows(
         count = SYNTHETIC_TOKENS if num_tokens is None else num_tokens
         count = _integer("token_windows", "num_tokens", count, 2)
         _check_stream(vocab_size, count)
-        tokens = _markov_stream(vocab_size, count)
+        ids = _markov_stream(vocab_size, count)
     elif num_tokens is not None:
         raise ValueError(
             "token_windows: num_tokens sets the length of the synthetic stream, so it takes "
             f"no value with a token file (path={os.fspath(path)!r}); got num_tokens={num_tokens}."
         )
     else:
-        tokens = _load_tokens(path, vocab_size)
-    windows = (tokens.shape[0] - 1) // seq_len
-    if windows < 1:
-        raise ValueError(
-            f"token_windows: {tokens.shape[0]} token(s) hold no window of seq_len + 1 = "
-            f"{seq_len + 1} tokens."
-        )
-    offsets = np.arange(seq_len + 1)
-
-    def gather(indices: np.ndarray) -> dict[str, np.ndarray]:
-        return {"text": np.asarray(tokens[indices[:, None] * seq_len + offsets], np.int32)}
-
-    return _rows_dataset(
+        ids = load_token_file("token_windows", path, None)
+        check_vocabulary("token_windows", ids, vocab_size, repr(os.fspath(path)))
+    return token_dataset(
         "token_windows",
-        windows,
-        gather,
-        val_fraction=val_fraction,
-        batch_size=batch_size,
+        ids,
+        seq_len=seq_len,
+        batch=batch_size,
         seed=seed,
+        val_fraction=val_fraction,
+    )
+
+
+def arrays_file(
+    *, path: str | os.PathLike, batch_size: int, seed: int, val_fraction: float | int = 0.0
+) -> Dataset:
+    """`dew.data.arrays(path, batch=batch_size, seed=seed, val_fraction=val_fraction)`, the
+    dataset registered as `"arrays"`: the arrays of an `.npz` file (by the names `np.savez`
+    gave them) or one `.npy` array (named by its file's stem), `path` kept as given.
+
+    ```python
+    >>> from dew.config import DataConfig
+    >>> DataConfig("arrays", {"path": "digits.npz", "val_fraction": 0.2})
+    DataConfig(name='arrays', kwargs={'path': 'digits.npz', 'val_fraction': 0.2})
+
+    ```
+    """
+    return arrays(path, batch=batch_size, seed=seed, val_fraction=val_fraction)
+
+
+def token_file(
+    *,
+    path: str | os.PathLike,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    dtype: str | None = None,
+    vocab_size: int | None = None,
+    val_fraction: float | int = 0.0,
+) -> Dataset:
+    """`dew.data.tokens(path, seq_len=..., batch=batch_size, seed=seed, ...)`, the dataset
+    registered as `"tokens"`: windows of a `.npy` token file or a raw `.bin` of `dtype`
+    (`"uint16"` or `"uint32"`), `path` kept as given."""
+    return tokens(
+        path,
+        seq_len=seq_len,
+        batch=batch_size,
+        seed=seed,
+        dtype=dtype,
+        vocab_size=vocab_size,
+        val_fraction=val_fraction,
     )
 
 
@@ -290,10 +283,11 @@ def preference_pairs(
     Each pair shares a random prompt. The chosen response counts up from the prompt's
     last token (`t + 1, t + 2, ...` modulo `vocab_size`); the rejected response differs
     from it at every position. The pool is fixed (the same for every seed); `seed`
-    shuffles the training order, and batches, partitions and validation behave as in
-    `token_windows`.
+    shuffles the training order, and batches, partitions and validation (the last rows,
+    the same for every seed) behave as in `token_windows`.
 
     ```python
+    >>> from dew.data import Partition
     >>> batch = next(preference_pairs(batch_size=2, seed=0).train(Partition()))
     >>> batch["chosen"].shape, batch["prompt_mask"][0].tolist()
     ((2, 8), [True, True, True, True, False, False, False, False])
@@ -332,6 +326,7 @@ def preference_pairs(
         val_fraction=val_fraction,
         batch_size=batch_size,
         seed=seed,
+        shape=(prompt_len, response_len, vocab_size, num_pairs, _POOL_SEED),
     )
 
 
@@ -349,6 +344,7 @@ def prompts(
     training order, and batches, partitions and validation behave as in `token_windows`.
 
     ```python
+    >>> from dew.data import Partition
     >>> next(prompts(batch_size=3, seed=0).train(Partition()))["prompts"].shape
     (3, 4)
 
@@ -377,4 +373,5 @@ def prompts(
         val_fraction=val_fraction,
         batch_size=batch_size,
         seed=seed,
+        shape=(prompt_len, vocab_size, num_prompts, _POOL_SEED),
     )

@@ -147,7 +147,13 @@ def shapes(
         return {"images": _draw(pool, indices, size, 1)[:, 0], "labels": pool.labels[indices]}
 
     return _rows_dataset(
-        "shapes", rows, gather, val_fraction=val_fraction, batch_size=batch_size, seed=seed
+        "shapes",
+        rows,
+        gather,
+        val_fraction=val_fraction,
+        batch_size=batch_size,
+        seed=seed,
+        shape=(rows, size, _SHAPES_SEED),
     )
 
 
@@ -206,5 +212,11 @@ def moving_shapes(
         return {"clips": _draw(pool, indices, size, frames), "labels": pool.labels[indices]}
 
     return _rows_dataset(
-        "moving_shapes", rows, gather, val_fraction=val_fraction, batch_size=batch_size, seed=seed
+        "moving_shapes",
+        rows,
+        gather,
+        val_fraction=val_fraction,
+        batch_size=batch_size,
+        seed=seed,
+        shape=(rows, size, frames, _MOVING_SHAPES_SEED),
     )

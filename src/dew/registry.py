@@ -11,11 +11,14 @@ you register your own by name (as a call or as a decorator):
   dataset (after checking that `kwargs` bind to its builder), so a run config names its
   data instead of holding it; `datasets.builder(name)` is the builder itself.
 
-The built-in datasets are synthetic or read local files, so they never download:
+The built-in datasets are synthetic or read a local file, so they never download:
 `"token_windows"` (language modelling and masked diffusion), `"preference_pairs"` (DPO),
 `"prompts"` (GRPO), the synthetic vision data `"shapes"` (images of squares, discs
-and bars, labelled by kind) and `"moving_shapes"` (clips of one such shape moving), and
-`"text"` (`dew.data.text`: your text files or JSON Lines, tokenized once into a cache).
+and bars, labelled by kind) and `"moving_shapes"` (clips of one such shape moving), and your
+own files: `"text"` (`dew.data.text`: your text files or JSON Lines, tokenized once into a
+cache), `"arrays"` (the arrays of an `.npz` or `.npy` file, `dew.data.arrays`) and
+`"tokens"` (windows of a token file, `dew.data.tokens`), each with a `path`. Every one is
+step-indexed: its training batch is a function of the step (docs/data.md).
 
 ```python
 >>> import optax
@@ -33,8 +36,10 @@ DataConfig(name='token_windows', kwargs={'seq_len': 8})
 ```
 """
 
+from dew._datasets import arrays_file as arrays_file
 from dew._datasets import preference_pairs as preference_pairs
 from dew._datasets import prompts as prompts
+from dew._datasets import token_file as token_file
 from dew._datasets import token_windows as token_windows
 from dew._registry import DATASET_SUPPLIED as DATASET_SUPPLIED
 from dew._registry import NotRegisteredError as NotRegisteredError
@@ -52,6 +57,7 @@ from dew.config._data import datasets as datasets
 
 __all__ = [
     "DATASET_SUPPLIED",
+    "arrays_file",
     "SHAPE_KINDS",
     "DatasetRegistry",
     "NotRegisteredError",
@@ -66,5 +72,6 @@ __all__ = [
     "preference_pairs",
     "prompts",
     "shapes",
+    "token_file",
     "token_windows",
 ]

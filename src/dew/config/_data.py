@@ -102,6 +102,8 @@ datasets = DatasetRegistry(
     "dataset", lambda name, entry: _takes("dataset", name, entry, DATASET_SUPPLIED)
 )
 
+datasets.register("arrays", _datasets.arrays_file)
+datasets.register("tokens", _datasets.token_file)
 datasets.register("token_windows", _datasets.token_windows)
 datasets.register("preference_pairs", _datasets.preference_pairs)
 datasets.register("prompts", _datasets.prompts)

@@ -42,7 +42,11 @@ class Dataset:
     """Training and (optional) validation data, each a callable of a `Partition`
     that returns an iterator of batches (mappings of arrays with a leading row axis).
 
-    - `train`: the training batches; the trainer draws one per step.
+    - `train`: the training batches; the trainer draws one per step. When it also has
+      `batch_at(step, partition)` (a `StepBatches`: `dew.data.arrays`, `tokens`,
+      `map_dataset`, `indexed_dataset`), the trainer reads each step's batch by its step,
+      so a resumed fit replays nothing; otherwise a resumed fit calls it again and draws
+      and discards the batches the saved run had consumed.
     - `val`: the validation batches, read in full at each evaluation event.
     - `records`: how many records one pass over the training data holds, over all
       processes (optional; at least `batch`).

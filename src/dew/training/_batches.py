@@ -1,11 +1,14 @@
-"""Drawing the training batches: one per step, stacked for a fused block, skipped on resume."""
+"""Drawing the training batches: one per step, stacked for a fused block; read by step from
+a step-indexed dataset, or skipped to the resumed step of an iterator."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from dew.data import Partition
 
 
 def _draw(batches: Iterator[Any], step: int, steps: int, rows: int | None = None) -> Any:
@@ -57,14 +60,56 @@ def _skip(batches: Iterator[Any], count: int) -> Iterator[Any]:
     return batches
 
 
-def _opened(open_batches: Any, skip: int, agreed: bool) -> Iterator[Any]:
-    """`open_batches()`'s iterator with its first `skip` batches drawn and discarded. With
-    `agreed` (a multi-process fit, whose every draw is agreed), a failure to open it is
-    raised by the first draw instead, so every process raises it together."""
+class _ByStep:
+    """The batches `batch_at(step, partition)` of a step-indexed `Dataset.train`, from
+    `step` on: each draw reads its step's batch directly (nothing before it is replayed)."""
+
+    def __init__(self, batch_at: Callable[[int, Partition], Any], partition: Partition, step: int):
+        self._batch_at, self._partition, self._step = batch_at, partition, step
+
+    def __iter__(self) -> "_ByStep":
+        return self
+
+    def __next__(self) -> Any:
+        batch = self._batch_at(self._step, self._partition)
+        self._step += 1
+        return batch
+
+
+def step_indexed(train: Any) -> Callable[[int, Partition], Any] | None:
+    """`train.batch_at` when `train` reads its batches by step (a `dew.data.StepBatches`, or
+    anything with a callable `batch_at(step, partition)`), else `None`."""
+    batch_at = getattr(train, "batch_at", None)
+    return batch_at if callable(batch_at) else None
+
+
+def data_origin(train: Any, start: int, data_start: int | None) -> int:
+    """The step a fit's training batches count from: 0 for a step-indexed `train` (batch
+    `s` is `batch_at(s)`), the restored `data_start` for an iterator a checkpoint saved,
+    else `start` (a fresh fit, or one given `state=`, starts the iterator)."""
+    if step_indexed(train) is not None:
+        return 0
+    return start if data_start is None else data_start
+
+
+def _opened(
+    train: Any, partition: Partition, start: int, data_start: int, agreed: Any
+) -> Iterator[Any]:
+    """The training batches from step `start` on. A step-indexed `train` reads batch
+    `start` first; an iterator of batches is opened (`train(partition)`) and the `start -
+    data_start` batches the saved run had consumed are drawn and discarded. With `agreed`
+    (the `Placement` of a multi-process fit, whose every draw is agreed), the processes
+    first agree on a step-indexed order (`Placement.agree_order`), and a failure to open an
+    iterator is raised by the first draw instead, so every process raises it together."""
+    batch_at = step_indexed(train)
+    if batch_at is not None:
+        if agreed is not None:
+            agreed.agree_order(getattr(train, "fingerprint", None))
+        return _ByStep(batch_at, partition, start)
     try:
-        return _skip(iter(open_batches()), skip)
+        return _skip(iter(train(partition)), start - data_start)
     except Exception as error:
-        if not agreed:
+        if agreed is None:
             raise
         return _raising(error)
 

@@ -6,6 +6,7 @@ A `Placement` exists only for a multi-process fit or one given `param_sharding`;
 one-process fit never builds one and pays nothing for it.
 """
 
+import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -186,6 +187,24 @@ class Placement:
             outcome = error
         self.agree(outcome, rows_of(drawn) if drawn else -1, step + block)
         return drawn
+
+    def agree_order(self, fingerprint: str | None) -> None:
+        """Before the first draw of a step-indexed training source: every process reads the
+        same order (`fingerprint`: its `StepBatches.fingerprint`, from the rows, the seed
+        and the batch), else each process would slice another global batch. One exchange;
+        every process raises the same `ValueError` when they differ. A source without a
+        fingerprint is not checked."""
+        if fingerprint is None or not is_multiprocess():
+            return
+        word = int.from_bytes(hashlib.blake2b(fingerprint.encode(), digest_size=7).digest())
+        words = [int(value) for value in _allgather(np.array([word], np.int64))[:, 0]]
+        if len(set(words)) > 1:
+            shown = ", ".join(f"process {index}: {value:014x}" for index, value in enumerate(words))
+            raise ValueError(
+                "the processes' step-indexed training data differ (fingerprints of the rows, "
+                f"seed and batch: {shown}); every process must read the same rows with the same "
+                "seed and batch, so that its slice of each global batch is one order's."
+            )
 
     def agree(self, outcome: bool | BaseException, rows: int, step: int) -> None:
         """After every process drew (and checked on its host) the batches of the block

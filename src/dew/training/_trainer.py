@@ -29,7 +29,7 @@ from dew.steps import EMPTY_HISTORY, LearningRate, TrainState
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import ScalarTracker
 from dew.tracking._protocol import takes_artifacts
-from dew.training._batches import _draw_block, _opened, _stack
+from dew.training._batches import _draw_block, _opened, _stack, data_origin
 from dew.training._cadence import check_cadence
 from dew.training._compiled_step import (
     Telemetry,
@@ -185,9 +185,13 @@ class Trainer:
           save before it returns or raises (a failed save raises an `OSError` naming
           the directory when the disk is full or read-only). When the directory already
           holds a checkpoint, `fit` resumes from the newest intact one: its state,
-          metric history and early-stopping state, and it draws and discards the
-          training batches the saved run had consumed, so the data order continues
-          where it was. A damaged newer step is passed over with a
+          metric history and early-stopping state. A step-indexed `data.train` (one
+          with `batch_at(step, partition)`: `dew.data.StepBatches`) is read from the
+          restored step's batch on; an iterator of batches is opened again and the
+          batches the saved run had consumed are drawn and discarded (replayed), so
+          the data order continues where it was. A fit given `state=` reads a
+          step-indexed source from `state.step`'s batch, an iterator from its start. A
+          damaged newer step is passed over with a
           `dew.checkpoints.DamagedCheckpointWarning` (`Checkpointer.restore`); when no
           step is intact, `fit` raises naming the directory. A larger `steps` than the
           saved fit's continues the run to it; a checkpoint past `steps` raises. Ctrl-C
@@ -332,7 +336,7 @@ class Trainer:
         state = with_history(state, EMPTY_HISTORY)
         start = int(state.step)
         resumed = data_start is not None  # restored from a checkpoint
-        data_start = start if data_start is None else data_start
+        data_start = data_origin(data.train, start, data_start)
         leaves, state_def = state_leaves(state)  # its keys as raw key data
         compiled = (self._objective_def, self._static, self.optimizer)
         if telemetry not in self._compiled:  # once per Trainer, even with unhashable statics
@@ -442,8 +446,8 @@ class Trainer:
                 engine.record(SAMPLING_RECORD, sampling_record(self.objective, metric_set), start)
             try:
                 if step < steps and not done_before:  # a finished run draws no batch
-                    opened = functools.partial(data.train, Partition.current())
-                    batches = _opened(opened, start - data_start, draw is not _draw_block)
+                    agreed = placement if draw is not _draw_block else None
+                    batches = _opened(data.train, Partition.current(), start, data_start, agreed)
                 while step < steps and not done_before:
                     aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
                     block = steps_per_call if aligned else 1
