@@ -14,8 +14,11 @@ you register your own by name (as a call or as a decorator):
 The built-in datasets are synthetic or read local files, so they never download:
 `"token_windows"` (language modelling and masked diffusion), `"preference_pairs"` (DPO),
 `"prompts"` (GRPO), the synthetic vision data `"shapes"` (images of squares, discs
-and bars, labelled by kind) and `"moving_shapes"` (clips of one such shape moving), and
-`"text"` (`dew.data.text`: your text files or JSON Lines, tokenized once into a cache).
+and bars, labelled by kind) and `"moving_shapes"` (clips of one such shape moving),
+`"text"` (`dew.data.text`: your text files or JSON Lines, tokenized once into a cache),
+`"image_folder"` (`dew.data.image_folder`: a folder of class folders of images, decoded once
+into a cache) and `"huggingface"` (`dew.data.huggingface`: a dataset saved with
+`save_to_disk`, or local JSON, Parquet or CSV files, read through `datasets`).
 
 ```python
 >>> import optax

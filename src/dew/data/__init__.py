@@ -1,10 +1,13 @@
 """Datasets: training and validation batches as functions of a process's partition, and
-random-access sources whose training batch is a function of the step."""
+random-access sources whose training batch is a function of the step (`text`, `image_folder`,
+`huggingface`, or any `Rows` through `indexed_dataset`)."""
 
 from dew.data._dataset import Batches as Batches
 from dew.data._dataset import Dataset as Dataset
 from dew.data._dataset import Partition as Partition
 from dew.data._dataset import _lazily as _lazily
+from dew.data._huggingface import huggingface as huggingface
+from dew.data._image_folder import image_folder as image_folder
 from dew.data._indexed import InOrder as InOrder
 from dew.data._indexed import Rows as Rows
 from dew.data._indexed import StepBatches as StepBatches
@@ -18,6 +21,8 @@ __all__ = [
     "Partition",
     "Rows",
     "StepBatches",
+    "huggingface",
+    "image_folder",
     "indexed_dataset",
     "text",
 ]

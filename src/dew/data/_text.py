@@ -19,7 +19,14 @@ from dew.data._token_cache import TokenCache, token_cache
 from dew.data.tokenizers._load import load_tokenizer
 from dew.data.tokenizers._protocol import Tokenizer
 
-__all__ = ["TextWindows", "document_windows", "text", "text_entry", "windows_dataset"]
+__all__ = [
+    "TextWindows",
+    "check_fraction",
+    "document_windows",
+    "text",
+    "text_entry",
+    "windows_dataset",
+]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,14 +79,15 @@ def document_windows(
     return TextWindows(tokens, documents, starts, cumulative, seq_len, fingerprint)
 
 
-def _fraction(value: object) -> float:
+def check_fraction(owner: str, value: object) -> float:
+    """`value` as a float in `[0, 1)` (a `val_fraction`), else a `ValueError` naming `owner`."""
     if (
         isinstance(value, bool)
         or not isinstance(value, numbers.Real)
         or not math.isfinite(value)
         or not 0 <= value < 1
     ):
-        raise ValueError(f"text: val_fraction must be a number in [0, 1), got {value!r}.")
+        raise ValueError(f"{owner}: val_fraction must be a number in [0, 1), got {value!r}.")
     return float(value)
 
 
@@ -161,7 +169,7 @@ def text(
     seq_len = check_integer("text: seq_len", seq_len, minimum=1)
     batch = check_integer("text: batch", batch, minimum=1)
     seed = check_integer("text: seed", seed, minimum=0)
-    val_fraction = _fraction(val_fraction)
+    val_fraction = check_fraction("text", val_fraction)
     if field is not None and (not isinstance(field, str) or not field):
         raise TypeError(f"text: field must be a field name (a non-empty string), got {field!r}.")
     if not isinstance(content_hash, bool):
