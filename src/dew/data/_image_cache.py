@@ -15,9 +15,10 @@ The key is a digest of each file's resolved path, size and modification time, it
 class names, the size asked for and the channels asked for: a changed, added or removed file
 builds a new cache.
 
-Decoding is the cost a cache saves: measured on 32x32 PNGs (2 shared CPU cores), Pillow decodes
-and converts a batch of 64 at ~116 batches/s, below `tiny_classifier`'s ~139 steps/s, while a
-batch read from the cache takes ~0.1 ms (`benchmarks/data.py --part images`).
+Decoding is the cost a cache saves: measured on 32x32 PNGs (2 shared CPU cores, load 7), Pillow
+decodes and converts a batch of 64 at 104 batches/s, 0.9x `tiny_classifier`'s 115 steps/s,
+while batches read from the cache come at 4,753 a second, 41x (`benchmarks/data.py --part
+images`; decision 0037).
 """
 
 from __future__ import annotations
