@@ -95,8 +95,9 @@ def find_images(
 ) -> tuple[list[pathlib.Path], np.ndarray, tuple[str, ...]]:
     """`(files, labels, classes)` of an image folder: the class folders (`classes`, or every
     sub-folder in sorted order; names starting with `.` left out), and under each, at any
-    depth, the files with an image ending (`IMAGE_EXTENSIONS`, any case), in sorted order,
-    labelled by their class folder's place.
+    depth, the files with an image ending (`IMAGE_EXTENSIONS`, any case), labelled by their
+    class folder's place; a folder's files (sorted by name) come before its sub-folders'
+    (each in turn, sorted by name).
 
     **Raises:** `FileNotFoundError` for a missing folder; `NotADirectoryError` for a file;
     `ValueError` for a folder with no or one class folder, a class folder with no image, or
@@ -197,7 +198,7 @@ def image_folder(
     - `path`: the folder. Its sub-folders are the classes, in sorted order (names starting
       with `.` left out); under each, at any depth, every file ending in an image extension
       (`.png`, `.jpg`, `.jpeg`, `.bmp`, `.gif`, `.webp`, `.tif`, `.tiff`, `.ppm`, `.pgm`, any
-      case) is one row, in sorted order.
+      case) is one row: a folder's files sorted by name, then its sub-folders' in turn.
     - `size`: the images' size: an int (a square) or `(height, width)`; each image is resized
       to it with Pillow's bilinear filter (antialiased when it shrinks; the aspect ratio is
       not kept). `None`: every image must already have one size.
