@@ -180,7 +180,7 @@ def test_the_progress_bar_shows_files_and_bytes_per_second_on_request(tmp_path, 
     _build(files, tmp_path / "cache", Counting(), progress=True)
     shown = capsys.readouterr()
     assert shown.out == ""
-    assert "tokenizing 4 files" in shown.err and "B/s" in shown.err and "file 4/4" in shown.err
+    assert "tokenizing 4 files" in shown.err and "B/s" in shown.err and "file 4 of 4" in shown.err
     _build(files, tmp_path / "other", Counting(), progress=False)
     assert capsys.readouterr().err == ""
 

@@ -118,7 +118,7 @@ def file_corpus(
 
     def read(raw: bool, bar: Any) -> Iterator[str | bytes]:
         for number, (path, size) in enumerate(zip(files, sizes, strict=True), start=1):
-            bar.set_postfix_str(f"file {number}/{len(files)}", refresh=False)
+            bar.set_postfix_str(f"file {number} of {len(files)}", refresh=False)
             found = file_documents(owner, path, path.read_bytes(), field=field, raw=raw)
             left = size
             for document in found:  # a JSON Lines file advances the bar as it is tokenized
