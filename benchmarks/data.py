@@ -50,10 +50,27 @@ Targets (issue 25, item 7), each a ratio measured side by side in one run:
   against a lookup into NumPy's cached permutation, the cost of computing that permutation once
   an epoch, and Grain's own `MapDataset.range(65537).shuffle(seed=5)`, which is no
   permutation (one row never comes, another comes twice).
+- `images`: a folder of `--images` (5,000) 32x32 RGB PNGs of noise in 3 class folders
+  (`tiny_classifier`'s 3 classes), written for the run. Sides: the cache build
+  (`image_folder(...)` into a fresh cache: every header scanned, every file decoded by Pillow,
+  written, fsynced, renamed); `image_folder` batches of 64 read by
+  `data.train.batch_at(step)` for consecutive steps, as `Trainer.fit` reads them; the same
+  batches decoded per batch by Pillow instead (the files of each batch's rows through
+  `decode_image`, stacked and scaled: what a loader without the cache pays); and
+  `Trainer.fit` steps per second for `tiny_classifier`'s model, objective and optimizer (batch
+  64) on its own 16x16 images and on these 32x32 ones (the ViT's `image_size` 32), each fed
+  by a fixed in-memory batch and, at 32x32, by `image_folder` itself; continued with `state=`
+  after a warm-up fit (compilation excluded).
+- `hf`: a `datasets.Dataset` of `--rows` (100,000) rows of a 64-float list column and a
+  `ClassLabel`, read as `huggingface(columns=...)` batches of 64 (`datasets`' own
+  `dataset[indices]`, one call a batch), and a JSON Lines file of the standard library's
+  sources (2 MB) read as `huggingface(text_column=..., seq_len=32)` batches of 32, against
+  `Trainer.fit` steps per second for `tiny_lm` (batch 32).
 
-Run: `python benchmarks/data.py` (every part), `--part loader|resume|tokenize|order`
-(repeatable), `--quick` (fewer batches and steps, a 1 MB corpus and 2 rounds). It asserts
-nothing and always exits 0; `tokenizers` missing skips the `tokenize` part.
+Run: `python benchmarks/data.py` (every part), `--part loader|resume|tokenize|images|hf|order`
+(repeatable), `--quick` (fewer batches and steps, a 1 MB corpus and 2 rounds, fewer images and
+rows). It asserts nothing and always exits 0; a part whose optional package (`tokenizers`,
+Pillow, `datasets`) is missing is skipped.
 """
 
 from __future__ import annotations
@@ -382,10 +399,176 @@ def tokenize(args: argparse.Namespace) -> None:
         )
 
 
+LOADER_TARGET = 10.0  # the loader's batches/s / the trainer's steps/s
+
+
+def _steps_per_second(config: Any, data: Any, steps: int) -> float:
+    """`Trainer.fit` steps per second on `config`'s model, objective and optimizer, after a
+    warm-up fit of 20 steps (compilation excluded), continued with `state=`."""
+    import jax
+
+    from dew.config._recipe import build_objective
+    from dew.training import Trainer
+
+    objective = build_objective(config, None, jax.random.key(0))
+    trainer = Trainer(objective, config.optim.build(steps + 20), key=jax.random.key(1))
+    state = trainer.fit(data, 20, log_every=50, progress=False)
+    started = time.perf_counter()
+    trainer.fit(data, steps + 20, state=state, log_every=50, progress=False)
+    return steps / (time.perf_counter() - started)
+
+
+def _fixed(batch: dict[str, Any], records: int) -> Any:
+    import itertools
+
+    from dew.data import Dataset
+
+    return Dataset(train=lambda partition: itertools.repeat(batch), records=records, batch=64)
+
+
+def _loader_rows(name: str, rate: float, steps: float, what: str) -> None:
+    print(f"{name:58} {rate:10.1f} {rate / steps:8.1f}x  / {what} ({steps:.1f}); target >= 10x")
+
+
+def images(args: argparse.Namespace) -> None:
+    """The `images` part: `image_folder`'s batch rate against `tiny_classifier`'s step rate."""
+    try:
+        from PIL import Image
+    except ImportError:
+        print("images: skipped (Pillow is not installed: pip install 'dew-ml[images]')")
+        return
+    import dataclasses
+
+    import numpy as np
+
+    from dew.config import ModelConfig, builtin
+    from dew.data import Partition, image_folder
+    from dew.data._image_cache import decode_image
+    from dew.data._image_folder import find_images
+
+    count = 1000 if args.quick else args.images
+    steps = 100 if args.quick else 1000
+    work = pathlib.Path(tempfile.mkdtemp(prefix="dew-bench-images-"))
+    rng = np.random.default_rng(0)
+    for number in range(count):
+        folder = work / "images" / f"class{number % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{number:05d}.png")
+    built, data = _timed(lambda: image_folder(work / "images", batch=64, cache_dir=work / "c"))
+    files = find_images(work / "images")[0]
+
+    def decoded(step: int) -> object:
+        chosen = data.train.indices(step, Partition())
+        pixels = np.stack([decode_image("bench", files[row], 3, (32, 32)) for row in chosen])
+        return pixels.astype(np.float32) / np.float32(255)
+
+    cached = _rate(lambda step: data.train.batch_at(step, Partition()), steps)
+    per_batch = _rate(decoded, max(20, steps // 10))
+    base = builtin("tiny_classifier")
+    wide = dataclasses.replace(
+        base, model=ModelConfig("vit", {**base.model.kwargs, "image_size": 32})
+    )
+    train_steps = 60 if args.quick else 300
+    small = {"images": np.zeros((64, 16, 16, 3), np.float32), "labels": np.zeros(64, np.int32)}
+    own = _steps_per_second(base, _fixed(small, 1024), train_steps)
+    at_32 = _steps_per_second(wide, _fixed(data.train.batch_at(0, Partition()), count), train_steps)
+    fed = _steps_per_second(wide, data, train_steps)
+    print(
+        f"\nimages: {count} 32x32 RGB PNGs in 3 class folders, batch 64; {os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
+    print(f"cache build: {built:.2f} s ({count / built:.0f} images/s, every file decoded once)")
+    print(f"{'side':58} {'batches/s':>10} {'ratio':>9}")
+    _loader_rows(
+        "image_folder, read from the cache (batch_at)", cached, own, "tiny_classifier 16x16 steps/s"
+    )
+    _loader_rows(
+        "image_folder, read from the cache (batch_at)",
+        cached,
+        at_32,
+        "tiny_classifier's ViT at 32x32 steps/s",
+    )
+    _loader_rows(
+        "Pillow decoding each batch's files instead",
+        per_batch,
+        own,
+        "tiny_classifier 16x16 steps/s",
+    )
+    _loader_rows(
+        "Pillow decoding each batch's files instead",
+        per_batch,
+        at_32,
+        "tiny_classifier's ViT at 32x32 steps/s",
+    )
+    print(
+        f"Trainer.fit at 32x32 fed by image_folder: {fed:.1f} steps/s against {at_32:.1f} "
+        f"fed by a fixed in-memory batch ({fed / at_32:.2f}x)"
+    )
+
+
+def hf(args: argparse.Namespace) -> None:
+    """The `hf` part: `huggingface`'s batch rate against `tiny_lm`'s step rate."""
+    try:
+        import datasets
+    except ImportError:
+        print("hf: skipped (datasets is not installed: pip install 'dew-ml[hf]')")
+        return
+    import json
+
+    import numpy as np
+
+    from dew.config import builtin
+    from dew.data import Partition, huggingface
+
+    rows = 10_000 if args.quick else args.rows
+    steps = 100 if args.quick else 1000
+    work = pathlib.Path(tempfile.mkdtemp(prefix="dew-bench-hf-"))
+    rng = np.random.default_rng(0)
+    features = datasets.Features(
+        {
+            "x": datasets.List(datasets.Value("float32"), length=64),
+            "y": datasets.ClassLabel(num_classes=10),
+        }
+    )
+    table = datasets.Dataset.from_dict(
+        {"x": rng.normal(size=(rows, 64)).astype(np.float32), "y": rng.integers(0, 10, rows)},
+        features=features,
+    )
+    columns = huggingface(table, columns={"inputs": "x", "labels": "y"}, batch=64)
+    corpus = work / "stdlib.jsonl"
+    corpus.write_text(
+        "".join(
+            json.dumps({"text": path.read_text(errors="replace")}) + "\n"
+            for path in stdlib_files(2.0)
+        )
+    )
+    windows = huggingface(corpus, text_column="text", seq_len=32, batch=32, cache_dir=work)
+    column_rate = _rate(lambda step: columns.train.batch_at(step, Partition()), steps)
+    window_rate = _rate(lambda step: windows.train.batch_at(step, Partition()), steps)
+    base = builtin("tiny_lm")
+    lm_steps = _steps_per_second(
+        base, base.data.build(batch_size=32, seed=0), 60 if args.quick else 300
+    )
+    print(
+        f"\nhf: datasets {datasets.__version__}, {rows} rows; {os.cpu_count()} CPUs, load "
+        f"{os.getloadavg()[0]:.1f}"
+    )
+    print(f"{'side':58} {'batches/s':>10} {'ratio':>9}")
+    _loader_rows(
+        "huggingface columns (64 x 64 floats + a label)", column_rate, lm_steps, "tiny_lm steps/s"
+    )
+    _loader_rows(
+        "huggingface text_column windows (32 x 33 tokens)", window_rate, lm_steps, "tiny_lm steps/s"
+    )
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], None]] = {
     "loader": loader,
     "resume": resume,
     "tokenize": tokenize,
+    "images": images,
+    "hf": hf,
     "order": order,
 }
 
@@ -400,6 +583,8 @@ def main() -> None:
     parser.add_argument("--megabytes", type=float, default=8.0, help="tokenize: corpus size")
     parser.add_argument("--vocab-size", type=int, default=8192, help="tokenize: BPE vocabulary")
     parser.add_argument("--tokenizer", help="tokenize: a tokenizer.json to use instead")
+    parser.add_argument("--images", type=int, default=5000, help="images: the folder's images")
+    parser.add_argument("--rows", type=int, default=100_000, help="hf: the dataset's rows")
     args = parser.parse_args()
     header(args)
     for name in args.part or list(PARTS):

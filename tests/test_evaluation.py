@@ -202,6 +202,14 @@ def test_the_objective_returns_token_scores_for_the_metrics(objective):
         ({"val": "batches"}, TypeError, "Dataset.val must be a callable", "val"),
         ({"records": 0}, ValueError, "Dataset.records must be None or an integer >= 1", "records"),
         ({"batch": 2.5}, ValueError, "Dataset.batch must be None or an integer >= 1", "batch"),
+        (
+            {"classes": ["a", "b"]},
+            TypeError,
+            "Dataset.classes must be a non-empty tuple",
+            "classes",
+        ),
+        ({"classes": ()}, TypeError, "Dataset.classes must be a non-empty tuple", "classes"),
+        ({"classes": ("a", "b", "a")}, ValueError, "Dataset.classes names 'a' twice", "classes"),
     ],
 )
 def test_bad_datasets_raise(kwargs, error, message, parameter):

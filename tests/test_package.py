@@ -19,6 +19,9 @@ OPTIONAL = [
     "orbax",
     "tokenizers",
     "sentencepiece",
+    "PIL",
+    "datasets",
+    "pyarrow",
     "torch",
     "tensorflow",
 ]

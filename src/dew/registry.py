@@ -15,10 +15,13 @@ The built-in datasets are synthetic or read a local file, so they never download
 `"token_windows"` (language modelling and masked diffusion), `"preference_pairs"` (DPO),
 `"prompts"` (GRPO), the synthetic vision data `"shapes"` (images of squares, discs
 and bars, labelled by kind) and `"moving_shapes"` (clips of one such shape moving), and your
-own files: `"text"` (`dew.data.text`: your text files or JSON Lines, tokenized once into a
-cache), `"arrays"` (the arrays of an `.npz` or `.npy` file, `dew.data.arrays`) and
-`"tokens"` (windows of a token file, `dew.data.tokens`), each with a `path`. Every one is
-step-indexed: its training batch is a function of the step (docs/data.md).
+own data: `"text"` (`dew.data.text`: your text files or JSON Lines, tokenized once into a
+cache), `"arrays"` (the arrays of an `.npz` or `.npy` file, `dew.data.arrays`), `"tokens"`
+(windows of a token file, `dew.data.tokens`), `"image_folder"` (`dew.data.image_folder`: a
+folder of class folders of images, decoded once into a cache) and `"huggingface"`
+(`dew.data.huggingface`: a dataset saved with `save_to_disk`, or local JSON, Parquet or CSV
+files, read through `datasets`). Every one is step-indexed: its training batch is a function
+of the step (docs/data.md).
 
 ```python
 >>> import optax

@@ -22,6 +22,8 @@ from dew.config._fields import (
     _where,
 )
 from dew.data import Dataset
+from dew.data._huggingface import huggingface_entry
+from dew.data._image_folder import image_folder_entry
 from dew.data._text import text_entry
 
 __all__ = ["DataConfig", "DatasetRegistry", "datasets"]
@@ -110,3 +112,5 @@ datasets.register("prompts", _datasets.prompts)
 datasets.register("shapes", _shapes.shapes)
 datasets.register("moving_shapes", _shapes.moving_shapes)
 datasets.register("text", text_entry)
+datasets.register("image_folder", image_folder_entry)
+datasets.register("huggingface", huggingface_entry)

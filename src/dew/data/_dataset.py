@@ -56,6 +56,8 @@ class Dataset:
     - `tokenizer`: the `dew.data.tokenizers.Tokenizer` that made the batches' token IDs
       (optional: a text source sets it), so a model's vocabulary can be checked against it
       before training and a batch decoded back to text.
+    - `classes`: the class names, label `i` naming `classes[i]` (optional: an image folder
+      sets it from its class folders), so predictions and reports can name the classes.
 
     ```python
     >>> import itertools
@@ -74,6 +76,7 @@ class Dataset:
     records: int | None = None
     batch: int | None = None
     tokenizer: "Tokenizer | None" = None
+    classes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for field in ("train", "val"):
@@ -91,11 +94,27 @@ class Dataset:
                 "Dataset.tokenizer must be a dew.data.tokenizers.Tokenizer (encode, decode, "
                 f"vocab_size, eos_id, fingerprint) or None, got {type(self.tokenizer).__name__}."
             )
+        if self.classes is not None:
+            _check_classes(self.classes)
         if self.records is not None and self.batch is not None and self.batch > self.records:
             raise ValueError(
                 f"Dataset.batch={self.batch} is more than Dataset.records={self.records}: "
                 "one pass over the training data must hold at least one batch."
             )
+
+
+def _check_classes(classes: object) -> None:
+    if (
+        not isinstance(classes, tuple)
+        or not classes
+        or not all(isinstance(name, str) and name for name in classes)
+    ):
+        raise TypeError(
+            f"Dataset.classes must be a non-empty tuple of class names (strings), got {classes!r}."
+        )
+    if len(set(classes)) != len(classes):
+        repeated = next(name for name in classes if classes.count(name) > 1)
+        raise ValueError(f"Dataset.classes names {repeated!r} twice; class names are unique.")
 
 
 def _lazily(batches: Batches, partition: Partition) -> Iterator[Mapping[str, Any]]:

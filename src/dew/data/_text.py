@@ -4,8 +4,6 @@ into a cache, split into training and validation by document."""
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import os
 from collections.abc import Mapping, Sequence
 
@@ -14,12 +12,18 @@ import numpy as np
 from dew._checks import check_integer
 from dew.data._dataset import Dataset
 from dew.data._documents import resolve_files
-from dew.data._indexed import InOrder, StepBatches, fingerprint_of, hold_out
-from dew.data._token_cache import token_cache
+from dew.data._indexed import InOrder, StepBatches, check_fraction, fingerprint_of, hold_out
+from dew.data._token_cache import TokenCache, token_cache
 from dew.data.tokenizers._load import load_tokenizer
 from dew.data.tokenizers._protocol import Tokenizer
 
-__all__ = ["TextWindows", "document_windows", "text", "text_entry"]
+__all__ = [
+    "TextWindows",
+    "document_windows",
+    "text",
+    "text_entry",
+    "windows_dataset",
+]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,21 +76,12 @@ def document_windows(
     return TextWindows(tokens, documents, starts, cumulative, seq_len, fingerprint)
 
 
-def _fraction(value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-        or not 0 <= value < 1
-    ):
-        raise ValueError(f"text: val_fraction must be a number in [0, 1), got {value!r}.")
-    return float(value)
-
-
-def _check_windows(windows: TextWindows, split: str, documents: int, held: bool) -> None:
+def _check_windows(
+    owner: str, windows: TextWindows, split: str, documents: int, held: bool
+) -> None:
     if len(windows) < 1:
         raise ValueError(
-            f"text: the {split} documents ({documents}) hold {int(windows.cumulative[-1])} "
+            f"{owner}: the {split} documents ({documents}) hold {int(windows.cumulative[-1])} "
             f"token(s), fewer than one window of seq_len + 1 = {windows.seq_len + 1}; add "
             f"text or lower seq_len{' or change val_fraction' if held else ''}."
         )
@@ -159,7 +154,7 @@ def text(
     seq_len = check_integer("text: seq_len", seq_len, minimum=1)
     batch = check_integer("text: batch", batch, minimum=1)
     seed = check_integer("text: seed", seed, minimum=0)
-    val_fraction = _fraction(val_fraction)
+    val_fraction = check_fraction("text", val_fraction)
     if field is not None and (not isinstance(field, str) or not field):
         raise TypeError(f"text: field must be a field name (a non-empty string), got {field!r}.")
     if not isinstance(content_hash, bool):
@@ -177,40 +172,74 @@ def text(
         content_hash=content_hash,
         progress=progress,
     )
+    return windows_dataset(
+        "text",
+        cache,
+        chosen,
+        seq_len=seq_len,
+        batch=batch,
+        seed=seed,
+        val_fraction=val_fraction,
+        more="documents (files, or JSON Lines lines)",
+    )
+
+
+def windows_dataset(
+    owner: str,
+    cache: TokenCache,
+    tokenizer: Tokenizer,
+    *,
+    seq_len: int,
+    batch: int,
+    seed: int,
+    val_fraction: float,
+    val_cache: TokenCache | None = None,
+    more: str = "documents",
+) -> Dataset:
+    """The `Dataset` of windows of `seq_len + 1` tokens over a token cache's documents: the
+    training windows read by `StepBatches`, the validation windows (`ceil(val_fraction *
+    documents)` documents held out by the cache's content digest and `seed`, or every
+    document of `val_cache`) by `InOrder`. `more` names what a user adds when too few
+    documents are left to train on."""
     train_documents, val_documents = hold_out(
         cache.documents, fingerprint=cache.content, seed=seed, val_fraction=val_fraction
     )
     if train_documents.size == 0:
         raise ValueError(
-            f"text: {cache.documents} document(s) leave no training document after holding "
+            f"{owner}: {cache.documents} document(s) leave no training document after holding "
             f"out val_fraction={val_fraction} of them (the split is by document): add "
-            "documents (files, or JSON Lines lines) or lower val_fraction."
+            f"{more} or lower val_fraction."
         )
+    held = bool(val_documents.size)
 
-    def windows(documents: np.ndarray, split: str) -> TextWindows:
+    def windows(source: TokenCache, documents: np.ndarray, split: str) -> TextWindows:
         found = document_windows(
-            cache.tokens,
-            cache.offsets,
+            source.tokens,
+            source.offsets,
             documents,
             seq_len=seq_len,
-            fingerprint=fingerprint_of(cache.content, "text", seq_len, split, seed, val_fraction),
+            fingerprint=fingerprint_of(source.content, "text", seq_len, split, seed, val_fraction),
         )
-        _check_windows(found, split, documents.size, held=bool(val_documents.size))
+        _check_windows(owner, found, split, documents.size, held=held)
         return found
 
-    training = windows(train_documents, "training")
+    training = windows(cache, train_documents, "training")
     if batch > len(training):
         raise ValueError(
-            f"text: batch={batch} is more than the {len(training)} training window(s) of "
+            f"{owner}: batch={batch} is more than the {len(training)} training window(s) of "
             f"seq_len + 1 = {seq_len + 1} tokens; lower batch or seq_len, or add text."
         )
-    validation = windows(val_documents, "validation") if val_documents.size else None
+    validation = None
+    if val_cache is not None:
+        validation = windows(val_cache, np.arange(val_cache.documents), "validation")
+    elif held:
+        validation = windows(cache, val_documents, "validation")
     return Dataset(
         train=StepBatches(training, batch, seed),
         val=None if validation is None else InOrder(validation, batch),
         records=len(training),
         batch=batch,
-        tokenizer=chosen,
+        tokenizer=tokenizer,
     )
 
 

@@ -14,8 +14,11 @@ The key is a digest of each file's resolved path, size and modification time (or
 `content_hash=True`, a hash of each file's bytes, in order), the JSON Lines field and the
 tokenizer's fingerprint: a second build with the same key reads the cache; a changed file
 changes the key. A build writes a temporary folder beside the cache, fsyncs it and renames it
-into place, so a build that dies midway leaves no cache that is read (its temporary folder is
-removed by the next build on the same machine).
+into place (`dew.data._cache_folder`), so a build that dies midway leaves no cache that is
+read (its temporary folder is removed by the next build on the same machine).
+
+The documents come from a `Documents`: the files' (`file_corpus`), or the strings of a column
+of a Hugging Face dataset (`dew.data.huggingface`), each with the key part that names them.
 """
 
 from __future__ import annotations
@@ -26,34 +29,29 @@ import itertools
 import json
 import os
 import pathlib
-import shutil
-import socket
 import sys
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from dew.data._cache_folder import cached_folder, default_cache_dir, fsync
 from dew.data._documents import file_documents
 from dew.data.tokenizers._protocol import Tokenizer, describe
 
-__all__ = ["TokenCache", "default_cache_dir", "token_cache"]
+__all__ = [
+    "Documents",
+    "TokenCache",
+    "default_cache_dir",
+    "documents_cache",
+    "file_corpus",
+    "token_cache",
+]
 
 FORMAT = 1
 _BATCH_BYTES = 8 << 20  # documents handed to encode_batch together: about 8 MB of text
 _BATCH_DOCUMENTS = 4096
-
-
-def default_cache_dir() -> pathlib.Path:
-    """Where `dew.data.text` keeps token caches unless told: `$DEW_CACHE_DIR`, else
-    `$XDG_CACHE_HOME/dew/tokens`, else `~/.cache/dew/tokens` (shared by every script of
-    the user, as Hugging Face's caches are; a run configuration puts it in the run folder)."""
-    if os.environ.get("DEW_CACHE_DIR"):
-        return pathlib.Path(os.environ["DEW_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "dew" / "tokens"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -77,11 +75,36 @@ def _dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
-def _key(
-    files: Sequence[pathlib.Path], tokenizer: Tokenizer, field: str | None, content_hash: bool
-) -> str:
+@dataclasses.dataclass(frozen=True, eq=False)
+class Documents:
+    """What a token cache is built from.
+
+    - `key`: a digest that changes whenever the documents could; with the tokenizer's
+      fingerprint it keys the cache.
+    - `size`: their bytes, for the progress bar; `label`: what the bar says it tokenizes
+      (`"4 files"`, `"1000 rows"`).
+    - `read(raw, bar)`: the non-empty documents in order, bytes where `raw` (a tokenizer with
+      `encode_bytes`, and `raw_ok`) else text, advancing the tqdm `bar` by the bytes read.
+    - `record`: what `cache.json` records of them; `empty`: the error's words for a corpus
+      that holds no document.
+    """
+
+    key: str
+    size: int
+    label: str
+    read: Callable[[bool, Any], Iterator[str | bytes]]
+    raw_ok: bool
+    record: Mapping[str, Any]
+    empty: str
+
+
+def file_corpus(
+    owner: str, files: Sequence[pathlib.Path], *, field: str | None, content_hash: bool
+) -> Documents:
+    """The documents of `files` (`dew.data._documents.file_documents`), keyed by each file's
+    resolved path, size and modification time, or its bytes (`content_hash`), and `field`."""
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(repr((FORMAT, field, tokenizer.fingerprint, content_hash)).encode())
+    digest.update(repr(("files", field, content_hash)).encode())
     for path in files:
         if content_hash:  # the bytes in order: a moved or touched corpus keeps its cache
             with path.open("rb") as handle:
@@ -91,7 +114,37 @@ def _key(
             part = repr((str(path.resolve()), status.st_size, status.st_mtime_ns))
         digest.update(part.encode())
         digest.update(b"\x00")
-    return digest.hexdigest()
+    sizes = [path.stat().st_size for path in files]
+
+    def read(raw: bool, bar: Any) -> Iterator[str | bytes]:
+        for number, (path, size) in enumerate(zip(files, sizes, strict=True), start=1):
+            bar.set_postfix_str(f"file {number} of {len(files)}", refresh=False)
+            found = file_documents(owner, path, path.read_bytes(), field=field, raw=raw)
+            left = size
+            for document in found:  # a JSON Lines file advances the bar as it is tokenized
+                yield document
+                step = min(len(document), left)
+                bar.update(step)
+                left -= step
+            bar.update(left)
+
+    shown = ", ".join(repr(os.fspath(path)) for path in files[:3])
+    return Documents(
+        key=digest.hexdigest(),
+        size=sum(sizes),
+        label=f"{len(files)} file{'s' * (len(files) != 1)}",
+        read=read,
+        raw_ok=field is None,
+        record={"files": [os.fspath(path) for path in files], "field": field},
+        empty=f"{len(files)} file(s) ({shown}{', ...' if len(files) > 3 else ''}) hold no text"
+        f"{f' under the field {field!r}' if field else ''}",
+    )
+
+
+def _key(documents: Documents, tokenizer: Tokenizer) -> str:
+    return hashlib.blake2b(
+        repr((FORMAT, documents.key, tokenizer.fingerprint)).encode(), digest_size=16
+    ).hexdigest()
 
 
 def _load(folder: pathlib.Path, key: str) -> TokenCache | None:
@@ -111,32 +164,6 @@ def _load(folder: pathlib.Path, key: str) -> TokenCache | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return TokenCache(folder, tokens, offsets, key, str(meta["content"]), built=False)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _sweep(cache_dir: pathlib.Path, name: str, host: str) -> None:
-    """Remove the temporary folders of builds of `name` on this machine whose process died."""
-    for leftover in cache_dir.glob(f".{name}.building-{host}-*"):
-        pid = leftover.name.removeprefix(f".{name}.building-{host}-").split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _fsync(path: pathlib.Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _chunk_ids(owner: str, chunk: list[Any], tokenizer: Tokenizer, dtype: np.dtype) -> np.ndarray:
@@ -186,44 +213,26 @@ def _chunks(documents: Iterator[str | bytes], tokenizer: Tokenizer) -> Iterator[
 def _write(
     owner: str,
     folder: pathlib.Path,
-    files: Sequence[pathlib.Path],
+    documents: Documents,
     tokenizer: Tokenizer,
-    field: str | None,
     key: str,
     show: bool,
 ) -> None:
     dtype = _dtype(tokenizer.vocab_size)
-    raw = field is None and callable(getattr(tokenizer, "encode_bytes", None))
+    raw = documents.raw_ok and callable(getattr(tokenizer, "encode_bytes", None))
     content = hashlib.blake2b(digest_size=16)
     lengths: list[np.ndarray] = [np.zeros(1, np.int64)]
-    empty = 0
-    sizes = [path.stat().st_size for path in files]
     bar = tqdm(
-        total=sum(sizes),
+        total=documents.size,
         unit="B",
         unit_scale=True,
-        desc=f"tokenizing {len(files)} file{'s' * (len(files) != 1)}",
+        desc=f"tokenizing {documents.label}",
         disable=not show,
         file=sys.stderr,
         dynamic_ncols=True,
     )
-
-    def documents() -> Iterator[str | bytes]:
-        nonlocal empty
-        for number, (path, size) in enumerate(zip(files, sizes, strict=True), start=1):
-            bar.set_postfix_str(f"file {number} of {len(files)}", refresh=False)
-            found = file_documents(owner, path, path.read_bytes(), field=field, raw=raw)
-            empty += not found
-            left = size
-            for document in found:  # a JSON Lines file advances the bar as it is tokenized
-                yield document
-                step = min(len(document), left)
-                bar.update(step)
-                left -= step
-            bar.update(left)
-
     with bar, (folder / "tokens.bin").open("wb") as out:
-        for chunk in _chunks(documents(), tokenizer):
+        for chunk in _chunks(documents.read(raw, bar), tokenizer):
             array = _chunk_ids(owner, chunk, tokenizer, dtype)
             out.write(array.data)
             content.update(array.data)
@@ -232,12 +241,7 @@ def _write(
         os.fsync(out.fileno())
     boundaries = np.cumsum(np.concatenate(lengths))
     if boundaries.shape[0] == 1:
-        raise ValueError(
-            f"{owner}: the corpus is empty: {len(files)} file(s) "
-            f"({', '.join(repr(os.fspath(path)) for path in files[:3])}"
-            f"{', ...' if len(files) > 3 else ''}) hold no text"
-            f"{f' under the field {field!r}' if field else ''}."
-        )
+        raise ValueError(f"{owner}: the corpus is empty: {documents.empty}.")
     content.update(boundaries.tobytes())
     np.save(folder / "documents.npy", boundaries)
     meta = {
@@ -247,9 +251,7 @@ def _write(
         "dtype": dtype.str,
         "tokens": int(boundaries[-1]),
         "documents": int(boundaries.shape[0] - 1),
-        "empty_files": empty,
-        "files": [os.fspath(path) for path in files],
-        "field": field,
+        **documents.record,
         "tokenizer": describe(tokenizer),
         "tokenizer_fingerprint": tokenizer.fingerprint,
         "eos_id": tokenizer.eos_id,
@@ -257,8 +259,32 @@ def _write(
     }
     (folder / "cache.json").write_text(json.dumps(meta, indent=1) + "\n")
     for name in ("documents.npy", "cache.json"):
-        _fsync(folder / name)
-    _fsync(folder)
+        fsync(folder / name)
+
+
+def documents_cache(
+    owner: str,
+    documents: Documents,
+    tokenizer: Tokenizer,
+    *,
+    cache_dir: str | os.PathLike[str] | None,
+    progress: bool | None,
+) -> TokenCache:
+    """The token cache of `documents` under `tokenizer`: read where a whole one with the same
+    key exists in `cache_dir`, else built (with a progress bar on stderr when `progress`, or
+    when `progress is None` and stderr is a terminal) and then read."""
+    cache_dir = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
+    key = _key(documents, tokenizer)
+    show = sys.stderr.isatty() if progress is None else bool(progress)
+    found, built = cached_folder(
+        owner,
+        cache_dir,
+        f"tokens-{key}",
+        load=lambda folder: _load(folder, key),
+        write=lambda folder: _write(owner, folder, documents, tokenizer, key, show),
+        what="token cache",
+    )
+    return dataclasses.replace(found, built=built)
 
 
 def token_cache(
@@ -271,42 +297,6 @@ def token_cache(
     content_hash: bool,
     progress: bool | None,
 ) -> TokenCache:
-    """The token cache of `files` under `tokenizer`: read where a whole one with the same key
-    exists in `cache_dir`, else built (with a progress bar on stderr when `progress`, or
-    when `progress is None` and stderr is a terminal) and then read."""
-    cache_dir = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
-    key = _key(files, tokenizer, field, content_hash)
-    name = f"tokens-{key}"
-    final = cache_dir / name
-    if final.is_dir() and (found := _load(final, key)) is not None:
-        return found
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise OSError(
-            f"{owner}: cannot create the token cache folder {os.fspath(cache_dir)!r} "
-            f"({error.strerror or error}); pass cache_dir= naming a writable folder."
-        ) from None
-    host = socket.gethostname().replace("-", "_")
-    _sweep(cache_dir, name, host)
-    building = cache_dir / f".{name}.building-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    building.mkdir()
-    show = sys.stderr.isatty() if progress is None else bool(progress)
-    try:
-        _write(owner, building, files, tokenizer, field, key, show)
-        # Another process may have finished the same cache meanwhile: theirs is read, ours
-        # removed. A folder there that does not read back whole is damaged: replaced.
-        if final.exists() and _load(final, key) is None:
-            shutil.rmtree(final, ignore_errors=True)
-        try:
-            os.rename(building, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-        _fsync(cache_dir)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    found = _load(final, key)
-    if found is None:
-        raise OSError(f"{owner}: the token cache at {os.fspath(final)!r} did not read back.")
-    return dataclasses.replace(found, built=True)
+    """The token cache of `files` under `tokenizer` (`documents_cache` of `file_corpus`)."""
+    documents = file_corpus(owner, files, field=field, content_hash=content_hash)
+    return documents_cache(owner, documents, tokenizer, cache_dir=cache_dir, progress=progress)

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dew.data.tokenizers._protocol import existing_file, file_fingerprint, optional
+from dew.data._optional import optional
+from dew.data.tokenizers._protocol import existing_file, file_fingerprint
 
 __all__ = ["EOS_NAMES", "HFTokenizer"]
 

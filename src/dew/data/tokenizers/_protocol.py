@@ -6,7 +6,7 @@ import hashlib
 import os
 import pathlib
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -16,7 +16,6 @@ __all__ = [
     "describe",
     "existing_file",
     "file_fingerprint",
-    "optional",
 ]
 
 
@@ -59,17 +58,6 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """The text of `ids`, end-of-document IDs left out."""
         ...
-
-
-def optional(module: str, extra: str, needed_by: str) -> Any:
-    """Import `module`, or raise an `ImportError` naming the extra that installs it."""
-    try:
-        return __import__(module)
-    except ImportError:
-        raise ImportError(
-            f"{needed_by} needs the package {module!r}: install dew-ml[{extra}] "
-            f"(pip install 'dew-ml[{extra}]')."
-        ) from None
 
 
 def file_fingerprint(kind: str, path: pathlib.Path, *parts: object) -> str:

@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 
 from dew._checks import check_integer
 from dew.data._documents import file_documents, resolve_files
+from dew.data._optional import optional
 from dew.data.tokenizers._huggingface import HFTokenizer
-from dew.data.tokenizers._protocol import optional
 
 __all__ = ["END_OF_TEXT", "train_tokenizer"]
 
