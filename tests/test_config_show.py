@@ -266,5 +266,7 @@ def test_config_show_piped_into_a_file_trains_with_dew_train(tmp_path):
     )
     assert shown.returncode == 0, shown.stderr
     trained = RunConfig.from_run_record(tmp_path / "runs" / "quickstart")
-    assert trained == override(builtin("tiny_lm"), {"trainer.steps": 2})
+    # run.json records local paths absolute (decision 0031): the run's folder is where it is
+    where = {"trainer.steps": 2, "trainer.checkpoint_dir": str(tmp_path / "runs")}
+    assert trained == override(builtin("tiny_lm"), where)
     assert RunConfig.load(tmp_path / "run.toml") == builtin("tiny_lm")

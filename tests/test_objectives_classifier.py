@@ -140,6 +140,7 @@ def test_dew_train_names_the_inputs_key_the_batch_lacks_in_one_line(tmp_path):
     status, _, err = _run(arguments)
     assert status == 2
     assert err == (
-        "dew train: ClassifierObjective reads batch key 'inputs' (its `inputs` field), but the "
-        "batch has 'images', 'labels'.\n"
+        "dew train: the data's first training batch does not fit the 'classifier' objective: "
+        "ClassifierObjective reads batch key 'inputs' (its `inputs` field), but the batch has "
+        "'images', 'labels'.\n"
     )
