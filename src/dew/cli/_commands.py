@@ -269,14 +269,18 @@ def _eval(args: argparse.Namespace) -> int:
     config = RunConfig.from_run_record(folder / "run.json")  # evaluate_run's own first read
     objective, metrics, skipped = _default_metrics(config)
     metrics = _chosen_metrics(metrics, args.metrics)
-    result = evaluate_run(folder, metrics=metrics, step=args.step)
+    split = "train" if args.split == "train" else "validation"
+    result = evaluate_run(
+        folder, metrics=metrics, step=args.step, split=split, batches=args.batches
+    )
+    scored = "" if split == "validation" else "  (training split)"
     if result.scores:
         shown = "  ".join(f"{name} {value:.4f}" for name, value in result.scores.items())
-        _say(f"step {result.step}  {shown}")
+        _say(f"step {result.step}{scored}  {shown}")
     else:  # say why there is no score rather than print an empty line
         weights = "EMA params" if getattr(objective, "ema_decay", None) is not None else "params"
         if metrics:
-            why = "the validation pass was empty"
+            why = f"the {'training' if split == 'train' else 'validation'} pass was empty"
         elif skipped:
             why = f"{', '.join(skipped)} skipped"
         else:

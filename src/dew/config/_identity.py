@@ -7,6 +7,9 @@ configuration say where rather than what:
 - `trainer.checkpoint_dir` and `trainer.name`: where the run's folder is. A folder moved, or
   reached by a relative path once and an absolute one the next time, is the same run; they
   are left out of the comparison (`LOCATION`).
+- `trainer.imports`: the modules that register the names the configuration uses. Where a
+  name comes from is not what the run is (the names are), and a run trained from Python is
+  extended from the command with `--import` (`REGISTRATIONS`).
 - Local file paths among the sections' keyword arguments (a dataset's `path`): relative ones
   mean another file from another working directory. The recipe records them absolute
   (`absolute_paths`), with the path as given beside it for display, and a comparison reads
@@ -30,10 +33,13 @@ from dew.config._data import datasets
 if TYPE_CHECKING:
     from dew.config._config import RunConfig
 
-__all__ = ["LOCATION", "absolute_paths", "comparable"]
+__all__ = ["LOCATION", "REGISTRATIONS", "absolute_paths", "comparable"]
 
 LOCATION = ("checkpoint_dir", "name")
 """The trainer fields that say where a run's folder is, which no comparison reads."""
+REGISTRATIONS = ("imports",)
+"""The trainer field that says which modules register the names a run uses: no comparison
+reads it either."""
 
 _BUILDERS: dict[str, Callable[[str], Any]] = {
     "model": lambda name: _registry.models[name],
@@ -102,7 +108,9 @@ def absolute_paths(config: "RunConfig") -> tuple["RunConfig", dict[str, str]]:
     return type(config).from_dict(plain), given
 
 
-def comparable(plain: Mapping[str, Any], *, ignoring: tuple[str, ...] = LOCATION) -> dict[str, Any]:
+def comparable(
+    plain: Mapping[str, Any], *, ignoring: tuple[str, ...] = (*LOCATION, *REGISTRATIONS)
+) -> dict[str, Any]:
     """The sections of a recorded configuration (`RunConfig.to_dict`'s shape) as compared:
     the trainer fields `ignoring` left out, every local path absolute."""
     result = {}

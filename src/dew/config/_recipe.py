@@ -47,9 +47,10 @@ from dew._checks import _as_called
 from dew._domains import model_key, objective_key, run_key
 from dew._json import read_json
 from dew._lock import folder_lock
+from dew._plugins import import_modules
 from dew._processes import agreed_phase, is_process_zero
 from dew.checkpoints._location import checkpoint_location, is_remote, uri_scheme
-from dew.config._identity import LOCATION, absolute_paths, comparable
+from dew.config._identity import LOCATION, REGISTRATIONS, absolute_paths, comparable
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset, Partition
 from dew.data.tokenizers import check_vocabulary
@@ -143,7 +144,7 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     if isinstance(saved.get("trainer"), dict):
         saved = {**saved, "trainer": {**defaults, **saved["trainer"]}}
     fresh = record.to_dict()
-    ignoring = (*LOCATION, *_NOT_IDENTITY)
+    ignoring = (*LOCATION, *REGISTRATIONS, *_NOT_IDENTITY)
     before = comparable({field: saved.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     now = comparable({field: fresh.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     differing = [field for field in SECTIONS if before[field] != now[field]]
@@ -290,6 +291,7 @@ def train_run(
     record = _record(config, given)
     seed = jax.random.key(settings.seed)
     with agreed_phase("checking the configuration"):  # before anything is written
+        import_modules(settings.imports, named_by="trainer.imports")
         optimizer = config.optim.build(settings.steps)
         built = build_objective(config, objective, seed)
         if data is None:
