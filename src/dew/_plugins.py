@@ -28,12 +28,14 @@ __all__ = [
     "check_module_names",
     "import_modules",
     "load_plugins",
+    "plugin_distributions",
 ]
 
 PLUGIN_GROUP = "dew.plugins"
 """The entry-point group whose modules register in `dew.registry` when imported."""
 
 _loaded: dict[str, str] = {}  # entry point name -> module, once loaded in this process
+_distributions: dict[str, str] = {}  # their distributions' names -> versions
 
 
 class RegistrationImportError(ImportError):
@@ -127,13 +129,21 @@ def load_plugins() -> dict[str, str]:
     ):
         if _loaded.get(entry.name) == entry.value:
             continue
+        dist = getattr(entry, "dist", None)
         try:
             entry.load()
         except Exception as error:
-            dist = getattr(entry, "dist", None)
             owner = f"distribution {dist.name} {dist.version}, " if dist is not None else ""
             what = f"the {PLUGIN_GROUP} entry point {entry.name!r} ({owner}module {entry.value!r})"
             uninstall = f" (pip uninstall {dist.name})" if dist is not None else ""
             raise _failure(what, error, f"fix it or uninstall it{uninstall}") from error
         _loaded[entry.name] = entry.value
+        if dist is not None:
+            _distributions[dist.name] = dist.version
     return dict(_loaded)
+
+
+def plugin_distributions() -> dict[str, str]:
+    """`{distribution: version}` of the `dew.plugins` entry points `load_plugins` loaded in
+    this process (a run records them beside dew's own packages)."""
+    return dict(_distributions)

@@ -261,12 +261,14 @@ def _chosen_metrics(metrics: Sequence[Any], names: str | None) -> tuple[Any, ...
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from dew._plugins import import_modules
     from dew.config import RunConfig, evaluate_run
     from dew.distributed import process_count
     from dew.training import counts_line, key_text
 
     folder = pathlib.Path(args.run_dir)
     config = RunConfig.from_run_record(folder / "run.json")  # evaluate_run's own first read
+    import_modules(config.trainer.imports, named_by=f"trainer.imports of {folder / 'run.json'}")
     objective, metrics, skipped = _default_metrics(config)
     metrics = _chosen_metrics(metrics, args.metrics)
     split = "train" if args.split == "train" else "validation"

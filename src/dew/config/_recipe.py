@@ -47,7 +47,7 @@ from dew._checks import _as_called
 from dew._domains import model_key, objective_key, run_key
 from dew._json import read_json
 from dew._lock import folder_lock
-from dew._plugins import import_modules
+from dew._plugins import import_modules, plugin_distributions
 from dew._processes import agreed_phase, is_process_zero
 from dew.checkpoints._location import checkpoint_location, is_remote, uri_scheme
 from dew.config._identity import LOCATION, REGISTRATIONS, absolute_paths, comparable
@@ -58,7 +58,7 @@ from dew.metrics import Metric
 from dew.naming import Split
 from dew.objectives.base import Objective, check_batch_keys
 from dew.steps import TrainState
-from dew.telemetry.records import RunRecord
+from dew.telemetry.records import RunRecord, package_versions
 from dew.tracking import LocalTracker, Tracker, Trackers
 from dew.training import Trainer
 
@@ -108,9 +108,11 @@ def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
 
 
 def _record(config: "RunConfig", paths: dict[str, str] | None = None) -> RunRecord:
-    """The run's record: one field per section, under the section's name, and the local
-    paths as given (`paths`)."""
-    return RunRecord(**config.to_dict(), paths=paths or {})
+    """The run's record: one field per section, under the section's name, the local paths
+    as given (`paths`), and the package versions, the `dew.plugins` distributions loaded
+    included."""
+    packages = {**package_versions(), **plugin_distributions()}
+    return RunRecord(**config.to_dict(), paths=paths or {}, packages=packages)
 
 
 _NOT_IDENTITY = ("steps", "on_nonfinite")  # trainer fields a rerun of the same run may change

@@ -2,7 +2,7 @@
 objective and the trainer's settings."""
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optax
@@ -255,7 +255,7 @@ class TrainerConfig(_Section):
     train_reduction: str = "mean"
     log_optimizer: bool = False
     on_nonfinite: str = "raise"
-    imports: tuple[str, ...] = ()
+    imports: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         where = _where(self)
