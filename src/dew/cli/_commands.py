@@ -261,9 +261,9 @@ def _chosen_metrics(metrics: Sequence[Any], names: str | None) -> tuple[Any, ...
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from dew._plugins import import_modules
     from dew.config import RunConfig, evaluate_run
     from dew.distributed import process_count
+    from dew.registry import import_modules
     from dew.training import counts_line, key_text
 
     folder = pathlib.Path(args.run_dir)
