@@ -39,12 +39,12 @@ DataConfig(name='token_windows', kwargs={'seq_len': 8})
 """
 
 from dew._datasets import preference_pairs as preference_pairs
+from dew._datasets import prompts as prompts
+from dew._datasets import token_windows as token_windows
 from dew._plugins import PLUGIN_GROUP as PLUGIN_GROUP
 from dew._plugins import RegistrationImportError as RegistrationImportError
 from dew._plugins import import_modules as import_modules
 from dew._plugins import load_plugins as load_plugins
-from dew._datasets import prompts as prompts
-from dew._datasets import token_windows as token_windows
 from dew._registry import DATASET_SUPPLIED as DATASET_SUPPLIED
 from dew._registry import NotRegisteredError as NotRegisteredError
 from dew._registry import Registry as Registry
