@@ -1,4 +1,4 @@
-"""The `dew` command: `dew train`, `dew sweep`, `dew eval` and `dew runs`.
+"""The `dew` command: `dew train`, `dew sweep`, `dew eval`, `dew runs` and `dew data`.
 
 - `dew train [--config] [CONFIG]`: train a run configuration, a TOML file or a built-in
   name (`dew.config.BUILTIN_CONFIGS`: `tiny_lm`, the default, `tiny_diffusion`, ...), as
@@ -6,12 +6,21 @@
 - `dew sweep [--config] CONFIG SPACE.toml`: one trial per point of the space, with a
   ledger; several `dew sweep --search optuna --storage URL` workers share one study.
 - `dew eval RUN_DIR`: score a run's latest checkpoint (`--step N`: that one; `--metrics a,b`:
-  those metrics) on its validation data.
+  those metrics) on its validation data (`--split train`: every training row once, in row
+  order; `--batches N`: the split's first N batches).
 - `dew runs [FOLDER]`: a table of the runs under a folder, the hyperparameters that differ
   and their final metrics (a sweep: its best trial); `--sort`, `--filter`, `--json`.
 - `dew config show [CONFIG]`: a configuration (a built-in name, a TOML file, a run folder)
   as the TOML `dew train` reads; `dew --version` prints dew's version.
 - `dew plot RUN_DIR`: render a run's plots from its local journal (`_plot`).
+- `dew data inspect CONFIG_OR_RUN`: the data a run trains on, its split sizes, fingerprints
+  and one batch decoded (`_inspect`, `_contact_sheet`); `dew data tokenizer FILES`: a BPE
+  `tokenizer.json` trained on your files (`_data_command`).
+
+Every command that reads a configuration (train, sweep, eval, config show, data inspect) first
+imports the installed `dew.plugins` entry points and the modules `--import` names (`_inputs.
+_register`; `dew._plugins`), then those the configuration's `trainer.imports` names; `--help`
+imports neither.
 
 `dew train` and `dew sweep` take `--tracker local,tensorboard,mlflow,wandb` (`_trackers`):
 the trackers added to the run folder's local journal, which is always written.

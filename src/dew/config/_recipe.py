@@ -131,8 +131,8 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     """A run folder's existing run.json must describe the same run: the same configuration
     but for `trainer.steps` (the step budget is no part of a run's identity: a larger one
     extends the run), `trainer.on_nonfinite` (a run that stopped on a divergence resumes with
-    `on_nonfinite="continue"`) and where the folder is (`LOCATION`), local paths compared
-    absolute.
+    `on_nonfinite="continue"`), where the folder is (`LOCATION`) and the modules that
+    register its names (`REGISTRATIONS`), local paths compared absolute.
     Returns the saved record (`None`: a new run); another configuration raises
     `_AnotherRunError` naming the sections that differ."""
     path = folder / "run.json"
