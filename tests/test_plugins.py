@@ -272,8 +272,8 @@ def test_import_that_fails_is_one_line_and_exit_2(tmp_path, capsys):
     assert not (tmp_path / "r").exists()  # refused before anything is written
 
 
-@pytest.mark.slow  # three short fits and an evaluation, in process: about 15 s
-def test_a_run_on_registrations_from_import_is_evaluated_extended_and_shown_untold(
+@pytest.mark.slow  # five short fits and two evaluations, in process: about 20 s
+def test_a_run_on_registrations_from_import_is_evaluated_extended_and_swept_untold(
     tmp_path, registering, capsys
 ):
     path = tmp_path / "run.toml"
@@ -313,6 +313,18 @@ def test_a_run_on_registrations_from_import_is_evaluated_extended_and_shown_unto
     _forget(registering)
     assert main(["eval", str(tmp_path / "named")]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("step 4  accuracy ")
+
+    # A sweep told once: its rerun (a larger budget) finds the modules in its ledger.
+    space = tmp_path / "space.toml"
+    space.write_text('"optim.learning_rate" = [0.01, 0.003]\n')
+    sweep = ["sweep", str(path), str(space), "--search", "grid", "--name", "lr", "--quiet"]
+    _forget(registering)
+    assert main([*sweep, "--trials", "1", "--import", registering]) == 0
+    _forget(registering)
+    assert main([*sweep, "--trials", "2"]) == 0
+    for index in (0, 1):
+        trial = json.loads((tmp_path / "lr" / f"trial-{index}" / "run.json").read_text())
+        assert trial["trainer"]["imports"] == [registering]
 
 
 @pytest.mark.slow  # pip builds and installs a distribution, then two dew subprocesses: ~40 s
