@@ -9,7 +9,7 @@ import pytest
 
 from dew.cli import main
 from dew.cli._contact_sheet import CAPTION, COLUMNS, GAP, tile_scale
-from dew.config import builtin
+from dew.config import builtin, override
 from dew.data import Partition
 from dew.tracking._render import to_uint8
 
@@ -165,16 +165,9 @@ def test_inspect_a_batch_of_images_writes_a_contact_sheet_of_them_with_their_lab
     found = json.loads(capsys.readouterr().out)
     sheet = found["batch"]["contact_sheet"]
     assert sheet == {"path": "shapes-val-step0.png", "field": "images", "values": "[0, 1]"}
-    config = builtin("tiny_classifier")
-    from dew.registry import shapes
-
-    data = shapes(
-        rows=64,
-        image_size=config.data.kwargs.get("image_size", 16),
-        batch_size=6,
-        seed=0,
-        **{key: value for key, value in config.data.kwargs.items() if key == "val_fraction"},
-    )
+    point = {"data.kwargs.rows": 64, "trainer.batch_size": 6}
+    config = override(builtin("tiny_classifier"), point)
+    data = config.data.build(batch_size=6, seed=config.trainer.seed)
     batch = next(data.val(Partition()))
     assert found["batch"]["labels"] == batch["labels"].tolist()
     # Read back by Pillow: each tile is its image enlarged by a whole factor, pixel for pixel.
