@@ -2,6 +2,7 @@
 dew's warnings, one line each."""
 
 import contextlib
+import difflib
 import errno
 import os
 import pathlib
@@ -46,10 +47,15 @@ REGISTRATION_ADVICE = (
 
 def advise(error: BaseException) -> None:
     """Add the command's advice to a user's error it has some for: a name no registry
-    holds could be the user's own, registered in a module the command was not told of."""
+    holds, and no registered name is close to (a typo's line lists the names), could be the
+    user's own, registered in a module the command was not told of."""
     from dew._registry import NotRegisteredError
 
-    if isinstance(error, NotRegisteredError):
+    if (
+        isinstance(error, NotRegisteredError)
+        and isinstance(error.requested, str)
+        and not difflib.get_close_matches(error.requested, error.registered, n=1, cutoff=0.8)
+    ):
         error.add_note(REGISTRATION_ADVICE)
 
 
