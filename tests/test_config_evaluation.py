@@ -138,3 +138,107 @@ def test_evaluate_run_restores_an_ema_objective_and_scores_with_its_ema_params(t
 
     assert result.scores["mse"] == score(state.ema_params)
     assert result.scores["mse"] != score(state.params)
+
+
+def _rows_dataset(count, batch, val_fraction):
+    from dew.data import indexed_dataset
+    from dew.data._indexed import fingerprint_of
+
+    class Numbered:
+        fingerprint = fingerprint_of("numbered", count)
+
+        def __len__(self):
+            return count
+
+        def read(self, indices):
+            return {"row": np.asarray(indices, np.int64)}
+
+    return indexed_dataset(Numbered(), batch=batch, seed=3, val_fraction=val_fraction)
+
+
+def _rows_of(batches, partition):
+    return [int(row) for batch in batches(partition) for row in batch["row"]]
+
+
+def test_the_training_split_is_every_training_row_once_in_row_order_for_any_process_count():
+    from dew.config._evaluation import split_batches
+    from dew.data import Partition
+
+    data = _rows_dataset(50, batch=4, val_fraction=0.2)
+    training = sorted(int(row) for row in data.train.rows.read(np.arange(40))["row"])
+    assert _rows_of(split_batches(data, "train"), Partition()) == training
+    shares = [_rows_of(split_batches(data, "train"), Partition(index, 3)) for index in range(3)]
+    assert (
+        sorted(row for share in shares for row in share) == training
+    )  # three processes: the same rows, once each
+    assert _rows_of(split_batches(data, "validation"), Partition()) == _rows_of(
+        data.val, Partition()
+    )
+    # batches: the pass's first batches x batch rows, whatever the process count.
+    first = _rows_of(split_batches(data, "train", batches=3), Partition())
+    assert first == training[:12]
+    shares = [
+        _rows_of(split_batches(data, "train", batches=3), Partition(index, 2)) for index in (0, 1)
+    ]
+    assert sorted(row for share in shares for row in share) == training[:12]
+
+
+def test_a_streamed_training_split_needs_a_batch_count_and_a_missing_split_says_which():
+    import itertools
+
+    from dew.config._evaluation import split_batches
+    from dew.data import Dataset, Partition
+
+    rows = np.arange(4)
+    stream = Dataset(train=lambda partition: itertools.repeat({"row": rows}), batch=4)
+    with pytest.raises(ValueError, match=r"trains on a stream .* --batches N"):
+        split_batches(stream, "train", source="mine")
+    assert len(list(split_batches(stream, "train", batches=2)(Partition()))) == 2
+    with pytest.raises(ValueError, match=r"'mine' has no validation data .* --split train"):
+        split_batches(stream, "validation", source="mine")
+    with pytest.raises(ValueError, match="split must be 'validation' or 'train', got 'val'"):
+        split_batches(stream, "val")
+
+
+@pytest.mark.slow  # a 4-step fit on text: about 8 s
+def test_evaluate_run_on_the_training_split_is_numpys_perplexity_over_every_window(
+    tmp_path, monkeypatch
+):
+    import equinox as eqx
+
+    from dew.config import DataConfig
+    from dew.config._recipe import build_objective
+
+    monkeypatch.chdir(tmp_path)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for number in range(3):
+        (corpus / f"{number}.txt").write_text(f"text {number}: " + "abc def ghi " * (8 + number))
+    config = RunConfig(
+        model=ModelConfig("causal_transformer", {**SIZES, "vocab_size": 257}),
+        data=DataConfig("text", {"paths": ["corpus/*.txt"], "seq_len": 8}),
+        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
+        trainer=TrainerConfig(name="text", checkpoint_dir=str(tmp_path), steps=4, batch_size=4),
+    )
+    state = config.train(progress=False)
+    with pytest.raises(ValueError, match="'text' has no validation data"):
+        evaluate_run(tmp_path / "text")
+    scored = evaluate_run(tmp_path / "text", split="train")
+    capped = evaluate_run(tmp_path / "text", split="train", batches=2)
+
+    # Every window of the files' bytes (each file followed by the end of a document, 256),
+    # scored with the trained params and reduced in NumPy.
+    stream = np.concatenate(
+        [
+            np.append(np.frombuffer(path.read_bytes(), np.uint8).astype(np.int64), 256)
+            for path in sorted(corpus.iterdir())
+        ]
+    )
+    windows = np.stack([stream[i * 8 : i * 8 + 9] for i in range((stream.size - 1) // 8)])
+    model = eqx.combine(state.params, build_objective(config, None, jax.random.key(0)).model)
+    logits = np.asarray(jax.vmap(model)(windows[:, :-1]), np.float64)
+    peak = logits.max(-1, keepdims=True)
+    log_probs = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
+    losses = -np.take_along_axis(log_probs, windows[:, 1:, None], -1)[..., 0]
+    np.testing.assert_allclose(scored.scores["perplexity"], np.exp(losses.mean()), rtol=1e-5)
+    np.testing.assert_allclose(capped.scores["perplexity"], np.exp(losses[:8].mean()), rtol=1e-5)

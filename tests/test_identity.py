@@ -79,3 +79,21 @@ def test_where_a_folder_is_is_no_part_of_the_comparison(tmp_path, monkeypatch):
 def test_values_that_are_not_local_paths_are_compared_as_they_are(value):
     plain = {"data": {"name": "token_windows", "kwargs": {"path": value}}}
     assert comparable(plain) == plain
+
+
+def test_a_list_of_paths_is_recorded_with_each_relative_entry_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = datasets["text"](paths=["corpus/*.txt", "/data/more.txt"], seq_len=8, cache_dir="c")
+    config = RunConfig(model=ModelConfig("causal_transformer", SIZES), data=data)
+    resolved, given = absolute_paths(config)
+    assert resolved.data.kwargs["paths"] == (str(tmp_path / "corpus" / "*.txt"), "/data/more.txt")
+    assert resolved.data.kwargs["cache_dir"] == str(tmp_path / "c")
+    assert given == {"data.kwargs.paths[0]": "corpus/*.txt", "data.kwargs.cache_dir": "c"}
+    assert comparable(config.to_dict()) == comparable(resolved.to_dict())
+
+
+def test_the_modules_that_register_a_run_s_names_are_no_part_of_the_comparison():
+    here = _config().to_dict()
+    told = {**here, "trainer": {**here["trainer"], "imports": ["my_data"]}}
+    assert comparable(here) == comparable(told)
+    assert comparable(here, ignoring=()) != comparable(told, ignoring=())

@@ -37,9 +37,17 @@ T = TypeVar("T")
 
 
 class NotRegisteredError(KeyError):
-    """A name that no entry of a registry carries (a `KeyError` with a readable message)."""
+    """A name that no entry of a registry carries (a `KeyError` with a readable message):
+    `requested` is the name, `registered` the names the registry holds."""
 
     __module__ = "dew.registry"  # where users import it from, and what tracebacks name
+
+    def __init__(
+        self, message: str, requested: str | None = None, registered: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.requested = requested
+        self.registered = registered
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -202,7 +210,9 @@ class Registry(Generic[T]):
         if name not in self._entries:
             known = ", ".join(repr(known) for known in self.names()) or "none"
             raise NotRegisteredError(
-                f"no {self.kind} is registered as {name!r}; registered: {known}."
+                f"no {self.kind} is registered as {name!r}; registered: {known}.",
+                name,
+                self.names(),
             )
         return self._entries[name]
 

@@ -11,6 +11,11 @@ you register your own by name (as a call or as a decorator):
   dataset (after checking that `kwargs` bind to its builder), so a run config names its
   data instead of holding it; `datasets.builder(name)` is the builder itself.
 
+Names you register in Python reach the `dew` command (and a run's later commands) through a
+module it imports: `dew train --import my_data` or `trainer.imports = ["my_data"]` (recorded in
+the run's `run.json`; `import_modules` imports them), or an installed distribution's
+`dew.plugins` entry point (`PLUGIN_GROUP`; `load_plugins` imports every one).
+
 The built-in datasets are synthetic or read a local file, so they never download:
 `"token_windows"` (language modelling and masked diffusion), `"preference_pairs"` (DPO),
 `"prompts"` (GRPO), the synthetic vision data `"shapes"` (images of squares, discs
@@ -44,6 +49,10 @@ from dew._datasets import preference_pairs as preference_pairs
 from dew._datasets import prompts as prompts
 from dew._datasets import token_file as token_file
 from dew._datasets import token_windows as token_windows
+from dew._plugins import PLUGIN_GROUP as PLUGIN_GROUP
+from dew._plugins import RegistrationImportError as RegistrationImportError
+from dew._plugins import import_modules as import_modules
+from dew._plugins import load_plugins as load_plugins
 from dew._registry import DATASET_SUPPLIED as DATASET_SUPPLIED
 from dew._registry import NotRegisteredError as NotRegisteredError
 from dew._registry import Registry as Registry
@@ -61,6 +70,10 @@ from dew.config._data import datasets as datasets
 __all__ = [
     "DATASET_SUPPLIED",
     "arrays_file",
+    "PLUGIN_GROUP",
+    "RegistrationImportError",
+    "import_modules",
+    "load_plugins",
     "SHAPE_KINDS",
     "DatasetRegistry",
     "NotRegisteredError",

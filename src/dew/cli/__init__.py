@@ -1,4 +1,4 @@
-"""The `dew` command: `dew train`, `dew sweep`, `dew eval` and `dew runs`.
+"""The `dew` command: `dew train`, `dew sweep`, `dew eval`, `dew runs` and `dew data`.
 
 - `dew train [--config] [CONFIG]`: train a run configuration, a TOML file or a built-in
   name (`dew.config.BUILTIN_CONFIGS`: `tiny_lm`, the default, `tiny_diffusion`, ...), as
@@ -6,12 +6,21 @@
 - `dew sweep [--config] CONFIG SPACE.toml`: one trial per point of the space, with a
   ledger; several `dew sweep --search optuna --storage URL` workers share one study.
 - `dew eval RUN_DIR`: score a run's latest checkpoint (`--step N`: that one; `--metrics a,b`:
-  those metrics) on its validation data.
+  those metrics) on its validation data (`--split train`: every training row once, in row
+  order; `--batches N`: the split's first N batches).
 - `dew runs [FOLDER]`: a table of the runs under a folder, the hyperparameters that differ
   and their final metrics (a sweep: its best trial); `--sort`, `--filter`, `--json`.
 - `dew config show [CONFIG]`: a configuration (a built-in name, a TOML file, a run folder)
   as the TOML `dew train` reads; `dew --version` prints dew's version.
 - `dew plot RUN_DIR`: render a run's plots from its local journal (`_plot`).
+- `dew data inspect CONFIG_OR_RUN`: the data a run trains on, its split sizes, fingerprints
+  and one batch decoded (`_inspect`, `_contact_sheet`); `dew data tokenizer FILES`: a BPE
+  `tokenizer.json` trained on your files (`_data_command`).
+
+Every command that reads a configuration (train, sweep, eval, config show, data inspect) first
+imports the installed `dew.plugins` entry points and the modules `--import` names (`_inputs.
+_register`; `dew._plugins`), then those the configuration's `trainer.imports` names; `--help`
+imports neither.
 
 `dew train` and `dew sweep` take `--tracker local,tensorboard,mlflow,wandb` (`_trackers`):
 the trackers added to the run folder's local journal, which is always written.
@@ -41,14 +50,16 @@ from dew.cli._cluster import _check_processes, _join, cluster_settings
 from dew.cli._commands import _eval, _sweep, _sweep_inputs, _train, _train_config
 from dew.cli._commands import _space as _space  # tests read a space file with it
 from dew.cli._config_command import _config
+from dew.cli._data_command import _data
 from dew.cli._errors import (
     _caused_by_user,
     _message,
+    advise,
     one_line_warnings,
     reader_gone,
     stop_writing,
 )
-from dew.cli._inputs import _config_arguments
+from dew.cli._inputs import _config_arguments, _register
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
 from dew.cli._plot import _plot
@@ -81,10 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in _RESUMABLE:
         _config_arguments(args.command_parser, args)
-    for option in ("steps", "trials"):
+    for option in ("steps", "trials", "batches", "vocab_size"):
         value = getattr(args, option, None)
         if value is not None and value < 1:
-            parser.error(f"--{option} must be >= 1, got {value}")
+            parser.error(f"--{option.replace('_', '-')} must be >= 1, got {value}")
+    for option in ("step", "rows", "min_frequency"):
+        value = getattr(args, option, None)
+        if args.command == "data" and value is not None and value < 0:
+            parser.error(f"--{option.replace('_', '-')} must be >= 0, got {value}")
     launched = bool(os.environ.get(LAUNCHED_ENV))
     if hasattr(args, "processes"):
         _check_processes(args.command_parser, args)
@@ -109,8 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if settings is not None:
                 _join(settings)
                 joined = True
+        if getattr(args, "registers", False):  # before any configuration is read
+            _register(args)
         commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs, "plot": _plot}
         commands["config"] = _config
+        commands["data"] = _data
         with nonfinite_advice("--on-nonfinite continue"):  # the command's switch, not Python's
             return commands[args.command](args)
 
@@ -133,6 +151,7 @@ def _preflight(args: argparse.Namespace) -> int:
     """Before starting local processes, the checks of the user's input that need no JAX
     (the config, the sweep's space, the run folder's run.json, that no other run holds the
     run folder); 0 when they pass."""
+    _register(args)
     if args.command == "train":
         from dew._lock import check_unlocked
         from dew.config._recipe import run_folder
@@ -152,26 +171,35 @@ def _outcome(args: argparse.Namespace, launched: bool, run: Callable[[], int]) -
     """`run()`'s status; a user-caused error or Ctrl-C becomes one line and a status, and
     each warning of dew's one line; a pipe closed on standard output (`dew runs | head`)
     ends the command normally."""
+    name = _command_words(args)
     try:
-        with one_line_warnings(args.command):
+        with one_line_warnings(name):
             code = run()
             sys.stdout.flush()  # what is buffered, while a closed pipe can still be told apart
         return code
     except BrokenPipeError as error:
         if not reader_gone():  # another pipe or socket: the error it is
-            print(f"dew {args.command}: {_message(error)}", file=sys.stderr)
+            print(f"dew {name}: {_message(error)}", file=sys.stderr)
             return 2
         stop_writing()
         return 0
     except KeyboardInterrupt as interrupt:
         if not launched:  # a launched process leaves the one line to its launcher
-            print(f"dew {args.command}: {_interrupted(args.command, interrupt)}", file=sys.stderr)
+            print(f"dew {name}: {_interrupted(args.command, interrupt)}", file=sys.stderr)
         return 130
     except Exception as error:
         if not _caused_by_user(error):
             raise
-        print(f"dew {args.command}: {_message(error)}", file=sys.stderr)
+        advise(error)
+        print(f"dew {name}: {_message(error)}", file=sys.stderr)
         return 2
+
+
+def _command_words(args: argparse.Namespace) -> str:
+    """The command's words after `dew` (`train`, `config show`, `data inspect`), which head
+    its one-line errors and warnings."""
+    action = getattr(args, "config_action", None) or getattr(args, "data_action", None)
+    return f"{args.command} {action}" if action else args.command
 
 
 def _interrupted(command: str, interrupt: KeyboardInterrupt) -> str:

@@ -160,8 +160,39 @@ def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> f
     )
 
 
+def _ledger_path(args: argparse.Namespace, config: Any) -> str:
+    from dew.config._recipe import run_folder
+
+    _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
+    return args.ledger or str(local / "ledger.json")
+
+
+def _with_recorded_imports(config: Any, ledger: str) -> Any:
+    """A rerun of a sweep imports the modules its ledger's base configuration names (its
+    `trainer.imports`) and keeps them in the configuration its trials record, so a rerun
+    needs no `--import` the first run was given."""
+    from dew.config import override
+    from dew.config.sweep._ledger import read_ledger
+    from dew.registry import import_modules
+
+    if not pathlib.Path(ledger).is_file():
+        return config
+    trainer = read_ledger(ledger).data["config"].get("trainer")
+    recorded = trainer.get("imports") if isinstance(trainer, Mapping) else None
+    if not isinstance(recorded, list) or not recorded:
+        return config
+    import_modules(recorded, named_by=f"trainer.imports of {ledger}")
+    merged = list(dict.fromkeys([*recorded, *config.trainer.imports]))
+    return (
+        config
+        if merged == list(config.trainer.imports)
+        else override(config, {"trainer.imports": merged})
+    )
+
+
 def _sweep_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The sweep's base configuration and its checked space."""
+    """The sweep's base configuration (with the modules a rerun's ledger records) and its
+    checked space."""
     from dew.config.sweep import _checked_space
 
     _check_verbosity(args)
@@ -170,6 +201,7 @@ def _sweep_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         raise ValueError("dew sweep needs trainer.name (or --name): it names every trial.")
     if args.storage is not None and args.search != "optuna":
         raise ValueError(f"--storage is Optuna's; use it with --search optuna, not {args.search}.")
+    config = _with_recorded_imports(config, _ledger_path(args, config))
     with _reading(args.space):  # a bad space is the user's before anything is written
         return config, _checked_space(config, _space(args.space))
 
@@ -187,7 +219,7 @@ def _sweep(args: argparse.Namespace) -> int:
     _introduce(args, config, objective)
     metric = args.metric or (metrics[0].name if metrics else "loss")
     _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
-    ledger = args.ledger or str(local / "ledger.json")
+    ledger = _ledger_path(args, config)
     search = _search(args)
 
     hinted: list[pathlib.Path] = []  # the trials' event files: one line for all of them
@@ -263,20 +295,26 @@ def _chosen_metrics(metrics: Sequence[Any], names: str | None) -> tuple[Any, ...
 def _eval(args: argparse.Namespace) -> int:
     from dew.config import RunConfig, evaluate_run
     from dew.distributed import process_count
+    from dew.registry import import_modules
     from dew.training import counts_line, key_text
 
     folder = pathlib.Path(args.run_dir)
     config = RunConfig.from_run_record(folder / "run.json")  # evaluate_run's own first read
+    import_modules(config.trainer.imports, named_by=f"trainer.imports of {folder / 'run.json'}")
     objective, metrics, skipped = _default_metrics(config)
     metrics = _chosen_metrics(metrics, args.metrics)
-    result = evaluate_run(folder, metrics=metrics, step=args.step)
+    split = "train" if args.split == "train" else "validation"
+    result = evaluate_run(
+        folder, metrics=metrics, step=args.step, split=split, batches=args.batches
+    )
+    scored = "" if split == "validation" else "  (training split)"
     if result.scores:
         shown = "  ".join(f"{name} {value:.4f}" for name, value in result.scores.items())
-        _say(f"step {result.step}  {shown}")
+        _say(f"step {result.step}{scored}  {shown}")
     else:  # say why there is no score rather than print an empty line
         weights = "EMA params" if getattr(objective, "ema_decay", None) is not None else "params"
         if metrics:
-            why = "the validation pass was empty"
+            why = f"the {'training' if split == 'train' else 'validation'} pass was empty"
         elif skipped:
             why = f"{', '.join(skipped)} skipped"
         else:

@@ -2,6 +2,7 @@
 dew's warnings, one line each."""
 
 import contextlib
+import difflib
 import errno
 import os
 import pathlib
@@ -11,6 +12,8 @@ import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
+
+from dew._plugins import PLUGIN_GROUP, RegistrationImportError
 
 _DEW = pathlib.Path(__file__).resolve().parents[1]
 
@@ -36,6 +39,26 @@ def _message(error: BaseException) -> str:
     return " ".join(line.strip() for part in parts for line in part.splitlines() if line.strip())
 
 
+REGISTRATION_ADVICE = (
+    f"(a name you register reaches the command through --import MODULE, the run's "
+    f"trainer.imports, or an installed {PLUGIN_GROUP} entry point)"
+)
+
+
+def advise(error: BaseException) -> None:
+    """Add the command's advice to a user's error it has some for: a name no registry
+    holds, and no registered name is close to (a typo's line lists the names), could be the
+    user's own, registered in a module the command was not told of."""
+    from dew._registry import NotRegisteredError
+
+    if (
+        isinstance(error, NotRegisteredError)
+        and isinstance(error.requested, str)
+        and not difflib.get_close_matches(error.requested, error.registered, n=1, cutoff=0.8)
+    ):
+        error.add_note(REGISTRATION_ADVICE)
+
+
 def _about_the_traceback(note: str) -> bool:
     """Whether `note` is the one JAX adds to an error raised under a transformation (jit,
     eval_shape): that it removed its internal frames, and how to see them
@@ -57,8 +80,8 @@ def _file_in_the_way(path: str) -> str | None:
 def _caused_by_user(error: BaseException) -> bool:
     """Whether `error` is the user's to fix (a path, a value, a file, a missing extra)
     rather than a bug in dew, which keeps its traceback."""
-    if isinstance(error, OSError | ValueError):
-        return True
+    if isinstance(error, OSError | ValueError | RegistrationImportError):
+        return True  # a module the user named that fails to import is theirs to fix
     if isinstance(error, KeyError):  # dew's lookups: undeclared paths, unregistered names
         return type(error).__module__.split(".")[0] == "dew"
     if isinstance(error, ImportError):  # a missing optional dependency, not a broken import

@@ -87,11 +87,25 @@ def _run_config(value: str) -> Any:
         raise
 
 
+def _register(args: argparse.Namespace) -> None:
+    """Before the command reads a configuration: the installed `dew.plugins` entry points,
+    then the modules `--import` names (each registers its pieces in `dew.registry`)."""
+    from dew._plugins import import_modules, load_plugins
+
+    load_plugins()
+    import_modules(args.imports, named_by="--import")
+
+
 def _configure(args: argparse.Namespace) -> Any:
+    """The configuration the command's arguments name, after its overrides; the modules its
+    `trainer.imports` names are imported before the overrides apply (their builders declare
+    the `kwargs` paths), and `--import` adds to `trainer.imports`."""
+    from dew._plugins import import_modules
     from dew.config import override
 
     with _reading():
         config = _run_config("tiny_lm" if args.config is None else args.config)
+        import_modules(config.trainer.imports, named_by="trainer.imports")
         point: dict[str, Any] = {}
         for item in args.set:
             path, separator, text = item.partition("=")
@@ -106,4 +120,8 @@ def _configure(args: argparse.Namespace) -> Any:
             point["trainer.checkpoint_dir"] = args.checkpoint_dir
         if args.on_nonfinite is not None:
             point["trainer.on_nonfinite"] = args.on_nonfinite
+        if args.imports:
+            given = point.get("trainer.imports", config.trainer.imports)
+            if isinstance(given, list | tuple):  # else the override's check names the value
+                point["trainer.imports"] = [*given, *args.imports]
         return override(config, point) if point else config

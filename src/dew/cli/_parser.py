@@ -1,6 +1,7 @@
 """The `dew` command's argument parser: its commands, their options and the multi-process ones."""
 
 import argparse
+from typing import Any
 
 import dew
 from dew._nonfinite import ON_NONFINITE
@@ -42,6 +43,19 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--step", type=int, help="the checkpoint step to score (default latest)")
     evaluate.add_argument("--metrics", metavar="A,B", help="score only these metrics (bare names)")
     evaluate.add_argument("--verbose", action="store_true", help="print the pass's counts too")
+    evaluate.add_argument(
+        "--split",
+        choices=("val", "train"),
+        default="val",
+        help="the validation split (default), or every training row once, in row order",
+    )
+    evaluate.add_argument(
+        "--batches",
+        type=int,
+        metavar="N",
+        help="score only the split's first N batches (a streamed training split needs it)",
+    )
+    _registration_options(evaluate)
     _process_options(evaluate)
 
     runs = commands.add_parser("runs", help="list runs and their final metrics")
@@ -80,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _override_options(show)
 
+    _data_commands(commands)
     _add_examples(parser)  # last: every command above gets its EXAMPLES
     return parser
 
@@ -99,9 +114,92 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _data_commands(commands: Any) -> None:
+    data = commands.add_parser("data", help="inspect a run's data, or train a tokenizer")
+    actions = data.add_subparsers(dest="data_action", metavar="ACTION", required=True)
+    inspect = actions.add_parser(
+        "inspect",
+        help="the data a configuration or run trains on: sizes, fingerprint, one batch decoded",
+        description="Build the data a run configuration names (as dew train would, its token "
+        "cache in the run folder) and print its split sizes (rows; documents and tokens for "
+        "text), fingerprints, and one batch: text decoded through the source's tokenizer, "
+        "images as a PNG contact sheet with their labels.",
+    )
+    inspect.set_defaults(command_parser=inspect)
+    inspect.add_argument(
+        "config",
+        nargs="?",
+        metavar="CONFIG_OR_RUN",
+        help=f"{_CONFIG_HELP}, or a run folder (default: tiny_lm)",
+    )
+    inspect.add_argument(
+        "--split", choices=("train", "val"), default="train", help="the split (default train)"
+    )
+    inspect.add_argument(
+        "--step",
+        type=int,
+        default=0,
+        metavar="N",
+        help="train: the batch a one-process run trains on at step N; val: the N-th "
+        "validation batch (default 0)",
+    )
+    inspect.add_argument(
+        "--rows", type=int, default=4, metavar="K", help="rows of the batch to show (default 4)"
+    )
+    inspect.add_argument(
+        "--out",
+        metavar="FILE.png",
+        help="the images' contact sheet (default: <dataset>-<split>-step<N>.png here)",
+    )
+    inspect.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    _override_options(inspect)
+
+    tokenizer = actions.add_parser(
+        "tokenizer",
+        help="train a byte-level BPE tokenizer.json on your files",
+        description="Train a byte-level BPE tokenizer (GPT-2's scheme, with the Hugging Face "
+        "tokenizers library) on text files or JSON Lines, as dew.data.text reads them, and "
+        "write it as a tokenizer.json that [data.kwargs] tokenizer names.",
+    )
+    tokenizer.set_defaults(command_parser=tokenizer)
+    tokenizer.add_argument(
+        "files", nargs="+", metavar="FILES", help="text files, JSON Lines files or globs"
+    )
+    tokenizer.add_argument(
+        "--vocab-size", type=int, required=True, metavar="N", help="the vocabulary (>= 257)"
+    )
+    tokenizer.add_argument(
+        "--out", default="tokenizer.json", help="the file to write (default tokenizer.json)"
+    )
+    tokenizer.add_argument("--field", help="JSON Lines: the field holding each line's text")
+    tokenizer.add_argument(
+        "--min-frequency",
+        type=int,
+        default=2,
+        metavar="K",
+        help="merge a pair only if it occurs at least K times (default 2)",
+    )
+    tokenizer.add_argument("--force", action="store_true", help="replace an existing --out")
+
+
+def _registration_options(parser: argparse.ArgumentParser) -> None:
+    """`--import MODULE`; the command also loads the installed `dew.plugins` entry points."""
+    parser.set_defaults(registers=True)
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module that registers your models, datasets, objectives or optimizers "
+        "(repeatable; a run records it in trainer.imports)",
+    )
+
+
 def _override_options(parser: argparse.ArgumentParser) -> None:
     """`dew train`'s overrides, for a command that resolves a configuration without training
-    it (`dew config show`)."""
+    it (`dew config show`, `dew data inspect`)."""
+    _registration_options(parser)
     parser.add_argument("--name", help="the run name (overrides trainer.name)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides trainer.steps)")
     parser.add_argument("--checkpoint-dir", help="overrides trainer.checkpoint_dir")
@@ -128,8 +226,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "train": (
         "dew train                          # the built-in tiny_lm, as the run runs/quickstart",
-        "dew train --config tiny_diffusion --steps 200",
         "dew train run.toml --set optim.learning_rate=0.01 --name lr-0.01",
+        "dew train run.toml --import my_data    # my_data.py registers the run's dataset",
     ),
     "sweep": (
         "dew sweep tiny_lm space.toml --trials 8",
@@ -139,6 +237,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "eval": (
         "dew eval runs/quickstart           # score the run's latest checkpoint again",
+        "dew eval runs/quickstart --split train --batches 50",
         "dew eval runs/lr-grid/trial-0",
     ),
     "runs": (
@@ -159,6 +258,21 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "plot": (
         "dew plot runs/quickstart",
         "dew plot runs/lr-grid/trial-0",
+    ),
+    "data": (
+        "dew data inspect run.toml          # sizes, fingerprint and batch 0, decoded",
+        "dew data tokenizer 'corpus/*.txt' --vocab-size 4096 --out tokenizer.json",
+        "dew data inspect runs/quickstart --split val --json",
+    ),
+    "data inspect": (
+        "dew data inspect run.toml          # sizes, fingerprint and batch 0, decoded",
+        "dew data inspect runs/quickstart --step 500 --rows 2",
+        "dew data inspect tiny_classifier --split val --out sheet.png",
+    ),
+    "data tokenizer": (
+        "dew data tokenizer 'corpus/*.txt' --vocab-size 4096 --out tokenizer.json",
+        "dew data tokenizer notes.jsonl --field body --vocab-size 8000 --min-frequency 3",
+        "dew data tokenizer 'corpus/*.txt' --vocab-size 4096 --out tokenizer.json --force",
     ),
 }
 """Each command's `--help` examples (the key: the command's words after `dew`, `""` for `dew`

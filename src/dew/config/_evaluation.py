@@ -1,6 +1,7 @@
 """Scoring a configured run: the metrics its objective declares, and `dew eval`'s pass over
 a run folder's latest checkpoint."""
 
+import itertools
 import os
 import pathlib
 import warnings
@@ -9,19 +10,25 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import numpy as np
 
+from dew._checks import check_integer
 from dew._domains import evaluation_key, run_key
+from dew._plugins import import_modules
 from dew._processes import is_process_zero
 from dew.checkpoints import Checkpointer
 from dew.checkpoints._location import is_remote
 from dew.config._config import RunConfig
 from dew.config._recipe import DATA_CACHE, build_objective, run_folder
+from dew.data import Batches, Dataset, InOrder, StepBatches
+from dew.data._indexed import Subset
 from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
+from dew.naming import Split
 from dew.objectives.base import SkipsMetrics
 from dew.steps import TrainState, generation_params
 
-__all__ = ["default_metrics", "evaluate_run", "objective_shapes"]
+__all__ = ["default_metrics", "evaluate_run", "objective_shapes", "split_batches"]
 
 
 def objective_shapes(config: RunConfig) -> Any:
@@ -36,6 +43,7 @@ def objective_shapes(config: RunConfig) -> Any:
 
     ```
     """
+    import_modules(config.trainer.imports, named_by="trainer.imports")
     return eqx.filter_eval_shape(build_objective, config, None, jax.random.key(0))
 
 
@@ -53,9 +61,12 @@ def evaluate_run(
     *,
     metrics: Sequence[Metric] | None = None,
     step: int | None = None,
+    split: Split | str = Split.VALIDATION,
+    batches: int | None = None,
 ) -> Evaluation:
     """Score a run folder's checkpoint at `step` (default: the latest) on its configured
-    validation data.
+    data: the validation split (default), or the training split (`split="train"`) in one
+    pass (`split_batches`); `batches` scores only the split's first `batches` batches.
 
     The run is rebuilt from its `run.json`; its objective scores the checkpoint's
     params with `metrics` (default: the objective's `default_metrics()`) and the key
@@ -65,10 +76,14 @@ def evaluate_run(
     `dew eval` prints it; the scores then lack it. A folder
     without run.json or checkpoints, a damaged checkpoint, or a dataset without
     validation data raises, naming the folder; a `step` with no checkpoint raises naming
-    the steps there are.
+    the steps there are. The modules the run's `trainer.imports` names are imported first.
     """
+    split = _split(split)
+    if batches is not None:
+        batches = check_integer("evaluate_run: batches", batches, minimum=1)
     folder = pathlib.Path(run_dir)
     config = RunConfig.from_run_record(folder / "run.json")
+    import_modules(config.trainer.imports, named_by=f"trainer.imports of {folder / 'run.json'}")
     seed = jax.random.key(config.trainer.seed)
     objective = build_objective(config, None, seed)
     key = run_key(seed)
@@ -94,17 +109,72 @@ def evaluate_run(
         seed=config.trainer.seed,
         cache_dir=folder / DATA_CACHE,
     )
-    if data.val is None:
-        raise ValueError(f"the run's dataset {config.data.name!r} has no validation data.")
+    chosen = split_batches(data, split, batches=batches, source=config.data.name)
     step = int(state.step)  # the checkpoint's own
     return evaluate(
         objective,
         generation_params(objective, state),
-        data.val,  # evaluate reads this process's partition
+        chosen,  # evaluate reads this process's partition
         metrics=_default_metrics(objective) if metrics is None else metrics,
         key=evaluation_key(key, step),  # the Trainer's event key at `step`
         step=step,
     )
+
+
+def _split(value: object) -> Split:
+    try:
+        return Split(value)
+    except ValueError:
+        raise ValueError(
+            f"split must be {Split.VALIDATION.value!r} or {Split.TRAIN.value!r}, got {value!r}."
+        ) from None
+
+
+def split_batches(
+    data: Dataset, split: Split | str, *, batches: int | None = None, source: str = "the dataset"
+) -> Batches:
+    """One pass over a split of `data`, as `dew eval --split` scores it.
+
+    - `"validation"`: `data.val`, as every evaluation event reads it.
+    - `"train"`: every training row once, in row order (`InOrder` over a step-indexed
+      source's rows, `data.train.rows`), each process its strided share: the rows the run
+      trains on rather than the order it drew them in, so the score depends on no seed, step
+      or process count. A stream (`Dataset(train=callable)`) has neither rows to read in
+      order nor an end: it needs `batches`, and gives its first `batches` batches.
+    - `batches`: only the pass's first `batches` x `batch` rows (`batch` the rows of one
+      process's batch) where the split has rows, whatever the process count; a stream's
+      first `batches` batches in each process.
+
+    `source` names the dataset in errors.
+
+    **Raises:** `ValueError` for a split without data (no validation data; a training
+    stream without `batches`) or a split that is neither.
+    """
+    split = _split(split)
+    if split is Split.VALIDATION:
+        if data.val is None:
+            raise ValueError(
+                f"the run's dataset {source!r} has no validation data (score the training split "
+                "with --split train, or give the dataset a val_fraction)."
+            )
+        chosen: Batches = data.val
+    elif isinstance(data.train, StepBatches):
+        chosen = InOrder(data.train.rows, data.train.batch)
+    elif batches is None:
+        raise ValueError(
+            f"the run's dataset {source!r} trains on a stream (its Dataset.train is an "
+            "iterator, not rows read by step), which has no end: score its first N batches "
+            "with --batches N (batches=N)."
+        )
+    else:
+        chosen = data.train
+    if batches is None:
+        return chosen
+    if isinstance(chosen, InOrder):
+        first = np.arange(min(len(chosen.rows), batches * chosen.batch), dtype=np.int64)
+        return InOrder(Subset(chosen.rows, first, "first rows"), chosen.batch)
+    stream = chosen
+    return lambda partition: itertools.islice(stream(partition), batches)
 
 
 def _default_metrics(objective: Any) -> tuple[Metric, ...]:

@@ -7,13 +7,17 @@ configuration say where rather than what:
 - `trainer.checkpoint_dir` and `trainer.name`: where the run's folder is. A folder moved, or
   reached by a relative path once and an absolute one the next time, is the same run; they
   are left out of the comparison (`LOCATION`).
+- `trainer.imports`: the modules that register the names the configuration uses. Where a
+  name comes from is not what the run is (the names are), and a run trained from Python is
+  extended from the command with `--import` (`REGISTRATIONS`).
 - Local file paths among the sections' keyword arguments (a dataset's `path`): relative ones
   mean another file from another working directory. The recipe records them absolute
   (`absolute_paths`), with the path as given beside it for display, and a comparison reads
   every local path absolute.
 
 A keyword argument is a local path when its builder's parameter is annotated with
-`os.PathLike` or a `pathlib` path (`path: str | os.PathLike`), or when it is named `path` or
+`os.PathLike` or a `pathlib` path (`path: str | os.PathLike`, or a list of them:
+`paths: Sequence[str | os.PathLike]`, each entry a path), or when it is named `path` or
 `*_path`; a value with `://` (a URI) is not a local path.
 """
 
@@ -30,10 +34,13 @@ from dew.config._data import datasets
 if TYPE_CHECKING:
     from dew.config._config import RunConfig
 
-__all__ = ["LOCATION", "absolute_paths", "comparable"]
+__all__ = ["LOCATION", "REGISTRATIONS", "absolute_paths", "comparable"]
 
 LOCATION = ("checkpoint_dir", "name")
 """The trainer fields that say where a run's folder is, which no comparison reads."""
+REGISTRATIONS = ("imports",)
+"""The trainer field that says which modules register the names a run uses: no comparison
+reads it either."""
 
 _BUILDERS: dict[str, Callable[[str], Any]] = {
     "model": lambda name: _registry.models[name],
@@ -68,24 +75,38 @@ def _path_parameters(section: str, name: Any) -> frozenset[str]:
     )
 
 
-def _is_local_path(key: str, value: Any, declared: frozenset[str]) -> bool:
-    named = key == "path" or key.endswith("_path")
+def _is_relative_path(value: Any) -> bool:
     return (
-        (key in declared or named) and isinstance(value, str) and bool(value) and "://" not in value
+        isinstance(value, str) and bool(value) and "://" not in value and not os.path.isabs(value)
     )
 
 
 def _absolute_kwargs(section: str, plain: Any) -> tuple[Any, dict[str, str]]:
-    """A section's plain data with its local paths absolute, and the relative ones as
-    given, keyed by their dotted path."""
+    """A section's plain data with its local paths absolute (a list of them, such as
+    `text`'s `paths`, each), and the relative ones as given, keyed by their dotted path
+    (`data.kwargs.paths[0]` for a list's)."""
     if not isinstance(plain, Mapping) or not isinstance(plain.get("kwargs"), Mapping):
         return plain, {}
     declared = _path_parameters(section, plain.get("name"))
     kwargs, given = dict(plain["kwargs"]), {}
     for key, value in plain["kwargs"].items():
-        if _is_local_path(key, value, declared) and not os.path.isabs(value):
+        if key not in declared and key != "path" and not key.endswith("_path"):
+            continue
+        where = f"{section}.kwargs.{key}"
+        if _is_relative_path(value):
             kwargs[key] = os.path.abspath(value)
-            given[f"{section}.kwargs.{key}"] = value
+            given[where] = value
+        elif isinstance(value, list | tuple) and any(map(_is_relative_path, value)):
+            kwargs[key] = [
+                os.path.abspath(item) if _is_relative_path(item) else item for item in value
+            ]
+            given.update(
+                {
+                    f"{where}[{index}]": item
+                    for index, item in enumerate(value)
+                    if _is_relative_path(item)
+                }
+            )
     return {**plain, "kwargs": kwargs}, given
 
 
@@ -102,7 +123,9 @@ def absolute_paths(config: "RunConfig") -> tuple["RunConfig", dict[str, str]]:
     return type(config).from_dict(plain), given
 
 
-def comparable(plain: Mapping[str, Any], *, ignoring: tuple[str, ...] = LOCATION) -> dict[str, Any]:
+def comparable(
+    plain: Mapping[str, Any], *, ignoring: tuple[str, ...] = (*LOCATION, *REGISTRATIONS)
+) -> dict[str, Any]:
     """The sections of a recorded configuration (`RunConfig.to_dict`'s shape) as compared:
     the trainer fields `ignoring` left out, every local path absolute."""
     result = {}

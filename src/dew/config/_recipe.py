@@ -47,9 +47,10 @@ from dew._checks import _as_called
 from dew._domains import model_key, objective_key, run_key
 from dew._json import read_json
 from dew._lock import folder_lock
+from dew._plugins import import_modules, plugin_distributions
 from dew._processes import agreed_phase, is_process_zero
 from dew.checkpoints._location import checkpoint_location, is_remote, uri_scheme
-from dew.config._identity import LOCATION, absolute_paths, comparable
+from dew.config._identity import LOCATION, REGISTRATIONS, absolute_paths, comparable
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset, Partition
 from dew.data.tokenizers import check_vocabulary
@@ -57,7 +58,7 @@ from dew.metrics import Metric
 from dew.naming import Split
 from dew.objectives.base import Objective, check_batch_keys
 from dew.steps import TrainState
-from dew.telemetry.records import RunRecord
+from dew.telemetry.records import RunRecord, package_versions
 from dew.tracking import LocalTracker, Tracker, Trackers
 from dew.training import Trainer
 
@@ -107,9 +108,11 @@ def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
 
 
 def _record(config: "RunConfig", paths: dict[str, str] | None = None) -> RunRecord:
-    """The run's record: one field per section, under the section's name, and the local
-    paths as given (`paths`)."""
-    return RunRecord(**config.to_dict(), paths=paths or {})
+    """The run's record: one field per section, under the section's name, the local paths
+    as given (`paths`), and the package versions, the `dew.plugins` distributions loaded
+    included."""
+    packages = {**package_versions(), **plugin_distributions()}
+    return RunRecord(**config.to_dict(), paths=paths or {}, packages=packages)
 
 
 _NOT_IDENTITY = ("steps", "on_nonfinite")  # trainer fields a rerun of the same run may change
@@ -128,8 +131,8 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     """A run folder's existing run.json must describe the same run: the same configuration
     but for `trainer.steps` (the step budget is no part of a run's identity: a larger one
     extends the run), `trainer.on_nonfinite` (a run that stopped on a divergence resumes with
-    `on_nonfinite="continue"`) and where the folder is (`LOCATION`), local paths compared
-    absolute.
+    `on_nonfinite="continue"`), where the folder is (`LOCATION`) and the modules that
+    register its names (`REGISTRATIONS`), local paths compared absolute.
     Returns the saved record (`None`: a new run); another configuration raises
     `_AnotherRunError` naming the sections that differ."""
     path = folder / "run.json"
@@ -143,7 +146,7 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     if isinstance(saved.get("trainer"), dict):
         saved = {**saved, "trainer": {**defaults, **saved["trainer"]}}
     fresh = record.to_dict()
-    ignoring = (*LOCATION, *_NOT_IDENTITY)
+    ignoring = (*LOCATION, *REGISTRATIONS, *_NOT_IDENTITY)
     before = comparable({field: saved.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     now = comparable({field: fresh.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     differing = [field for field in SECTIONS if before[field] != now[field]]
@@ -290,6 +293,7 @@ def train_run(
     record = _record(config, given)
     seed = jax.random.key(settings.seed)
     with agreed_phase("checking the configuration"):  # before anything is written
+        import_modules(settings.imports, named_by="trainer.imports")
         optimizer = config.optim.build(settings.steps)
         built = build_objective(config, objective, seed)
         if data is None:

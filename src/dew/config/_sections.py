@@ -2,7 +2,7 @@
 objective and the trainer's settings."""
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optax
@@ -10,6 +10,7 @@ from jaxtyping import PRNGKeyArray
 
 from dew import _registry as registry
 from dew._nonfinite import ON_NONFINITE
+from dew._plugins import check_module_names
 from dew.checkpoints._location import checkpoint_location
 from dew.config._fields import (
     _EMPTY,
@@ -235,6 +236,11 @@ class TrainerConfig(_Section):
       infinite stops there, before saving that state) or `"continue"` (it trains on);
       `Trainer.fit`'s argument of that name, `dew train --on-nonfinite`. Like `steps`, no
       part of a run's identity: a diverged run resumes with another value.
+    - `imports`: modules (dotted names) imported before the run is built, each of which
+      registers models, datasets, objectives or optimizers in `dew.registry` as it is
+      imported (`dew train --import MODULE` adds to it). The run's `run.json` records them,
+      so `dew eval`, an extension and a sweep's rerun find the registrations untold. Where
+      the names come from is no part of a run's identity (the names are).
     """
 
     name: str | None = None
@@ -249,10 +255,12 @@ class TrainerConfig(_Section):
     train_reduction: str = "mean"
     log_optimizer: bool = False
     on_nonfinite: str = "raise"
+    imports: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         where = _where(self)
         _set(self, "name", _run_name(f"{where}.name", self.name))
+        _set(self, "imports", check_module_names(f"{where}.imports", self.imports))
         directory = _string(f"{where}.checkpoint_dir", self.checkpoint_dir)
         checkpoint_location(directory, f"{where}.checkpoint_dir")  # a URI orbax writes to
         _set(self, "checkpoint_dir", directory)

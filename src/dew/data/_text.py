@@ -245,12 +245,12 @@ def windows_dataset(
 
 def text_entry(
     *,
-    paths: str | Sequence[str],
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     tokenizer: str = "bytes",
     seq_len: int,
     val_fraction: float = 0.0,
     field: str | None = None,
-    cache_dir: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     content_hash: bool = False,
     batch_size: int,
     seed: int,
@@ -268,6 +268,9 @@ def text_entry(
     seq_len = 128
     val_fraction = 0.05
     ```
+
+    A run records `paths` and `cache_dir` absolute (its `run.json`), so `dew eval` reads the
+    same files from any directory.
     """
     return text(
         paths,
