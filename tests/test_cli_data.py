@@ -393,3 +393,32 @@ def test_a_text_run_configuration_trains_evaluates_inspects_and_sweeps_unchanged
         trial = json.loads((tmp_path / "runs" / "lr" / f"trial-{index}" / "run.json").read_text())
         assert trial["data"]["name"] == "text" and trial["optim"]["learning_rate"] == rate
         assert trial["data"]["kwargs"]["paths"] == [str(tmp_path / "corpus" / "*.txt")]
+
+
+def test_cache_dir_keeps_the_token_cache_there_and_a_run_resumes_from_another(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    _corpus(tmp_path / "corpus")
+    config = _text_toml(tmp_path, kwargs='paths = ["corpus/*.txt"]\n')
+    assert main(["train", str(config), "--quiet", "--cache-dir", "first"]) == 0
+    assert [path.name[:7] for path in (tmp_path / "first").iterdir()] == ["tokens-"]
+    run = tmp_path / "runs" / "text-run"
+    recorded = json.loads((run / "run.json").read_text())["data"]["kwargs"]
+    assert recorded["cache_dir"] == str(tmp_path / "first")
+    assert not (run / "data-cache").exists()
+    # Another cache folder is the same run: it extends from step 4 and builds the cache there.
+    assert main(["train", str(config), "--quiet", "--cache-dir", "second", "--steps", "6"]) == 0
+    assert (tmp_path / "second").is_dir()
+    assert sorted(path.name for path in (run / "checkpoints").iterdir())[-1] == "6"
+    capsys.readouterr()
+
+
+def test_cache_dir_for_a_source_that_keeps_no_cache_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "tiny_classifier", "--cache-dir", "x", "--steps", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "dew train: --cache-dir 'x': the dataset 'shapes' keeps no cache (its builder takes no "
+        "cache_dir); the text, image_folder and huggingface sources do.\n"
+    )
+    assert not (tmp_path / "runs").exists()

@@ -97,3 +97,12 @@ def test_the_modules_that_register_a_run_s_names_are_no_part_of_the_comparison()
     told = {**here, "trainer": {**here["trainer"], "imports": ["my_data"]}}
     assert comparable(here) == comparable(told)
     assert comparable(here, ignoring=()) != comparable(told, ignoring=())
+
+
+def test_where_a_source_keeps_its_cache_is_no_part_of_the_comparison():
+    here = _config().to_dict()
+    told = {**here, "data": {**here["data"], "kwargs": {**here["data"]["kwargs"]}}}
+    told["data"]["kwargs"]["cache_dir"] = "/elsewhere/cache"
+    assert comparable(here) == comparable(told)
+    other = {**told, "data": {**told["data"], "kwargs": {**told["data"]["kwargs"], "seq_len": 4}}}
+    assert comparable(here) != comparable(other)

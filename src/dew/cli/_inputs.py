@@ -118,6 +118,9 @@ def _configure(args: argparse.Namespace) -> Any:
             point["trainer.steps"] = args.steps
         if args.checkpoint_dir is not None:
             point["trainer.checkpoint_dir"] = args.checkpoint_dir
+        if getattr(args, "cache_dir", None) is not None:
+            _check_caches(config.data.name, args.cache_dir)
+            point["data.kwargs.cache_dir"] = args.cache_dir
         if args.on_nonfinite is not None:
             point["trainer.on_nonfinite"] = args.on_nonfinite
         if args.imports:
@@ -125,3 +128,20 @@ def _configure(args: argparse.Namespace) -> Any:
             if isinstance(given, list | tuple):  # else the override's check names the value
                 point["trainer.imports"] = [*given, *args.imports]
         return override(config, point) if point else config
+
+
+def _check_caches(name: str, cache_dir: str) -> None:
+    """Refuse `--cache-dir` for a dataset whose builder keeps no cache (takes no `cache_dir`)."""
+    import inspect
+
+    from dew.config._data import datasets
+
+    try:
+        parameters = inspect.signature(datasets.builder(name)).parameters
+    except (KeyError, TypeError, ValueError):
+        return  # an unknown name: the build's own check names it
+    if "cache_dir" not in parameters:
+        raise ValueError(
+            f"--cache-dir {cache_dir!r}: the dataset {name!r} keeps no cache (its builder takes "
+            "no cache_dir); the text, image_folder and huggingface sources do."
+        )

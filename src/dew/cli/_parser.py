@@ -204,6 +204,12 @@ def _override_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides trainer.steps)")
     parser.add_argument("--checkpoint-dir", help="overrides trainer.checkpoint_dir")
     parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where a text source keeps its token cache (overrides data.kwargs.cache_dir; "
+        "default: the run folder's data-cache)",
+    )
+    parser.add_argument(
         "--on-nonfinite",
         choices=ON_NONFINITE,
         help="a NaN or infinite training loss: raise (stop before saving that state, the "

@@ -10,6 +10,9 @@ configuration say where rather than what:
 - `trainer.imports`: the modules that register the names the configuration uses. Where a
   name comes from is not what the run is (the names are), and a run trained from Python is
   extended from the command with `--import` (`REGISTRATIONS`).
+- `data.kwargs.cache_dir`: where a source keeps a cache it builds from its files (`text`'s
+  token cache, `image_folder`'s decoded images). The cache is keyed by what it holds, so a
+  run pointed at another cache folder reads the same rows (`CACHE`).
 - Local file paths among the sections' keyword arguments (a dataset's `path`): relative ones
   mean another file from another working directory. The recipe records them absolute
   (`absolute_paths`), with the path as given beside it for display, and a comparison reads
@@ -34,13 +37,16 @@ from dew.config._data import datasets
 if TYPE_CHECKING:
     from dew.config._config import RunConfig
 
-__all__ = ["LOCATION", "REGISTRATIONS", "absolute_paths", "comparable"]
+__all__ = ["CACHE", "LOCATION", "REGISTRATIONS", "absolute_paths", "comparable"]
 
 LOCATION = ("checkpoint_dir", "name")
 """The trainer fields that say where a run's folder is, which no comparison reads."""
 REGISTRATIONS = ("imports",)
 """The trainer field that says which modules register the names a run uses: no comparison
 reads it either."""
+CACHE = "cache_dir"
+"""The data keyword argument that says where a source keeps its cache, which no comparison
+reads."""
 
 _BUILDERS: dict[str, Callable[[str], Any]] = {
     "model": lambda name: _registry.models[name],
@@ -132,5 +138,10 @@ def comparable(
     for section, value in plain.items():
         if section == "trainer" and isinstance(value, Mapping):
             value = {key: item for key, item in value.items() if key not in ignoring}
+        if section == "data" and isinstance(value, Mapping):
+            kwargs = value.get("kwargs")
+            if isinstance(kwargs, Mapping) and CACHE in kwargs:
+                kept = {key: item for key, item in kwargs.items() if key != CACHE}
+                value = {**value, "kwargs": kept}
         result[section], _ = _absolute_kwargs(section, value)
     return result
