@@ -13,6 +13,7 @@ one-process reference on the concatenated batches.
 import itertools
 import json
 import logging
+import os
 import pathlib
 import sys
 from typing import ClassVar
@@ -316,9 +317,10 @@ def resume_phase(rank: int, count: int, out: pathlib.Path) -> dict:
 if __name__ == "__main__":
     import faulthandler
 
-    from _multiprocess import start
+    from _multiprocess import WATCHDOG, start
 
-    faulthandler.dump_traceback_later(90, exit=True)  # a hang shows where
+    # A hang shows where, just before the test's deadline (a loaded machine runs slowly).
+    faulthandler.dump_traceback_later(float(os.environ.get(WATCHDOG, "90")), exit=True)
     rank, count, out, args = start()
     phase = args[0]
     run = {"main": main_phase, "resume": resume_phase}[phase]

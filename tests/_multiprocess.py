@@ -33,6 +33,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+WATCHDOG = "DEW_TEST_WATCHDOG_SECONDS"
+"""The variable that tells a worker how long it may run before it dumps its threads and exits."""
+
+
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker: CPU only, one device a process, dew importable."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
@@ -75,7 +79,8 @@ def launch(
     processes = [
         subprocess.Popen(
             [*command, str(rank), str(count), str(port), os.fspath(out), *args],
-            env=worker_env(env),
+            # A worker's own watchdog (a hang shows where) fires just before this deadline.
+            env=worker_env({WATCHDOG: str(max(timeout - 10, 1)), **(env or {})}),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

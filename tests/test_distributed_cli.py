@@ -234,7 +234,8 @@ def test_a_failing_process_stops_the_run_and_is_named(tmp_path):
     (line,) = _lines(err)
     assert line.startswith("dew train: checking the configuration failed on process "), err
     assert line.endswith(
-        "a global batch of 2 rows (2 process(es) x 1) is more than the 1 training row(s)"
+        "a global batch of 2 rows (2 process(es) x 1) is more than the 1 training row(s); "
+        "lower the batch or add rows."
     ), err
     assert not (tmp_path / "quickstart" / "run.json").exists()
 
