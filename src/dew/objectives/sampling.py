@@ -71,9 +71,9 @@ class Samples:
 def filter_logits(
     logits: Float[Array, "*rows vocab"],
     *,
-    temperature: float = 1.0,
+    temperature: float | int = 1.0,
     top_k: int | None = None,
-    top_p: float | None = None,
+    top_p: float | int | None = None,
 ) -> Float[Array, "*rows vocab"]:
     """The logits `generate` draws a token from, in the order Hugging Face's samplers apply
     them: divided by `temperature`, then `-inf` outside the `top_k` largest, then `-inf`
@@ -115,9 +115,9 @@ def filter_logits(
 def _choose(
     logits: Float[Array, "rows vocab"],
     keys: Key[Array, " rows"],
-    temperature: float,
+    temperature: float | int,
     top_k: int | None,
-    top_p: float | None,
+    top_p: float | int | None,
 ) -> Int[Array, " rows"]:
     if temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -151,9 +151,9 @@ def _sample_tokens(
     *,
     steps: int,
     capacity: int,
-    temperature: float,
+    temperature: float | int,
     top_k: int | None,
-    top_p: float | None,
+    top_p: float | int | None,
     eos_id: int | None,
     fill: int,
 ) -> tuple[Int[Array, "rows steps"], Int[Array, " rows"]]:
@@ -305,9 +305,9 @@ def generate(
     *,
     max_new_tokens: int,
     key: PRNGKeyArray | Key[Array, " rows"],
-    temperature: float = 1.0,
+    temperature: float | int = 1.0,
     top_k: int | None = None,
-    top_p: float | None = None,
+    top_p: float | int | None = None,
     eos_id: int | None = None,
     prompt_lengths: Int[ArrayLike, " rows"] | None = None,
 ) -> Generation:
@@ -391,9 +391,9 @@ def sample_continuations(
     key: PRNGKeyArray,
     *,
     max_new_tokens: int,
-    temperature: float = 1.0,
+    temperature: float | int = 1.0,
     top_k: int | None = None,
-    top_p: float | None = None,
+    top_p: float | int | None = None,
 ) -> Int[Array, "rows total"]:
     """Continue each prompt row by `max_new_tokens` sampled tokens (`generate` with its
     key/value cache): returns the prompts followed by their continuations."""
