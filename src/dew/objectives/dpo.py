@@ -311,13 +311,13 @@ def _continue_each_prompt(
     It samples as `dew.objectives.lm.generate` does, with the same keys, so a row
     continues exactly as `generate` (and `sample_continuations`) continues its prompt.
     """
-    rows, length = tokens.shape
+    length = tokens.shape[1]
     starts = prompt_lengths.astype(jnp.int32)
     new, counts = _sample_tokens(
         model,
         tokens.astype(jnp.int32),
         starts,
-        jax.random.split(key, rows),
+        key,
         steps=max_new_tokens,
         capacity=total,
         temperature=temperature,

@@ -147,7 +147,7 @@ def _sample_tokens(
     model: CausalTransformer,
     prompts: Int[Array, "rows width"],
     lengths: Int[Array, " rows"],
-    keys: Key[Array, " rows"],
+    keys: Key[Array, "*rows"],
     *,
     steps: int,
     capacity: int,
@@ -159,10 +159,16 @@ def _sample_tokens(
 ) -> tuple[Int[Array, "rows steps"], Int[Array, " rows"]]:
     """Up to `steps` tokens after row `i`'s first `lengths[i]` IDs, and how many each row
     generated. A row stops after `eos_id`, or when its cache of `capacity` positions is
-    full; the rest of it holds `fill`. Row `i` draws its `t`-th token with
-    `split(keys[i], steps)[t]`, so its tokens depend on its own key alone, never on the
+    full; the rest of it holds `fill`; what follows a row's prompt in `prompts` is never
+    read. Row `i` draws its `t`-th token with `split(keys[i], steps)[t]` (one key stands
+    for `split(key, rows)`), so its tokens depend on its own key alone, never on the
     other rows (and `split(key, n)[t]` does not depend on `n`)."""
-    rows = prompts.shape[0]
+    rows, width = prompts.shape
+    if keys.ndim == 0:
+        keys = jax.random.split(keys, rows)
+    # Padding reaches no real position (the causal mask), but an ID outside the
+    # vocabulary would be clamped into the embedding: keep it a valid ID.
+    prompts = jnp.where(jnp.arange(width)[None, :] < lengths[:, None], prompts, 0)
     token_keys = jax.vmap(lambda key: jax.random.split(key, steps))(keys)
     logits, cache = jax.vmap(
         lambda row, length: model.prefill(row, capacity=capacity, length=length)
@@ -201,11 +207,11 @@ def _sample_tokens(
 _compiled_sample_tokens = eqx.filter_jit(_sample_tokens)
 
 
-def _prompt_rows(
-    prompts: Any, prompt_lengths: Any, vocab_size: int
-) -> tuple[Int[Array, "rows width"], Int[Array, " rows"]]:
-    """Prompts as a right-padded `(rows, width)` array (padding replaced by 0) and each
-    row's length, checked: a list of lists of IDs, or an array with optional lengths."""
+def _prompt_rows(prompts: Any, prompt_lengths: Any, vocab_size: int) -> tuple[Any, Any]:
+    """Prompts as a right-padded `(rows, width)` integer array and each row's length,
+    checked: a list of lists of IDs, or an array with optional lengths. Concrete prompts
+    are checked and returned as NumPy arrays (no device work before the compiled call);
+    traced ones with `eqx.error_if`."""
     if not hasattr(prompts, "dtype"):
         prompts, prompt_lengths = _ragged(prompts, prompt_lengths)
     if not jnp.issubdtype(prompts.dtype, jnp.integer):
@@ -218,8 +224,10 @@ def _prompt_rows(
             f"token, got shape {tuple(prompts.shape)}; pass one prompt as [prompt]."
         )
     rows, width = prompts.shape
+    traced = any(isinstance(x, jax.core.Tracer) for x in (prompts, prompt_lengths))
+    xp = jnp if traced else np
     if prompt_lengths is None:
-        lengths = jnp.full((rows,), width, jnp.int32)
+        lengths = xp.full((rows,), width, xp.int32)
     else:
         dtype = getattr(prompt_lengths, "dtype", None)
         shape = tuple(getattr(prompt_lengths, "shape", ()))
@@ -229,23 +237,24 @@ def _prompt_rows(
                 f"length per prompt row, got {type(prompt_lengths).__name__} of shape {shape} "
                 f"and dtype {dtype}."
             )
+        lengths = xp.asarray(prompt_lengths).astype(xp.int32)
         message = f"generate: prompt_lengths must lie between 1 and the prompts' width {width}"
         lengths = error_if(
-            jnp.asarray(prompt_lengths, jnp.int32),
-            (prompt_lengths < 1) | (prompt_lengths > width),
+            lengths,
+            (lengths < 1) | (lengths > width),
             f"{message}.",
-            first=lambda index: f"{message}, got {int(prompt_lengths[index])} in row {index[0]}.",
+            first=lambda index: f"{message}, got {int(lengths[index])} in row {index[0]}.",
         )
-    prompts = jnp.where(jnp.arange(width)[None, :] < lengths[:, None], jnp.asarray(prompts), 0)
-    checked = check_ids(
-        prompts,
+    prompts = xp.asarray(prompts).astype(xp.int32)
+    check_ids(
+        xp.where(xp.arange(width)[None, :] < lengths[:, None], prompts, 0),
         vocab_size,
         subject="generate: prompts",
         noun="token ID",
         size_name="vocab_size",
         axes=("row", "position"),
     )
-    return jnp.asarray(checked, jnp.int32), lengths
+    return prompts, lengths
 
 
 def _ragged(prompts: Any, prompt_lengths: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -280,8 +289,8 @@ def _ragged(prompts: Any, prompt_lengths: Any) -> tuple[np.ndarray, np.ndarray]:
     return padded, np.array([row.size for row in rows], np.int32)
 
 
-def _row_keys(key: Any, rows: int) -> Key[Array, " rows"]:
-    """One key per row: `split(key, rows)` of one key, or the `(rows,)` keys given."""
+def _key(key: Any, rows: int) -> Key[Array, "*rows"]:
+    """`key` as a typed key: one, or one per row."""
     if isinstance(key, jax.Array) and key.dtype == jnp.uint32 and key.shape[-1:] == (2,):
         key = jax.random.wrap_key_data(key)  # a raw `jax.random.PRNGKey`
     if not (isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)):
@@ -289,14 +298,12 @@ def _row_keys(key: Any, rows: int) -> Key[Array, " rows"]:
             f"generate: key must be a JAX key (jax.random.key(seed)) or one key per row, got "
             f"{type(key).__name__}."
         )
-    if key.shape == ():
-        return jax.random.split(key, rows)
-    if key.shape == (rows,):
-        return key
-    raise ValueError(
-        f"generate: key must be one key or one key per prompt row, shape ({rows},), got keys "
-        f"of shape {key.shape}."
-    )
+    if key.shape not in ((), (rows,)):
+        raise ValueError(
+            f"generate: key must be one key or one key per prompt row, shape ({rows},), got "
+            f"keys of shape {key.shape}."
+        )
+    return key
 
 
 def generate(
@@ -373,7 +380,7 @@ def generate(
         model,
         tokens,
         lengths,
-        _row_keys(key, rows),
+        _key(key, rows),
         steps=max_new_tokens,
         capacity=width + max_new_tokens,
         temperature=temperature,
