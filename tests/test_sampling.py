@@ -2,6 +2,8 @@
 recomputation, its sampling filters against a NumPy reference, ragged prompts, stop
 tokens, keys and bad input."""
 
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from dew._checks import failed_check
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import Generation, generate
 from dew.objectives.sampling import filter_logits, sample_continuations
@@ -310,3 +313,28 @@ def test_bad_arguments_raise_one_clear_error(prompts, kwargs, parameter, message
     arguments = {"max_new_tokens": 2, "key": jax.random.key(0)} | kwargs
     with rejects(ValueError, message, parameter=parameter):
         generate(_model(), prompts, **arguments)
+
+
+def test_traced_bad_prompts_fail_the_compiled_call():
+    """Under a caller's `jax.jit` the checks are `eqx.error_if`: the call fails with the
+    host check's message (what `dew._checks.failed_check` reads back as a `ValueError`)."""
+    model = _model()
+    sample = jax.jit(
+        lambda model, prompts, lengths: generate(
+            model, prompts, prompt_lengths=lengths, max_new_tokens=STEPS, key=jax.random.key(0)
+        )
+    )
+    prompts = np.array([[3, 1, 4, 0, 0], [1, 0, 0, 0, 0], [5, 2, 6, 5, 3]], np.int32)
+    for bad, lengths, message in (
+        (prompts, [3, 6, 5], "prompt_lengths must lie between 1 and the prompts' width 5"),
+        (prompts + 3, [3, 1, 5], r"prompts holds token IDs outside \[0, 7\)"),
+    ):
+        with pytest.raises(Exception, match=message) as caught:
+            jax.block_until_ready(sample(model, bad, np.array(lengths, np.int32)))
+        assert re.search(message, str(failed_check(caught.value)))
+    # Padding outside the vocabulary is never read, so it passes.
+    padded = np.where(np.arange(5)[None, :] < np.array([[3], [1], [5]]), prompts, 99)
+    np.testing.assert_array_equal(
+        sample(model, padded, np.array([3, 1, 5], np.int32)).tokens,
+        sample(model, prompts, np.array([3, 1, 5], np.int32)).tokens,
+    )

@@ -219,11 +219,14 @@ def _prompt_rows(prompts: Any, prompt_lengths: Any, vocab_size: int) -> tuple[An
             f"generate: prompts must hold integer token IDs, got dtype {prompts.dtype}."
         )
     if prompts.ndim != 2 or 0 in prompts.shape:
+        hint = "; pass one prompt as [prompt]" if prompts.ndim == 1 else ""
         raise ValueError(
             "generate: prompts must be shaped (rows, length) with at least one row and one "
-            f"token, got shape {tuple(prompts.shape)}; pass one prompt as [prompt]."
+            f"token, got shape {tuple(prompts.shape)}{hint}."
         )
     rows, width = prompts.shape
+    if isinstance(prompt_lengths, list | tuple):
+        prompt_lengths = np.asarray(prompt_lengths)
     traced = any(isinstance(x, jax.core.Tracer) for x in (prompts, prompt_lengths))
     xp = jnp if traced else np
     if prompt_lengths is None:
@@ -246,7 +249,8 @@ def _prompt_rows(prompts: Any, prompt_lengths: Any, vocab_size: int) -> tuple[An
             first=lambda index: f"{message}, got {int(lengths[index])} in row {index[0]}.",
         )
     prompts = xp.asarray(prompts).astype(xp.int32)
-    check_ids(
+    # The check's result is used: traced, it is an `eqx.error_if` on the prompts.
+    prompts = check_ids(
         xp.where(xp.arange(width)[None, :] < lengths[:, None], prompts, 0),
         vocab_size,
         subject="generate: prompts",
@@ -316,7 +320,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | int | None = None,
     eos_id: int | None = None,
-    prompt_lengths: Int[ArrayLike, " rows"] | None = None,
+    prompt_lengths: Int[ArrayLike, " rows"] | Sequence[int] | None = None,
 ) -> Generation:
     """Continue each prompt by up to `max_new_tokens` tokens drawn from `model`.
 
@@ -340,9 +344,9 @@ def generate(
     - `top_k`, `top_p`: draw from the `top_k` most likely tokens and from the nucleus of
       probability `top_p`, as `filter_logits` says (`None`: no such filter).
     - `eos_id`: a token ID that ends a row: it is kept, and what follows is `eos_id`.
-    - `prompt_lengths`: with an array of prompts, each row's prompt length (its first
-      `prompt_lengths[i]` IDs; what follows is padding, never read). Default: every row
-      is a whole prompt.
+    - `prompt_lengths`: with an array of prompts, each row's prompt length (an integer
+      array or a list; row `i`'s prompt is its first `prompt_lengths[i]` IDs, and what
+      follows is padding, never read). Default: every row is a whole prompt.
 
     **Returns:** a `Generation`: the new tokens `(rows, max_new_tokens)` and their lengths.
 
