@@ -389,7 +389,14 @@ def main() -> None:
         case = CASES[name]
         print(f"  {name}: {case.sizes}, {case.rows} prompts of {PROMPT} tokens")
     print(f"new tokens {', '.join(map(str, sizes))}; {rounds} rounds per side\n")
-    results = [measure(CASES[name], new, rounds) for name in chosen for new in sizes]
+    results = []
+    for name in chosen:
+        for new in sizes:
+            start = time.perf_counter()
+            results.append(measure(CASES[name], new, rounds))
+            elapsed = time.perf_counter() - start
+            print(f"  measured {name}, {new} new tokens ({elapsed:.0f} s)", flush=True)
+    print()
     report(results)
     load = os.getloadavg()[0]
     print(f"load average at the end: {load:.2f}")
