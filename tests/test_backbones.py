@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _checks import rejects
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dew.nn.backbones import BidirectionalTransformer, CausalTransformer
 
@@ -145,3 +147,117 @@ def test_the_initialisation_key_is_a_required_keyword(backbone):
         backbone(*SIZES.values(), "float32", "xla", jax.random.key(0))
     a, b = (backbone(**SIZES, key=jax.random.key(seed)) for seed in (0, 1))
     assert not np.array_equal(a.stack.head.weight, b.stack.head.weight)
+
+
+# The key/value cache: prefill and decode against the full forward pass.
+def test_the_parameter_tree_a_checkpoint_holds_is_unchanged_by_the_cache():
+    """The cache lives outside the model: a checkpoint written before it restores into
+    the same parameter paths (the parameters of one block are written out here)."""
+    model = CausalTransformer(**(SIZES | {"num_layers": 1}), key=jax.random.key(0))
+    params = eqx.filter(model, eqx.is_inexact_array)
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+    block = [
+        f".stack.blocks[0].{layer}.{leaf}"
+        for layer in ("norm_attention", "qkv", "out", "norm_mlp", "up", "down")
+        for leaf in ("weight", "bias")
+    ]
+    assert paths == [
+        ".stack.token_embedding.weight",
+        ".stack.position_embedding",
+        *block,
+        ".stack.final_norm.weight",
+        ".stack.final_norm.bias",
+        ".stack.head.weight",
+        ".stack.head.bias",
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prefill_logits_are_the_forward_pass_logits_bit_for_bit(dtype):
+    model = CausalTransformer(**SIZES, dtype=dtype, key=jax.random.key(5))
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, 7, 9), jnp.int32)
+    logits, cache = eqx.filter_jit(lambda m, t: m.prefill(t, capacity=11))(model, tokens)
+    np.testing.assert_array_equal(logits, eqx.filter_jit(model)(tokens))
+    assert int(cache.length) == 9 and cache.capacity == 11
+    assert len(cache.keys) == len(cache.values) == SIZES["num_layers"]
+    assert cache.keys[0].shape == (11, 2, 8)
+    assert cache.keys[0].dtype == jnp.dtype(dtype)
+
+
+CAPACITY = SIZES["max_seq_len"]
+
+
+@eqx.filter_jit
+def _cached_logits(model, prompts, tokens, lengths):
+    """Per row: a prefill over `prompts[i]` (right-padded: its first `lengths[i]` tokens
+    count), then a decode step for each of `tokens[i, lengths[i]:]`. Returns the logits
+    after every position from `lengths[i] - 1` on (zeros before) and the cache lengths."""
+
+    def row(prompt, sequence, length):
+        logits, cache = model.prefill(prompt, capacity=CAPACITY, length=length)
+        out = jnp.zeros((CAPACITY, logits.shape[-1])).at[length - 1].set(logits[length - 1])
+
+        def step(position, carry):
+            out, cache = carry
+            logits, cache = model.decode(sequence[position], cache)
+            return out.at[position].set(logits), cache
+
+        out, cache = jax.lax.fori_loop(length, CAPACITY, step, (out, cache))
+        return out, cache.length
+
+    return jax.vmap(row)(prompts, tokens, lengths)
+
+
+def _check_cached_logits(model, rng, lengths, width):
+    """Rows of `CAPACITY` tokens, prompts of `width` holding each row's first `lengths[i]`
+    tokens and then other tokens (padding the decode steps overwrite before reading)."""
+    rows = len(lengths)
+    tokens = jnp.asarray(rng.integers(0, 7, (rows, CAPACITY)), jnp.int32)
+    shift = jnp.asarray(rng.integers(1, 7, (rows, width)), jnp.int32)
+    padding = jnp.arange(width)[None, :] >= jnp.asarray(lengths)[:, None]
+    prompts = jnp.where(padding, (tokens[:, :width] + shift) % 7, tokens[:, :width])
+    logits, filled = _cached_logits(model, prompts, tokens, jnp.asarray(lengths, jnp.int32))
+    np.testing.assert_array_equal(filled, CAPACITY)
+    full = jax.vmap(model)(tokens)
+    for row, length in enumerate(lengths):
+        np.testing.assert_allclose(
+            logits[row, length - 1 :], full[row, length - 1 :], rtol=1e-5, atol=1e-5
+        )
+
+
+def test_decoding_with_the_cache_gives_the_forward_pass_logits():
+    """Rows of one batch prefilled to different lengths decode as the full forward pass
+    computes each row alone, to float32 rounding."""
+    model = CausalTransformer(**(SIZES | {"num_layers": 1}), key=jax.random.key(6))
+    _check_cached_logits(model, np.random.default_rng(6), [1, 3, 6, 2], width=6)
+
+
+@pytest.mark.slow  # about 20 s: a compilation per model structure and prompt width
+@settings(max_examples=16)
+@given(
+    st.sampled_from([(1, 1), (2, 2)]),  # layers, heads
+    st.sampled_from([4, 12]),  # prompt width
+    st.data(),
+)
+def test_decoding_with_the_cache_gives_the_forward_pass_logits_for_any_sizes(
+    structure, width, data
+):
+    layers, heads = structure
+    lengths = data.draw(st.lists(st.integers(1, width), min_size=3, max_size=3), label="lengths")
+    sizes = SIZES | {"num_layers": layers, "num_heads": heads, "emb_features": 8 * heads}
+    model = CausalTransformer(**sizes, key=jax.random.key(layers))
+    _check_cached_logits(model, np.random.default_rng(sum(lengths) * width), lengths, width)
+
+
+@pytest.mark.parametrize(
+    ("seq", "capacity", "message"),
+    [
+        (5, 4, "got a prompt of 5 tokens, capacity 4 and max_seq_len 12"),
+        (5, 13, "got a prompt of 5 tokens, capacity 13 and max_seq_len 12"),
+        (0, 4, "got a prompt of 0 tokens, capacity 4"),
+    ],
+)
+def test_a_prefill_that_does_not_fit_its_cache_raises(seq, capacity, message):
+    model = CausalTransformer(**SIZES, key=jax.random.key(0))
+    with pytest.raises(ValueError, match=message):
+        model.prefill(jnp.zeros(seq, jnp.int32), capacity=capacity)

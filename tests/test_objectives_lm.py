@@ -155,6 +155,8 @@ def test_bad_objective_configuration_raises(kwargs, message):
         ({"temperature": -1.0}, "temperature must be >= 0"),
         ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
         ({"top_k": 0}, "top_k must be None or an integer >= 1"),
+        ({"top_p": 0.0}, r"top_p must be None or a real in \(0, 1\], got 0.0"),
+        ({"top_p": 1.5}, r"top_p must be None or a real in \(0, 1\], got 1.5"),
     ],
 )
 def test_bad_samples_raise(kwargs, message):
@@ -188,16 +190,18 @@ def test_preview_continues_prompt_rows():
 
 
 @pytest.mark.slow  # about 5 s; CI runs it with the slow tests
-def test_greedy_preview_follows_the_argmax_and_top_k_one_is_greedy():
+def test_greedy_preview_follows_the_argmax_and_the_narrowest_filters_are_greedy():
     model = _model()
     tokens = jnp.asarray(_rows())
     greedy = LMObjective(model, seq_len=8, samples=Samples(temperature=0.0, prompt_len=3))
     top1 = LMObjective(model, seq_len=8, samples=Samples(top_k=1, prompt_len=3))
+    nucleus = LMObjective(model, seq_len=8, samples=Samples(top_p=1e-6, prompt_len=3))
     params = greedy.init_params()
     rows = greedy.preview(params, {"text": tokens}, jax.random.key(0)).tokens
-    np.testing.assert_array_equal(
-        rows, top1.preview(params, {"text": tokens}, jax.random.key(5)).tokens
-    )
+    for narrowest in (top1, nucleus):
+        np.testing.assert_array_equal(
+            rows, narrowest.preview(params, {"text": tokens}, jax.random.key(5)).tokens
+        )
     logits = jax.vmap(model)(rows)
     np.testing.assert_array_equal(rows[:, 3:], np.argmax(np.asarray(logits), -1)[:, 2:-1])
 

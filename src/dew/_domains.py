@@ -32,6 +32,9 @@ The keys of a run (each name below is a function of this module):
 An objective owns the key it is handed and keeps the rule below it: it splits the key
 (`jax.random.split(key, n)[i]` is the key counter `i` gives) or folds domains into it
 (`DiffusionObjective` folds its preview domain and `Sampling.seed_domain`), never both.
+`dew.objectives.lm.generate` (the language objectives' previews and GRPO's rollouts) only
+splits: row `i` of a key draws from `split(key, rows)[i]`, and that row's token `t` from
+`split(row key, max_new_tokens)[t]`.
 `tests/test_domains.py` builds this whole tree over counters that take every domain's value
 and checks that no two keys in it are equal. The tree is part of what makes a run
 reproducible: changing a domain or the order of a derivation changes the numbers drawn.

@@ -22,7 +22,7 @@ from dew.objectives.base import (
     token_log_probs,
     trainable,
 )
-from dew.objectives.sampling import Samples, _next_token
+from dew.objectives.sampling import Samples, _sample_tokens
 
 __all__ = ["DPOObjective", "Samples"]
 
@@ -286,6 +286,7 @@ class DPOObjective(Objective):
             fill=0 if self.pad_id is None else self.pad_id,
             temperature=self.samples.temperature,
             top_k=self.samples.top_k,
+            top_p=self.samples.top_p,
         )
         return TokenRows(rows, generated)
 
@@ -301,34 +302,34 @@ def _continue_each_prompt(
     fill: int,
     temperature: float,
     top_k: int | None,
+    top_p: float | None,
 ) -> tuple[Int[Array, "rows total"], Bool[Array, "rows total"]]:
     """Continue row `i`'s first `prompt_lengths[i]` tokens by up to `max_new_tokens`
-    sampled tokens in a buffer of `total` positions, and mark the generated ones.
+    sampled tokens in a buffer of `total` positions, and mark the generated ones: a row
+    whose prompt leaves less room stops at the buffer's end.
 
-    It draws its keys as `sample_continuations` does, so rows sharing one prompt
-    length continue exactly as `sample_continuations` continues them.
+    It samples as `dew.objectives.lm.generate` does, with the same keys, so a row
+    continues exactly as `generate` (and `sample_continuations`) continues its prompt.
     """
-    rows, length = tokens.shape
-    positions = jnp.arange(total)
-    padded = jnp.pad(tokens.astype(jnp.int32), ((0, 0), (0, total - length)))
-    starts = prompt_lengths.astype(jnp.int32)[:, None]
-    buffer = jnp.where(positions[None, :] < starts, padded, jnp.full_like(padded, fill))
-    row_index = jnp.arange(rows)
-
-    def step(index, carry):
-        buffer, key = carry
-        key, sample_key = jax.random.split(key)
-        logits = jax.vmap(model)(buffer)
-        position = starts[:, 0] + index
-        read = jnp.clip(position - 1, 0, total - 1)
-        current = jnp.take_along_axis(logits, read[:, None, None], axis=1)[:, 0]
-        token = _next_token(current, sample_key, temperature, top_k)
-        write = jnp.clip(position, 0, total - 1)
-        kept = buffer[row_index, write]
-        return buffer.at[row_index, write].set(jnp.where(position < total, token, kept)), key
-
-    buffer, _ = jax.lax.fori_loop(0, max_new_tokens, step, (buffer, key))
-    generated = jnp.logical_and(
-        positions[None, :] >= starts, positions[None, :] < starts + max_new_tokens
+    length = tokens.shape[1]
+    starts = prompt_lengths.astype(jnp.int32)
+    new, counts = _sample_tokens(
+        model,
+        tokens.astype(jnp.int32),
+        starts,
+        key,
+        steps=max_new_tokens,
+        capacity=total,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_id=None,
+        fill=fill,
     )
-    return buffer, generated
+    positions = jnp.arange(total)[None, :]
+    offset = positions - starts[:, None]
+    generated = jnp.logical_and(offset >= 0, offset < counts[:, None])
+    continuation = jnp.take_along_axis(new, jnp.clip(offset, 0, max_new_tokens - 1), axis=1)
+    prompt = jnp.pad(tokens.astype(jnp.int32), ((0, 0), (0, total - length)))
+    filled = jnp.where(generated, continuation, jnp.full_like(continuation, fill))
+    return jnp.where(offset < 0, prompt, filled), generated

@@ -437,6 +437,7 @@ class GRPOObjective(Objective):
         max_new_tokens: int,
         temperature: float,
         top_k: int | None,
+        top_p: float | None,
     ) -> TokenRows:
         rows = sample_continuations(
             combine(params, self.policy),
@@ -445,6 +446,7 @@ class GRPOObjective(Objective):
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_k=top_k,
+            top_p=top_p,
         )
         generated = jnp.arange(rows.shape[1]) >= prompts.shape[1]
         return TokenRows(rows, jnp.broadcast_to(generated, rows.shape))
@@ -459,6 +461,7 @@ class GRPOObjective(Objective):
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
             top_k=None,
+            top_p=None,
         )
 
     def default_metrics(self) -> tuple[Metric, ...]:
@@ -475,4 +478,5 @@ class GRPOObjective(Objective):
             max_new_tokens=min(self.samples.max_new_tokens, self.max_seq_len - prompts.shape[1]),
             temperature=self.samples.temperature,
             top_k=self.samples.top_k,
+            top_p=self.samples.top_p,
         )

@@ -19,9 +19,9 @@ from dew.objectives.base import (
     token_log_probs,
     trainable,
 )
-from dew.objectives.sampling import Samples, sample_continuations
+from dew.objectives.sampling import Generation, Samples, generate
 
-__all__ = ["LMObjective", "Samples"]
+__all__ = ["Generation", "LMObjective", "Samples", "generate"]
 
 
 class LMObjective(Objective):
@@ -143,13 +143,15 @@ class LMObjective(Objective):
         """Continue the first `samples.num_samples` rows' prompts by sampling."""
         tokens = self._tokens(batch)
         prompts = tokens[: self.samples.num_samples, : self.prompt_len]
-        rows = sample_continuations(
+        continuations = generate(
             combine(params, self.model),
             prompts,
-            key,
             max_new_tokens=self.new_tokens,
+            key=key,
             temperature=self.samples.temperature,
             top_k=self.samples.top_k,
+            top_p=self.samples.top_p,
         )
+        rows = jnp.concatenate([prompts.astype(jnp.int32), continuations.tokens], axis=1)
         generated = jnp.arange(rows.shape[1]) >= self.prompt_len
         return TokenRows(rows, jnp.broadcast_to(generated, rows.shape))

@@ -5,11 +5,11 @@ import math
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from dew._checks import check_integer
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "COMPUTE_DTYPES", "TransformerStack"]
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "COMPUTE_DTYPES", "KVCache", "TransformerStack"]
 
 ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn")
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -61,6 +61,28 @@ def check_configuration(
             )
 
 
+class KVCache(eqx.Module):
+    """The keys and values a causal transformer computed for the positions of one sequence,
+    which a decode step attends to instead of recomputing them.
+
+    - `keys`, `values`: one array per layer, shaped `(capacity, heads, head_features)` in
+      the model's compute dtype (with a leading rows axis under `jax.vmap`).
+    - `length`: how many leading positions hold the sequence; the next decode step writes
+      position `length`. Positions from `length` on are not attended to, whatever they
+      hold (zeros, or the keys of a right-padded prompt's padding, which decoding
+      overwrites).
+    """
+
+    keys: tuple[Array, ...]
+    values: tuple[Array, ...]
+    length: Int[Array, "*rows"]
+
+    @property
+    def capacity(self) -> int:
+        """How many positions the cache holds."""
+        return self.keys[0].shape[-3]
+
+
 class _Block(eqx.Module):
     norm_attention: eqx.nn.LayerNorm
     qkv: eqx.nn.Linear
@@ -80,26 +102,80 @@ class _Block(eqx.Module):
         self.down = eqx.nn.Linear(mlp_features, emb_features, key=keys[3])
         self.num_heads = num_heads
 
-    def __call__(
-        self, x: Float[Array, "seq emb"], *, causal: bool, implementation: str
-    ) -> Float[Array, "seq emb"]:
+    def _attention_inputs(
+        self, x: Float[Array, "seq emb"]
+    ) -> tuple[Float[Array, "seq heads head"], ...]:
         seq, emb = x.shape
         head = emb // self.num_heads
         h = jax.vmap(self.norm_attention)(x)
         qkv = jax.vmap(self.qkv)(h).reshape(seq, 3, self.num_heads, head)
-        # jax.nn.dot_product_attention mixes bfloat16 inputs with float32 internals,
-        # which a caller's strict dtype promotion would refuse.
-        with jax.numpy_dtype_promotion("standard"):
-            attended = jax.nn.dot_product_attention(
-                qkv[:, 0],
-                qkv[:, 1],
-                qkv[:, 2],
-                is_causal=causal,
-                implementation=implementation,
-            )
-        x = x + jax.vmap(self.out)(attended.reshape(seq, emb))
+        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+
+    def _mix(
+        self, x: Float[Array, "seq emb"], attended: Float[Array, "seq heads head"]
+    ) -> Float[Array, "seq emb"]:
+        x = x + jax.vmap(self.out)(attended.reshape(x.shape))
         h = jax.vmap(self.norm_mlp)(x)
         return x + jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(h)))
+
+    def __call__(
+        self, x: Float[Array, "seq emb"], *, causal: bool, implementation: str
+    ) -> Float[Array, "seq emb"]:
+        q, k, v = self._attention_inputs(x)
+        return self._mix(x, _attention(q, k, v, causal=causal, implementation=implementation))
+
+    def prefill(
+        self, x: Float[Array, "seq emb"], *, capacity: int, implementation: str
+    ) -> tuple[
+        Float[Array, "seq emb"],
+        Float[Array, "capacity heads head"],
+        Float[Array, "capacity heads head"],
+    ]:
+        """`__call__` with a causal mask, also returning the keys and values of the
+        `seq` positions, zero-padded to `capacity` positions."""
+        q, k, v = self._attention_inputs(x)
+        attended = _attention(q, k, v, causal=True, implementation=implementation)
+        pad = ((0, capacity - x.shape[0]), (0, 0), (0, 0))
+        return self._mix(x, attended), jnp.pad(k, pad), jnp.pad(v, pad)
+
+    def decode(
+        self,
+        x: Float[Array, " emb"],
+        keys: Float[Array, "capacity heads head"],
+        values: Float[Array, "capacity heads head"],
+        position: Int[Array, ""],
+    ) -> tuple[
+        Float[Array, " emb"],
+        Float[Array, "capacity heads head"],
+        Float[Array, "capacity heads head"],
+    ]:
+        """One position: its key and value written at `position`, its query attending to
+        positions `0 .. position`."""
+        q, k, v = self._attention_inputs(x[None])
+        keys = jax.lax.dynamic_update_slice_in_dim(keys, k, position, axis=0)
+        values = jax.lax.dynamic_update_slice_in_dim(values, v, position, axis=0)
+        visible = jnp.arange(keys.shape[0]) <= position
+        # One query against a masked cache: XLA's attention, whatever the stack's
+        # implementation (cuDNN's fused kernel is for whole sequences).
+        attended = _attention(q, keys, values, mask=visible[None, None, :], implementation="xla")
+        return self._mix(x[None], attended)[0], keys, values
+
+
+def _attention(
+    q: Float[Array, "seq heads head"],
+    k: Float[Array, "kv heads head"],
+    v: Float[Array, "kv heads head"],
+    *,
+    causal: bool = False,
+    mask: Bool[Array, "1 seq kv"] | None = None,
+    implementation: str,
+) -> Float[Array, "seq heads head"]:
+    # jax.nn.dot_product_attention mixes bfloat16 inputs with float32 internals,
+    # which a caller's strict dtype promotion would refuse.
+    with jax.numpy_dtype_promotion("standard"):
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=mask, is_causal=causal, implementation=implementation
+        )
 
 
 class TransformerStack(eqx.Module):
@@ -148,6 +224,13 @@ class TransformerStack(eqx.Module):
         self.dtype = dtype
         self.attention_impl = attention_impl
 
+    def _computing(self) -> "TransformerStack":
+        """The stack with its parameters cast to the compute dtype."""
+        compute = COMPUTE_DTYPES[self.dtype]
+        return jax.tree.map(
+            lambda leaf: leaf.astype(compute) if eqx.is_inexact_array(leaf) else leaf, self
+        )
+
     def __call__(
         self, tokens: Int[Array, " seq"], *, causal: bool, kind: str
     ) -> Float[Array, "seq out"]:
@@ -157,15 +240,53 @@ class TransformerStack(eqx.Module):
                 f"{kind} got a sequence of {seq} tokens, longer than max_seq_len "
                 f"{self.max_seq_len}."
             )
-        compute = COMPUTE_DTYPES[self.dtype]
-        model = jax.tree.map(
-            lambda leaf: leaf.astype(compute) if eqx.is_inexact_array(leaf) else leaf, self
-        )
+        model = self._computing()
         x = jax.vmap(model.token_embedding)(tokens) + model.position_embedding[:seq]
         for block in model.blocks:
             x = block(x, causal=causal, implementation=self.attention_impl)
         x = jax.vmap(model.final_norm)(x)
         return jax.vmap(model.head)(x).astype(jnp.float32)
+
+    def prefill(
+        self, tokens: Int[Array, " seq"], *, capacity: int, length: Int[ArrayLike, ""], kind: str
+    ) -> tuple[Float[Array, "seq out"], KVCache]:
+        """Causal logits at every position of `tokens` and a cache of `capacity`
+        positions holding their keys and values, `length` of them counted as filled."""
+        seq = tokens.shape[0]
+        if not 1 <= seq <= capacity <= self.max_seq_len:
+            raise ValueError(
+                f"{kind}.prefill needs 1 <= prompt length <= capacity <= max_seq_len, got a "
+                f"prompt of {seq} tokens, capacity {capacity} and max_seq_len "
+                f"{self.max_seq_len}."
+            )
+        model = self._computing()
+        x = jax.vmap(model.token_embedding)(tokens) + model.position_embedding[:seq]
+        keys, values = [], []
+        for block in model.blocks:
+            x, k, v = block.prefill(x, capacity=capacity, implementation=self.attention_impl)
+            keys.append(k)
+            values.append(v)
+        x = jax.vmap(model.final_norm)(x)
+        logits = jax.vmap(model.head)(x).astype(jnp.float32)
+        return logits, KVCache(tuple(keys), tuple(values), jnp.asarray(length, jnp.int32))
+
+    def decode(
+        self, token: Int[ArrayLike, ""], cache: KVCache
+    ) -> tuple[Float[Array, " out"], KVCache]:
+        """The logits after `token`, placed at position `cache.length`, and the cache with
+        that position filled."""
+        model = self._computing()
+        position = cache.length
+        x = model.token_embedding(jnp.asarray(token)) + jax.lax.dynamic_index_in_dim(
+            model.position_embedding, position, keepdims=False
+        )
+        keys, values = [], []
+        for block, k, v in zip(model.blocks, cache.keys, cache.values, strict=True):
+            x, k, v = block.decode(x, k, v, position)
+            keys.append(k)
+            values.append(v)
+        logits = model.head(model.final_norm(x)).astype(jnp.float32)
+        return logits, KVCache(tuple(keys), tuple(values), position + 1)
 
 
 def build_stack(

@@ -1,11 +1,11 @@
 """A decoder-only transformer language model."""
 
 import equinox as eqx
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
-from dew.nn.backbones._transformer import TransformerStack, build_stack
+from dew.nn.backbones._transformer import KVCache, TransformerStack, build_stack
 
-__all__ = ["CausalTransformer"]
+__all__ = ["CausalTransformer", "KVCache"]
 
 
 class CausalTransformer(eqx.Module):
@@ -23,7 +23,10 @@ class CausalTransformer(eqx.Module):
       passed to `jax.nn.dot_product_attention` with a causal mask.
     - `key`: the initialisation key, keyword-only and required (as in `eqx.nn`).
 
-    The module maps one sequence; `jax.vmap` it over a batch.
+    The module maps one sequence; `jax.vmap` it over a batch. `prefill` and `decode`
+    generate with a key/value cache (`KVCache`): `prefill` runs the prompt once and keeps
+    every layer's keys and values, then each `decode` step computes one new position
+    against them. `dew.objectives.lm.generate` drives them.
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -74,3 +77,59 @@ class CausalTransformer(eqx.Module):
     def __call__(self, tokens: Int[Array, " seq"]) -> Float[Array, "seq vocab"]:
         """Logits of the next token at every position of one sequence."""
         return self.stack(tokens, causal=True, kind="CausalTransformer")
+
+    def prefill(
+        self,
+        tokens: Int[Array, " seq"],
+        *,
+        capacity: int | None = None,
+        length: Int[ArrayLike, ""] | None = None,
+    ) -> tuple[Float[Array, "seq vocab"], KVCache]:
+        """Run a prompt once: the logits at every position (those of `__call__`, computed
+        the same way) and a cache to `decode` from.
+
+        **Arguments:**
+
+        - `tokens`: the prompt's token IDs (at least one).
+        - `capacity`: how many positions the cache holds, prompt included (default
+          `max_seq_len`); a prompt of `seq` tokens leaves room for `capacity - seq`
+          decode steps.
+        - `length`: how many leading tokens are the prompt (default all of them; may be
+          traced). A right-padded prompt passes its own length: decoding then continues
+          from position `length`, overwriting the padding, and the logits that predict
+          its first new token are `logits[length - 1]`.
+
+        **Returns:** `(logits, cache)`.
+
+        **Raises:** `ValueError` unless `1 <= seq <= capacity <= max_seq_len`.
+        """
+        return self.stack.prefill(
+            tokens,
+            capacity=self.max_seq_len if capacity is None else capacity,
+            length=tokens.shape[0] if length is None else length,
+            kind="CausalTransformer",
+        )
+
+    def decode(
+        self, token: Int[ArrayLike, ""], cache: KVCache
+    ) -> tuple[Float[Array, " vocab"], KVCache]:
+        """One generation step: `token` placed at position `cache.length`, returning the
+        logits of the token after it and the cache with that position filled (its
+        `length` one more). The cache must have room (`cache.length < cache.capacity`):
+        past it, positions are clamped to the last one and the logits mean nothing;
+        `dew.objectives.lm.generate` sizes the cache so that never happens.
+
+        ```python
+        >>> import jax, jax.numpy as jnp
+        >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1,
+        ...                           num_heads=2, mlp_features=32, max_seq_len=8,
+        ...                           key=jax.random.key(0))
+        >>> tokens = jnp.array([0, 1, 2, 3], jnp.int32)
+        >>> logits, cache = model.prefill(tokens[:2], capacity=4)
+        >>> after_2, cache = model.decode(tokens[2], cache)
+        >>> int(cache.length), bool(jnp.allclose(after_2, model(tokens)[2], atol=1e-5))
+        (3, True)
+
+        ```
+        """
+        return self.stack.decode(token, cache)
