@@ -71,7 +71,8 @@ def markdown(rows: tuple[TextRow, ...], tokenizer: Tokenizer | None) -> str:
     a row with no prompt)."""
     prompted = any(row.prompt is not None for row in rows)
     shape = f"prompt {BOUNDARY} continuation" if prompted else "generated rows"
-    lines = [f"{len(rows)} samples ({shape}), {decoded_with(tokenizer)}.", ""]
+    count = f"{len(rows)} sample{'' if len(rows) == 1 else 's'}"
+    lines = [f"{count} ({shape}), {decoded_with(tokenizer)}.", ""]
     for index, row in enumerate(rows):
         text = row.continuation if row.prompt is None else row.prompt + BOUNDARY + row.continuation
         lines += [f"**row {index}**", "", _fenced(text), ""]
