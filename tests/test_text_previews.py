@@ -140,8 +140,8 @@ def _needs(extra):
 
 def _page_rows(page):
     """The rows a `text.md` page shows, each the text between its fences."""
-    blocks = page.split("```text\n")[1:]
-    return [block.split("\n```")[0] for block in blocks]
+    blocks = page.split("~~~text\n")[1:]
+    return [block.split("\n~~~")[0] for block in blocks]
 
 
 def _shown_as_page(rows):

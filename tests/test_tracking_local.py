@@ -173,7 +173,7 @@ def test_token_rows_preview_as_their_ids_and_text_and_representations_as_json(tm
         "text": [{"prompt": "h", "continuation": "i!"}, {"prompt": "o", "continuation": "h<eos>"}],
         "tokenizer": "bytes",
     }
-    assert "```text\nh⟨|⟩i!\n```" in (tmp_path / folder / "text.md").read_text()
+    assert "~~~text\nh⟨|⟩i!\n~~~" in (tmp_path / folder / "text.md").read_text()
     spread = json.loads((tmp_path / files[features_name][0]).read_text())
     counts, edges = np.histogram(np.std(features.astype(np.float64), axis=0), bins=30)
     assert spread["counts"] == counts.tolist()

@@ -297,7 +297,7 @@ def test_token_rows_become_a_text_table_of_generated_tokens_and_their_text(tmp_p
     assert texts == [(2, ["1 2 3", "4 5 6"]), (3, ["1 2", "5 6"])]
     pages = _texts(events, "lm/validation/text/text")
     assert [step for step, _ in pages] == [2, 3]
-    assert "```text\n4⟨|⟩5 6\n```" in pages[1][1]  # the row's prompt, then what was generated
+    assert "~~~text\n4 ⟨|⟩ 5 6\n~~~" in pages[1][1]  # the row's prompt, then what was generated
 
 
 def test_decoded_text_reads_back_as_the_tokenizers_decode_of_the_ids(tmp_path):
@@ -312,7 +312,7 @@ def test_decoded_text_reads_back_as_the_tokenizers_decode_of_the_ids(tmp_path):
     assert step == 4
     for row in tokens:
         prompt, continuation = tokenizer.decode(row[:5]), tokenizer.decode(row[5:])
-        assert f"```text\n{prompt}⟨|⟩{continuation}\n```" in page
+        assert f"~~~text\n{prompt}⟨|⟩{continuation}\n~~~" in page
 
 
 def test_token_scores_have_no_summary_form(tmp_path):

@@ -66,7 +66,7 @@ def test_without_a_tokenizer_the_text_is_the_ids_and_odd_ids_are_marked_not_fata
 
 def test_the_markdown_page_shows_each_row_verbatim_where_tensorboard_renders_it():
     plugin_util = pytest.importorskip("tensorboard.plugin_util")
-    tricky = "a *b* <i>c</i> ``` d `` e\n  f"  # emphasis, HTML, fences, line breaks, spaces
+    tricky = "a *b* <i>c</i> ``` d ~~~~ e\n  f"  # emphasis, HTML, fences, line breaks, spaces
     rows = (TextRow("The prompt", " " + tricky), TextRow(None, "alone"))
     page = markdown(rows, BytesTokenizer())
     assert page.splitlines()[0] == (
@@ -76,6 +76,7 @@ def test_the_markdown_page_shows_each_row_verbatim_where_tensorboard_renders_it(
     for shown in ("The prompt" + BOUNDARY + " " + tricky, "alone"):
         assert f"<pre><code>{html.escape(shown, quote=False)}\n</code></pre>" in rendered
     assert "<em>" not in rendered and "<i>" not in rendered
+    assert "\n~~~~~text\n" in page  # a fence longer than the text's own run of tildes
     assert markdown((TextRow(None, "1 2"),), None).splitlines()[0] == (
         "1 sample (generated rows), written as token IDs (no tokenizer)."
     )

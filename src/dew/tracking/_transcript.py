@@ -58,22 +58,24 @@ def text_rows(
 
 
 def _fenced(text: str) -> str:
-    """`text` in a fenced code block: shown as it is (spaces, `*`, `<`), its fence longer
-    than any run of backticks in it."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
+    """`text` in a fenced code block: shown as it is (spaces, `*`, `<`), its fence of tildes
+    longer than any run of tildes in it."""
+    longest = max((len(run) for run in re.findall(r"~+", text)), default=0)
+    fence = "~" * max(3, longest + 1)
     return f"{fence}text\n{text}\n{fence}"
 
 
 def markdown(rows: tuple[TextRow, ...], tokenizer: Tokenizer | None) -> str:
     """The Markdown page of `rows`: a line saying how they were decoded, then for each row
-    a heading and one code block, `prompt⟨|⟩continuation` (or the continuation alone for
-    a row with no prompt)."""
+    a heading and one code block, `prompt⟨|⟩continuation` (`prompt ⟨|⟩ continuation` for
+    IDs; the continuation alone for a row with no prompt)."""
     prompted = any(row.prompt is not None for row in rows)
     shape = f"prompt {BOUNDARY} continuation" if prompted else "generated rows"
     count = f"{len(rows)} sample{'' if len(rows) == 1 else 's'}"
     lines = [f"{count} ({shape}), {decoded_with(tokenizer)}.", ""]
+    # Decoded text is shown as it is; IDs keep a space either side of the boundary.
+    boundary = BOUNDARY if tokenizer is not None else f" {BOUNDARY} "
     for index, row in enumerate(rows):
-        text = row.continuation if row.prompt is None else row.prompt + BOUNDARY + row.continuation
+        text = row.continuation if row.prompt is None else row.prompt + boundary + row.continuation
         lines += [f"**row {index}**", "", _fenced(text), ""]
     return "\n".join(lines)
