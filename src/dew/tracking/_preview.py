@@ -58,7 +58,7 @@ PREVIEW_TYPES = (Images, Clips, TokenRows, Representations)
 _PREVIEWS = "Images, Clips, TokenRows or Representations previews"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # the same preview is the same object
 class Preview:
     """A preview artifact and what names its rows: how `Trainer.fit` logs a preview, so
     that every tracker shows class names and decoded text.
