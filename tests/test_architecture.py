@@ -21,6 +21,7 @@ GROUND = (
     "_torch_pickle",
     "_weights",
     "_processes",
+    "_host",
 )  # below the core: import only one another
 SHELL = (
     "training",

@@ -11,12 +11,16 @@ import json
 import re
 
 import jaxtyping
+import numpy as np
 import pytest
+from _grids import check_grid, gif_colours, uint8
 from PIL import Image, ImageSequence
 
 from dew.cli import main
 from dew.config import BUILTIN_CONFIGS, RunConfig, TrainerConfig, builtin, override
 from dew.config._builtin import tiny_diffusion, tiny_jepa, tiny_lm, tiny_video_diffusion
+from dew.data import Partition
+from dew.registry import SHAPE_KINDS
 from dew.tracking import InMemoryTracker, read_journal
 
 STEPS = 2
@@ -103,14 +107,22 @@ def test_dew_train_config_writes_the_run_folder_and_its_previews(trained, missin
         histogram = json.loads(files[0].read_text())
         assert histogram["dimensions"] == 32 and sum(histogram["counts"]) == 32
         assert histogram["non_finite"] == 0
-    else:
-        suffix = "gif" if expected.model.kwargs.get("frames") else "png"
-        assert [path.name for path in files] == [f"{row}.{suffix}" for row in range(4)]
-        for path in files:  # decoded by Pillow: 16x16 RGB images, or 4-frame animations
-            with Image.open(path) as image:
-                assert image.format == suffix.upper() and image.size == (16, 16)
-                frames = [frame.convert("RGB") for frame in ImageSequence.Iterator(image)]
-                assert len(frames) == expected.model.kwargs.get("frames", 1)
+    else:  # one labelled grid: four samples above the four real rows that conditioned them
+        frames = expected.model.kwargs.get("frames")
+        assert [path.name for path in files] == ["grid.gif" if frames else "grid.png"]
+        data = expected.data.build(batch_size=expected.trainer.batch_size, seed=0)
+        batch = next(data.val(Partition()))
+        real = batch["clips" if frames else "images"][:4]
+        real = real if frames else real[:, None]
+        captions = [SHAPE_KINDS[label] for label in batch["labels"][:4]]
+        with Image.open(files[0]) as image:
+            assert image.format == ("GIF" if frames else "PNG")
+            shown = [np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(image)]
+        assert len(shown) == (frames or 1)
+        for number, picture in enumerate(shown):  # read back against the layout rule
+            cells = [picture[2 : 2 + 64 : 4, 62 + 66 * column :][:, :64:4] for column in range(4)]
+            lines = [("generated", np.stack(cells)), ("real", uint8(real[:, number]))]
+            check_grid(picture, lines, captions, colours=gif_colours if frames else lambda x: x)
     # The journal points at the files.
     entries = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
     (shown,) = [entry for entry in entries if entry["name"] == f"{stage}/validation/samples"]

@@ -177,7 +177,7 @@ def test_numpy_integer_steps_are_steps(kind, run):
         assert journal.scalars == {"lm/train/loss": [(3, 1.0)]}
         assert journal.artifacts[0][:2] == ("lm/validation/samples", 4)
         assert journal.records[0][:2] == ("fit_started", 5)
-        assert (folder / "previews" / "lm" / "validation" / "samples" / "4" / "0.png").is_file()
+        assert (folder / "previews" / "lm" / "validation" / "samples" / "4" / "grid.png").is_file()
 
 
 def test_a_long_parameter_uploaded_to_a_path_from_its_key_is_checked_first(run):

@@ -241,6 +241,14 @@ def test_bad_batches_raise_on_the_host(batch, match):
         )
 
 
+def test_an_unconditional_models_samples_carry_no_labels():
+    objective = DiffusionObjective(dit(num_classes=None), sampling=Sampling(steps=1))
+    batch = {"images": image_batch(rows=2)["images"]}
+    key = jax.random.key(0)
+    assert objective.evaluate(objective.init_params(), batch, key).labels is None
+    assert objective.preview(objective.init_params(), batch, key).labels is None
+
+
 def test_labels_for_an_unconditional_model_raise():
     objective = DiffusionObjective(dit(num_classes=None))
     with pytest.raises(ValueError, match=r"got batch\['labels'\], but its DiT has no classes"):
@@ -306,6 +314,9 @@ def test_same_key_same_samples_and_the_preview_draws_apart():
     preview = objective.preview(params, batch, key)
     assert isinstance(preview, Images) and preview.generated.shape == (4, 16, 16, 3)
     np.testing.assert_array_equal(preview.reference, batch["images"][:4])
+    # Each sample carries the label it was conditioned on, for a preview to name.
+    np.testing.assert_array_equal(first.labels, batch["labels"])
+    np.testing.assert_array_equal(preview.labels, batch["labels"][:4])
     np.testing.assert_array_equal(
         preview.generated, objective.preview(params, batch, key).generated
     )
@@ -404,6 +415,7 @@ def test_clips_go_through_the_same_code_path():
     np.testing.assert_array_equal(clips.reference, batch["clips"])
     preview = objective.preview(state.params, batch, jax.random.key(0))
     assert isinstance(preview, Clips) and preview.generated.shape == (4, 4, 16, 16, 3)
+    np.testing.assert_array_equal(preview.labels, batch["labels"][:4])
 
 
 @pytest.mark.slow  # about 20 s: two fits with previews; CI runs it with the slow tests

@@ -22,6 +22,7 @@ from dew.data.tokenizers import (
     load_tokenizer,
     train_tokenizer,
 )
+from dew.data.tokenizers._readable import END_OF_DOCUMENT, readable_text
 
 tokenizers = pytest.importorskip("tokenizers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -65,6 +66,26 @@ def test_the_bytes_tokenizer_round_trips_any_text(text):
     assert ids.tolist() == list(text.encode("utf-8"))
     assert tokenizer.decode(ids) == text
     assert tokenizer.decode(np.append(ids, tokenizer.eos_id)) == text  # EOS left out
+
+
+@given(st.lists(st.lists(st.integers(0, 255), max_size=12), min_size=1, max_size=4))
+def test_readable_text_decodes_each_document_and_marks_where_one_ends(documents):
+    """A row crossing documents reads as each document's decode, `<eos>` between: what
+    previews and `dew data inspect` show (the tokenizer's own decode would join them)."""
+    tokenizer = BytesTokenizer()
+    ids = [token for document in documents for token in [*document, tokenizer.eos_id]][:-1]
+    expected = END_OF_DOCUMENT.join(tokenizer.decode(document) for document in documents)
+    assert readable_text(tokenizer, np.array(ids, np.int64)) == expected
+    assert readable_text(None, ids) == " ".join(map(str, ids))
+
+
+@given(st.lists(st.integers(-3, 400), max_size=20))
+def test_readable_text_marks_ids_no_tokenizer_decodes_instead_of_raising(ids):
+    tokenizer = BytesTokenizer()  # IDs 0 to 256; a model may sample past them
+    outside = [token for token in ids if not 0 <= token < tokenizer.vocab_size]
+    text = readable_text(tokenizer, ids)
+    assert text.count("<id ") == len(outside)
+    assert all(f"<id {token}>" in text for token in outside)
 
 
 @given(st.binary())

@@ -8,12 +8,14 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _grids import check_gif_grid, check_png_grid, uint8
 
 from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
+from dew.data.tokenizers import BytesTokenizer
 from dew.naming import Split, preview_name
 from dew.telemetry.records import FitEnded, FitStarted, RunRecord
-from dew.tracking import LocalTracker, read_journal
-from dew.tracking._render import _palette_indices, histogram, to_uint8
+from dew.tracking import LocalTracker, Preview, read_journal
+from dew.tracking._render import histogram
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -125,46 +127,53 @@ def test_params_are_flattened_merged_and_kept_across_reopening(tmp_path):
     }
 
 
-def test_image_previews_are_pngs_of_each_generated_row(tmp_path):
+def test_an_image_preview_is_one_labelled_grid_png_beside_the_real_rows(tmp_path):
     rng = np.random.default_rng(0)
-    generated = rng.random((3, 6, 5, 3)).astype(np.float32)
+    generated, real = rng.random((2, 3, 6, 5, 3)).astype(np.float32)
+    images = Images(jnp.asarray(generated), jnp.asarray(real), labels=jnp.asarray([1, 0, 1]))
     with LocalTracker(tmp_path) as tracker:
-        tracker.log_artifact("lm/validation/samples", Images(jnp.asarray(generated)), step=7)
+        tracker.log_artifact("lm/validation/samples", Preview(images, classes=("a", "b")), step=7)
     ((name, step, files),) = read_journal(tmp_path).artifacts
-    assert (name, step) == ("lm/validation/samples", 7)
-    assert files == [f"previews/lm/validation/samples/7/{i}.png" for i in range(3)]
-    for index, file in enumerate(files):
-        decoded = np.asarray(Image.open(tmp_path / file))
-        np.testing.assert_array_equal(decoded, to_uint8(generated[index]))
+    assert (name, step, files) == (
+        "lm/validation/samples",
+        7,
+        ["previews/lm/validation/samples/7/grid.png"],
+    )
+    lines = [("generated", uint8(generated)), ("real", uint8(real))]
+    check_png_grid((tmp_path / files[0]).read_bytes(), lines, ["b", "a", "b"])
 
 
-def test_clip_previews_are_animated_gifs_with_every_frame(tmp_path):
+def test_a_clip_preview_is_one_animated_grid_gif_with_every_frame(tmp_path):
     rng = np.random.default_rng(1)
     videos = rng.random((2, 4, 9, 7, 3)).astype(np.float32)
     with LocalTracker(tmp_path) as tracker:
         tracker.log_artifact("lm/validation/clips", Clips(jnp.asarray(videos)), step=1)
     files = read_journal(tmp_path).artifacts[0][2]
-    assert files == [f"previews/lm/validation/clips/1/{row}.gif" for row in range(2)]
-    for index, file in enumerate(files):
-        gif = Image.open(tmp_path / file)
-        assert gif.n_frames == 4
-        indices, palette = _palette_indices(to_uint8(videos[index]))
-        colours = np.frombuffer(palette, np.uint8).reshape(-1, 3)
-        for frame in range(4):
-            gif.seek(frame)
-            np.testing.assert_array_equal(np.asarray(gif.convert("RGB")), colours[indices[frame]])
+    assert files == ["previews/lm/validation/clips/1/grid.gif"]
+    content = (tmp_path / files[0]).read_bytes()
+    assert check_gif_grid(content, [("generated", uint8(videos))], None) == 4
 
 
-def test_token_rows_and_representation_previews_are_json(tmp_path):
-    tokens = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
+def test_token_rows_preview_as_their_ids_and_text_and_representations_as_json(tmp_path):
+    tokens = np.array([[104, 105, 33], [111, 104, 256]], np.int32)
+    mask = np.array([[False, True, True]] * 2)
     features = np.random.default_rng(2).standard_normal((10, 4)).astype(np.float32)
+    shown = Preview(TokenRows(jnp.asarray(tokens), jnp.asarray(mask)), tokenizer=BytesTokenizer())
     with LocalTracker(tmp_path) as tracker:
-        tracker.log_artifact("lm/validation/text", TokenRows(jnp.asarray(tokens)), step=2)
+        tracker.log_artifact("lm/validation/text", shown, step=2)
         features_name = "jepa/validation/features"
         tracker.log_artifact(features_name, Representations(jnp.asarray(features)), step=2)
     files = {name: files for name, _, files in read_journal(tmp_path).artifacts}
-    rows = json.loads((tmp_path / files["lm/validation/text"][0]).read_text())
-    assert rows == {"tokens": tokens.tolist()}
+    folder = "previews/lm/validation/text/2"
+    assert files["lm/validation/text"] == [f"{folder}/tokens.json", f"{folder}/text.md"]
+    rows = json.loads((tmp_path / folder / "tokens.json").read_text())
+    assert rows == {
+        "tokens": tokens.tolist(),
+        "mask": mask.tolist(),
+        "text": [{"prompt": "h", "continuation": "i!"}, {"prompt": "o", "continuation": "h<eos>"}],
+        "tokenizer": "bytes",
+    }
+    assert "~~~text\nh⟨|⟩i!\n~~~" in (tmp_path / folder / "text.md").read_text()
     spread = json.loads((tmp_path / files[features_name][0]).read_text())
     counts, edges = np.histogram(np.std(features.astype(np.float64), axis=0), bins=30)
     assert spread["counts"] == counts.tolist()
@@ -185,10 +194,9 @@ def test_two_stages_previews_keep_their_own_files_and_journal_lines(tmp_path):
         ("tune/validation/samples", 5),
     ]
     for (_, _, files), (stage, generated) in zip(journal, shown.items(), strict=True):
-        assert files == [f"previews/{stage}/validation/samples/5/{row}.png" for row in range(2)]
-        for row, file in enumerate(files):  # neither stage's pictures replaced the other's
-            decoded = np.asarray(Image.open(tmp_path / file))
-            np.testing.assert_array_equal(decoded, to_uint8(generated[row]))
+        assert files == [f"previews/{stage}/validation/samples/5/grid.png"]
+        # neither stage's grid replaced the other's
+        check_png_grid((tmp_path / files[0]).read_bytes(), [("generated", uint8(generated))], None)
 
 
 def test_a_preview_under_a_bare_name_is_refused_before_anything_is_written(tmp_path):
@@ -208,7 +216,11 @@ def test_a_run_folder_of_the_old_preview_layout_still_reads_back(tmp_path):
     with LocalTracker(tmp_path) as tracker:  # reopened: new previews go beside the old ones
         tracker.log_artifact("lm/validation/samples", Images(jnp.ones((1, 2, 2, 1))), step=4)
     artifacts = read_journal(tmp_path).artifacts
-    assert artifacts[1] == ("lm/validation/samples", 4, ["previews/lm/validation/samples/4/0.png"])
+    assert artifacts[1] == (
+        "lm/validation/samples",
+        4,
+        ["previews/lm/validation/samples/4/grid.png"],
+    )
     assert (tmp_path / artifacts[0][2][0]).read_bytes() == b"png"
 
 

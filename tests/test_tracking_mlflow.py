@@ -11,8 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _checks import rejects
+from _grids import check_png_grid, uint8
 
 from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
+from dew.data.tokenizers import BytesTokenizer
 from dew.naming import Split, preview_name
 from dew.telemetry.records import (
     FitEnded,
@@ -21,7 +23,7 @@ from dew.telemetry.records import (
     TrialFinished,
     record_from_json,
 )
-from dew.tracking import preview_files
+from dew.tracking import Preview, preview_files
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -216,13 +218,41 @@ def test_previews_are_uploaded_as_the_local_renderers_files(tracker, tmp_path):
             assert _download(tracker, f"{folder}/{suffix}", tmp_path / name).read_bytes() == content
 
 
+def test_a_labelled_grid_and_decoded_text_download_as_pillow_and_the_tokenizer_read_them(
+    tracker, tmp_path
+):
+    rng = np.random.default_rng(6)
+    generated, real = rng.random((2, 2, 16, 16, 3)).astype(np.float32)
+    images = Images(jnp.asarray(generated), jnp.asarray(real), labels=jnp.asarray([1, 0]))
+    tracker.log_artifact("d/validation/samples", Preview(images, classes=("a", "b")), step=3)
+    (path,) = _files(tracker, "previews/d/validation/samples/3")
+    assert path.endswith("/grid.png")
+    lines = [("generated", uint8(generated)), ("real", uint8(real))]
+    check_png_grid(_download(tracker, path, tmp_path).read_bytes(), lines, ["b", "a"])
+    tokenizer = BytesTokenizer()
+    tokens = np.array([tokenizer.encode("café au lait")], np.int32)  # multi-byte UTF-8
+    mask = np.arange(tokens.shape[1])[None] >= 4
+    rows = TokenRows(jnp.asarray(tokens), jnp.asarray(mask))
+    tracker.log_artifact("lm/validation/samples", Preview(rows, tokenizer=tokenizer), step=3)
+    folder = "previews/lm/validation/samples/3"
+    assert _files(tracker, folder) == [f"{folder}/text.md", f"{folder}/tokens.json"]
+    stored = json.loads(_download(tracker, f"{folder}/tokens.json", tmp_path).read_text())
+    assert stored["tokens"] == tokens.tolist()
+    assert stored["text"] == [
+        {"prompt": tokenizer.decode(tokens[0, :4]), "continuation": tokenizer.decode(tokens[0, 4:])}
+    ]
+    assert stored["text"][0]["prompt"] == "caf\ufffd"  # the first byte of é alone
+    page = _download(tracker, f"{folder}/text.md", tmp_path).read_text()
+    assert f"{stored['text'][0]['prompt']}⟨|⟩{stored['text'][0]['continuation']}" in page
+
+
 def test_two_stages_previews_keep_their_own_files(tracker, tmp_path):
     rng = np.random.default_rng(5)
     shown = {stage: Images(jnp.asarray(rng.random((2, 4, 4, 3)), jnp.float32)) for stage in "ab"}
     for stage, images in shown.items():  # both at step 5, as two fits' own steps are
         tracker.log_artifact(preview_name(stage, Split.VALIDATION, "samples"), images, step=5)
     assert _files(tracker, "previews") == [
-        f"previews/{stage}/validation/samples/5/{row}.png" for stage in "ab" for row in range(2)
+        f"previews/{stage}/validation/samples/5/grid.png" for stage in "ab"
     ]
     for stage, images in shown.items():
         for suffix, content in preview_files(images):

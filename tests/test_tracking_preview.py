@@ -1,4 +1,5 @@
-"""dew.tracking._preview: previews render once, into neutral pieces every tracker maps."""
+"""dew.tracking._preview: previews render once, into neutral pieces every tracker maps; a
+`Preview` carries what names its rows."""
 
 import ast
 import json
@@ -6,24 +7,27 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import pytest
 
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
-from dew.tracking import preview_files
+from dew.data.tokenizers import BytesTokenizer
+from dew.tracking import Preview, preview_files
 from dew.tracking._preview import (
     Animation,
     Picture,
     Spread,
     TokenTable,
+    Transcript,
     render_preview,
 )
-from dew.tracking._render import gif_bytes, histogram, png_bytes, to_uint8
+from dew.tracking._render import gif_bytes, histogram, png_bytes
 
 RNG = np.random.default_rng(0)
 IMAGES = Images(jnp.asarray(RNG.random((2, 4, 3, 3)), jnp.float32), prompts=("a", "b"))
 CLIPS = Clips(jnp.asarray(RNG.random((2, 3, 4, 3, 1)), jnp.float32))
-TOKENS = TokenRows(jnp.asarray([[1, 2, 3], [4, 5, 6]]), jnp.asarray([[True, False, True]] * 2))
+TOKENS = TokenRows(jnp.asarray([[1, 2, 3], [4, 5, 6]]), jnp.asarray([[False, True, True]] * 2))
 FEATURES = Representations(jnp.asarray(RNG.normal(size=(6, 4)), jnp.float32))
 TRACKING = pathlib.Path(__file__).parents[1] / "src" / "dew" / "tracking"
 
@@ -32,36 +36,55 @@ class Masks(Artifact):
     values: jax.Array
 
 
-def test_images_and_clips_render_to_one_encoded_piece_per_row():
-    pictures = render_preview(IMAGES)
-    assert [type(piece) for piece in pictures] == [Picture, Picture]
-    for index, piece in enumerate(pictures):
-        pixels = to_uint8(IMAGES.generated)[index]
-        np.testing.assert_array_equal(piece.pixels, pixels)
-        assert piece.png == png_bytes(pixels)
-        assert (piece.part, piece.caption, piece.file) == (
-            str(index),
-            "ab"[index],
-            (f"{index}.png", piece.png),
-        )
-    animations = render_preview(CLIPS)
-    assert [type(piece) for piece in animations] == [Animation, Animation]
-    for index, piece in enumerate(animations):
-        assert piece.gif == gif_bytes(to_uint8(CLIPS.generated)[index])
-        assert (piece.part, piece.file) == (str(index), (f"{index}.gif", piece.gif))
+def test_images_and_clips_render_to_one_encoded_grid():
+    (picture,) = render_preview(IMAGES)
+    assert isinstance(picture, Picture) and picture.part == "grid"
+    assert picture.png == png_bytes(picture.pixels) and picture.file == ("grid.png", picture.png)
+    assert picture.caption == "2 samples, generated rows, captioned a, b"
+    (animation,) = render_preview(CLIPS)
+    assert isinstance(animation, Animation) and animation.part == "grid"
+    assert animation.gif == gif_bytes(animation.frames)
+    assert animation.file == ("grid.gif", animation.gif)
+    assert animation.frames.shape[0] == CLIPS.generated.shape[1]  # one grid frame a frame
 
 
-def test_token_rows_and_representations_render_to_one_table_and_one_histogram():
-    (table,) = render_preview(TOKENS)
+def test_token_rows_render_to_their_ids_and_text_and_representations_to_a_histogram():
+    table, transcript = render_preview(TOKENS)
     assert isinstance(table, TokenTable) and table.part == "tokens"
+    assert isinstance(transcript, Transcript) and transcript.part == "text"
+    # No tokenizer: the text is the IDs, split where the mask says generation began.
     assert json.loads(table.file[1]) == {
         "tokens": [[1, 2, 3], [4, 5, 6]],
-        "mask": [[True, False, True]] * 2,
+        "mask": [[False, True, True]] * 2,
+        "text": [{"prompt": "1", "continuation": "2 3"}, {"prompt": "4", "continuation": "5 6"}],
+        "tokenizer": None,
     }
+    assert transcript.file == ("text.md", transcript.markdown.encode())
     (spread,) = render_preview(FEATURES)
     assert isinstance(spread, Spread) and spread.part == "spread"
     assert spread.summary == histogram(FEATURES.features)
     assert spread.file == ("histogram.json", json.dumps(histogram(FEATURES.features)).encode())
+
+
+def test_a_preview_carries_an_artifact_with_class_names_and_a_tokenizer(monkeypatch):
+    shown = Preview(IMAGES, classes=("disc", "bar"), tokenizer=BytesTokenizer())
+    assert shown.artifact is IMAGES and shown.classes == ("disc", "bar")
+    assert preview_files(shown) == [piece.file for piece in render_preview(shown)]
+    # Its own checks, as a user without the tests' runtime type checker meets them.
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)
+    for bad, message in [
+        ({"artifact": "samples"}, "Preview.artifact must be a dew artifact (Images, Clips, "
+         "TokenRows or Representations previews), got str."),
+        ({"artifact": IMAGES, "classes": ["disc"]}, "Preview.classes must be None or a non-empty "
+         "tuple of class names, got ['disc']."),
+        ({"artifact": IMAGES, "classes": ()}, "Preview.classes must be None or a non-empty "
+         "tuple of class names, got ()."),
+        ({"artifact": IMAGES, "tokenizer": "bytes"}, "Preview.tokenizer must be None or a "
+         "dew.data.tokenizers.Tokenizer, got str."),
+    ]:  # fmt: skip
+        with pytest.raises(TypeError) as caught:
+            Preview(**bad)
+        assert str(caught.value) == message
 
 
 @pytest.mark.parametrize("value", [IMAGES, CLIPS, TOKENS, FEATURES], ids=type)

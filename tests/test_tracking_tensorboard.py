@@ -1,6 +1,5 @@
 """TensorBoardTracker: every kind of report read back with TensorBoard's own readers."""
 
-import io
 import json
 import math
 import subprocess
@@ -11,8 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _checks import rejects
+from _grids import check_gif_grid, check_png_grid, uint8
 
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
+from dew.data.tokenizers import BytesTokenizer
 from dew.naming import Split, preview_name
 from dew.telemetry.records import (
     FitEnded,
@@ -21,8 +22,8 @@ from dew.telemetry.records import (
     TrialFinished,
     record_from_json,
 )
-from dew.tracking import LocalTracker, Trackers, read_journal
-from dew.tracking._render import _palette_indices, histogram, to_uint8
+from dew.tracking import LocalTracker, Preview, Trackers, read_journal
+from dew.tracking._render import histogram
 from dew.tracking.tensorboard import TensorBoardTracker
 
 pytest.importorskip("tensorboard")
@@ -227,53 +228,37 @@ def test_records_are_text_summaries_under_reporting_type_holding_their_json(tmp_
     assert _texts(events, "reporting/fit_ended")[0][1] == ended.to_json()
 
 
-def test_images_are_pngs_under_validation_samples_row_index(tmp_path):
+def test_images_are_one_labelled_grid_png_per_event(tmp_path):
     rng = np.random.default_rng(0)
-    rgb = rng.random((3, 6, 5, 3)).astype(np.float32)
+    rgb, real = rng.random((2, 3, 6, 5, 3)).astype(np.float32)
     gray = rng.random((2, 4, 7, 1)).astype(np.float32)
+    labelled = Images(jnp.asarray(rgb), jnp.asarray(real), labels=jnp.asarray([2, 0, 1]))
     with TensorBoardTracker(tmp_path) as tracker:
-        tracker.log_artifact("diffusion/validation/samples", Images(jnp.asarray(rgb)), step=7)
+        shown = Preview(labelled, classes=("square", "disc", "bar"))
+        tracker.log_artifact("diffusion/validation/samples", shown, step=7)
         tracker.log_artifact("diffusion/validation/samples", Images(jnp.asarray(gray)), step=9)
     events = _accumulator(tmp_path)
-    assert sorted(events.Tags()["images"]) == [
-        f"diffusion/validation/samples/{i}" for i in range(3)
-    ]
-    for index in range(3):
-        images = events.Images(f"diffusion/validation/samples/{index}")
-        assert images[0].step == 7
-        assert (images[0].width, images[0].height) == (5, 6)
-        decoded = Image.open(io.BytesIO(images[0].encoded_image_string))
-        assert decoded.format == "PNG"
-        np.testing.assert_array_equal(np.asarray(decoded), to_uint8(rgb[index]))
-        if index < 2:
-            assert images[1].step == 9
-            assert (images[1].width, images[1].height) == (7, 4)
-            decoded = np.asarray(Image.open(io.BytesIO(images[1].encoded_image_string)))
-            np.testing.assert_array_equal(decoded, to_uint8(gray[index])[..., 0])
+    assert events.Tags()["images"] == ["diffusion/validation/samples/grid"]
+    first, second = events.Images("diffusion/validation/samples/grid")
+    assert (first.step, second.step) == (7, 9)
+    lines = [("generated", uint8(rgb)), ("real", uint8(real))]
+    pixels = check_png_grid(first.encoded_image_string, lines, ["bar", "square", "disc"])
+    assert (first.height, first.width) == pixels.shape[:2]
+    pixels = check_png_grid(second.encoded_image_string, [("generated", uint8(gray))], None)
+    assert (second.height, second.width) == pixels.shape[:2]
     assert set(events.PluginTagToContent("images")) == set(events.Tags()["images"])
 
 
-def test_clips_are_animated_gifs_with_every_frame(tmp_path):
+def test_clips_are_one_animated_grid_gif_with_every_frame(tmp_path):
     rng = np.random.default_rng(1)
     videos = rng.random((2, 4, 9, 7, 3)).astype(np.float32)
     with TensorBoardTracker(tmp_path) as tracker:
         tracker.log_artifact("diffusion/validation/clips", Clips(jnp.asarray(videos)), step=3)
     events = _accumulator(tmp_path)
-    assert sorted(events.Tags()["images"]) == [
-        "diffusion/validation/clips/0",
-        "diffusion/validation/clips/1",
-    ]
-    for index in range(2):
-        (image,) = events.Images(f"diffusion/validation/clips/{index}")
-        assert (image.step, image.width, image.height) == (3, 7, 9)
-        gif = Image.open(io.BytesIO(image.encoded_image_string))
-        assert gif.format == "GIF"
-        assert gif.n_frames == 4
-        indices, palette = _palette_indices(to_uint8(videos[index]))
-        colours = np.frombuffer(palette, np.uint8).reshape(-1, 3)
-        for frame in range(4):
-            gif.seek(frame)
-            np.testing.assert_array_equal(np.asarray(gif.convert("RGB")), colours[indices[frame]])
+    assert events.Tags()["images"] == ["diffusion/validation/clips/grid"]
+    (image,) = events.Images("diffusion/validation/clips/grid")
+    assert image.step == 3
+    assert check_gif_grid(image.encoded_image_string, [("generated", uint8(videos))], None) == 4
 
 
 def test_representations_become_a_histogram_of_their_per_dimension_spread(tmp_path):
@@ -299,7 +284,7 @@ def test_representations_become_a_histogram_of_their_per_dimension_spread(tmp_pa
     assert list(events.PluginTagToContent("histograms")) == ["jepa/validation/features/spread"]
 
 
-def test_token_rows_become_a_text_table_of_generated_tokens(tmp_path):
+def test_token_rows_become_a_text_table_of_generated_tokens_and_their_text(tmp_path):
     tokens = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
     mask = np.array([[True, True, False], [False, True, True]])
     with TensorBoardTracker(tmp_path) as tracker:
@@ -307,8 +292,27 @@ def test_token_rows_become_a_text_table_of_generated_tokens(tmp_path):
         tracker.log_artifact(
             "lm/validation/text", TokenRows(jnp.asarray(tokens), jnp.asarray(mask)), step=3
         )
-    texts = _texts(_accumulator(tmp_path), "lm/validation/text/tokens")
+    events = _accumulator(tmp_path)
+    texts = _texts(events, "lm/validation/text/tokens")
     assert texts == [(2, ["1 2 3", "4 5 6"]), (3, ["1 2", "5 6"])]
+    pages = _texts(events, "lm/validation/text/text")
+    assert [step for step, _ in pages] == [2, 3]
+    assert "~~~text\n4 ⟨|⟩ 5 6\n~~~" in pages[1][1]  # the row's prompt, then what was generated
+
+
+def test_decoded_text_reads_back_as_the_tokenizers_decode_of_the_ids(tmp_path):
+    tokenizer = BytesTokenizer()
+    texts = ["Once upon a time", "In a hole in the"]
+    tokens = np.array([tokenizer.encode(text) for text in texts], np.int32)
+    mask = np.broadcast_to(np.arange(tokens.shape[1]) >= 5, tokens.shape)
+    shown = Preview(TokenRows(jnp.asarray(tokens), jnp.asarray(mask)), tokenizer=tokenizer)
+    with TensorBoardTracker(tmp_path) as tracker:
+        tracker.log_artifact("lm/validation/samples", shown, step=4)
+    ((step, page),) = _texts(_accumulator(tmp_path), "lm/validation/samples/text")
+    assert step == 4
+    for row in tokens:
+        prompt, continuation = tokenizer.decode(row[:5]), tokenizer.decode(row[5:])
+        assert f"~~~text\n{prompt}⟨|⟩{continuation}\n~~~" in page
 
 
 def test_token_scores_have_no_summary_form(tmp_path):
@@ -351,13 +355,11 @@ def test_two_stages_previews_keep_their_own_tags(tmp_path):
             tracker.log_artifact(name, Images(jnp.asarray(generated)), step=5)
     events = _accumulator(tmp_path)
     assert sorted(events.Tags()["images"]) == [
-        f"{stage}/validation/samples/{row}" for stage in ("pre", "tune") for row in range(2)
+        f"{stage}/validation/samples/grid" for stage in ("pre", "tune")
     ]
     for stage, generated in shown.items():
-        for row in range(2):
-            (image,) = events.Images(f"{stage}/validation/samples/{row}")
-            decoded = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)))
-            np.testing.assert_array_equal(decoded, to_uint8(generated[row]))
+        (image,) = events.Images(f"{stage}/validation/samples/grid")
+        check_png_grid(image.encoded_image_string, [("generated", uint8(generated))], None)
 
 
 def test_a_preview_under_a_bare_name_is_refused_before_anything_is_written(tmp_path):
@@ -411,14 +413,14 @@ def test_every_kind_goes_to_one_event_file_flushed_before_each_call_returns(tmp_
         "_hparams_/session_start_info",
         "artifacts/notes",
         "custom_scalars__config__",
+        "lm/validation/text/text",
         "lm/validation/text/tokens",
         "params",
         "reporting/fit_ended",
     ]
     assert sorted(tags["images"]) == [
-        "diffusion/validation/clips/0",
-        "diffusion/validation/samples/0",
-        "diffusion/validation/samples/1",
+        "diffusion/validation/clips/grid",
+        "diffusion/validation/samples/grid",
     ]
     assert tags["histograms"] == ["jepa/validation/features/spread"]
     tracker.close()

@@ -19,11 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _checks import rejects
+from _grids import check_gif_grid, check_png_grid, uint8
 
 from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
+from dew.data.tokenizers import BytesTokenizer
 from dew.naming import Split, preview_name
 from dew.telemetry.records import FitEnded, RunRecord, record_from_json
-from dew.tracking import preview_files
+from dew.tracking import Preview, preview_files
 from dew.tracking._render import histogram
 
 wandb = pytest.importorskip("wandb")
@@ -138,9 +140,16 @@ def offline(tmp_path_factory):
 
 
 RNG = np.random.default_rng(0)
-IMAGES = Images(jnp.asarray(RNG.random((3, 6, 5, 3)), jnp.float32), prompts=("a", "b", "c"))
+GENERATED, REAL = RNG.random((2, 3, 6, 5, 3)).astype(np.float32)
+IMAGES = Preview(
+    Images(jnp.asarray(GENERATED), jnp.asarray(REAL), labels=jnp.asarray([2, 0, 1])),
+    classes=("square", "disc", "bar"),
+)
 CLIPS = Clips(jnp.asarray(RNG.random((2, 4, 9, 7, 3)), jnp.float32))
-TOKENS = TokenRows(jnp.asarray([[1, 2, 3], [4, 5, 6]]), jnp.asarray([[True, True, False]] * 2))
+TOKENS = Preview(
+    TokenRows(jnp.asarray([list(b"hi!"), list(b"ok.")]), jnp.asarray([[False, True, True]] * 2)),
+    tokenizer=BytesTokenizer(),
+)
 FEATURES = Representations(jnp.asarray(RNG.standard_normal((10, 4)), jnp.float32))
 TUNED = Images(jnp.asarray(RNG.random((2, 6, 5, 3)), jnp.float32))  # a second stage's
 RUN_RECORD = RunRecord(model={"name": "mlp"}, data={}, optim={"learning_rate": 0.1})
@@ -225,37 +234,44 @@ def test_records_are_html_panels_holding_their_json(full):
     assert json.loads(html.unescape(notes[5:-6])) == {"text": "three epochs", "score": "NaN"}
 
 
-def test_images_and_clips_are_the_local_renderers_files(full):
+def test_images_and_clips_are_the_local_trackers_grids_captioned(full):
     rows = full.read.rows
-    for index, (_, content) in enumerate(preview_files(IMAGES)):
-        item = rows[10][f"diffusion/validation/samples/{index}"]
-        assert (item["_type"], item["caption"]) == ("image-file", "abc"[index])
-        assert _media(full.read, item) == content
-    for index, (_, content) in enumerate(preview_files(CLIPS)):
-        item = rows[11][f"diffusion/validation/clips/{index}"]
-        assert item["_type"] == "video-file"
-        assert _media(full.read, item) == content
+    ((_, content),) = preview_files(IMAGES)
+    item = rows[10]["diffusion/validation/samples/grid"]
+    assert item["_type"] == "image-file"
+    assert item["caption"] == "3 samples, generated above real rows, captioned bar, square, disc"
+    assert _media(full.read, item) == content
+    lines = [("generated", uint8(GENERATED)), ("real", uint8(REAL))]
+    check_png_grid(_media(full.read, item), lines, ["bar", "square", "disc"])
+    ((_, content),) = preview_files(CLIPS)
+    item = rows[11]["diffusion/validation/clips/grid"]
+    assert (item["_type"], item["caption"]) == ("video-file", "2 samples, generated rows")
+    assert _media(full.read, item) == content
+    check_gif_grid(content, [("generated", uint8(CLIPS.generated))], None)
 
 
 def test_two_stages_previews_keep_their_own_keys(full):
     row = full.read.rows[10]
     for stage, shown in (("diffusion", IMAGES), ("tune", TUNED)):
-        for index, (_, content) in enumerate(preview_files(shown)):
-            assert _media(full.read, row[f"{stage}/validation/samples/{index}"]) == content
+        ((_, content),) = preview_files(shown)
+        assert _media(full.read, row[f"{stage}/validation/samples/grid"]) == content
     assert sorted(key for key in row if "/samples/" in key) == [
-        *(f"diffusion/validation/samples/{index}" for index in range(3)),
-        *(f"tune/validation/samples/{index}" for index in range(2)),
+        "diffusion/validation/samples/grid",
+        "tune/validation/samples/grid",
     ]
 
 
-def test_token_rows_are_a_table_and_representations_a_histogram(full):
+def test_token_rows_are_a_table_and_a_page_of_text_and_representations_a_histogram(full):
     rows = full.read.rows
     table = json.loads(_media(full.read, rows[11]["lm/validation/text/tokens"]))
-    assert table["columns"] == ["row", "tokens", "mask"]
+    assert table["columns"] == ["row", "prompt", "continuation", "tokens", "mask"]
     assert table["data"] == [
-        [0, [1, 2, 3], [True, True, False]],
-        [1, [4, 5, 6], [True, True, False]],
+        [0, "h", "i!", list(b"hi!"), [False, True, True]],
+        [1, "o", "k.", list(b"ok."), [False, True, True]],
     ]
+    page = _media(full.read, rows[11]["lm/validation/text/text"]).decode()
+    assert page == f"<pre>{html.escape(preview_files(TOKENS)[1][1].decode())}</pre>"
+    assert "h⟨|⟩i!" in html.unescape(page)
     spread = rows[11]["jepa/validation/features/spread"]
     expected = histogram(FEATURES.features)
     assert spread["_type"] == "histogram"

@@ -131,9 +131,10 @@ def test_previews_need_preview_true_and_a_tracker(objective):
     assert "samples" not in quiet.artifacts
     shown = InMemoryTracker()
     trainer.fit(_data(), tracker=shown, preview=True, **common)
-    ((step, rows),) = shown.artifacts["lm/validation/samples"]
+    ((step, preview),) = shown.artifacts["lm/validation/samples"]
     assert step == 5
-    assert rows.tokens.shape[0] == objective.samples.num_samples
+    assert preview.artifact.tokens.shape[0] == objective.samples.num_samples
+    assert (preview.classes, preview.tokenizer) == (None, None)  # the data names nothing
     trainer.fit(_data(), preview=True, **common)  # no tracker: no preview work, no error
 
 
@@ -155,7 +156,7 @@ def test_two_stages_previews_into_one_tracker_keep_their_own(objective, tmp_path
             trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(seed), stage=stage)
             trainer.fit(_data(), tracker=tracker, **common)
     shown = {
-        stage: memory.artifacts[f"{stage}/validation/samples"][0][1].tokens
+        stage: memory.artifacts[f"{stage}/validation/samples"][0][1].artifact.tokens
         for stage in ("pretrain", "finetune")
     }
     assert not np.array_equal(*shown.values())  # two keys drew two different previews
@@ -164,15 +165,17 @@ def test_two_stages_previews_into_one_tracker_keep_their_own(objective, tmp_path
         ("pretrain/validation/samples", 5),
         ("finetune/validation/samples", 5),
     ]
-    for (_, _, (file,)), (stage, tokens) in zip(previews, shown.items(), strict=True):
-        assert file == f"previews/{stage}/validation/samples/5/tokens.json"
-        written = json.loads((tmp_path / "local" / file).read_text())["tokens"]
+    for (_, _, files), (stage, tokens) in zip(previews, shown.items(), strict=True):
+        folder = f"previews/{stage}/validation/samples/5"
+        assert files == [f"{folder}/tokens.json", f"{folder}/text.md"]
+        written = json.loads((tmp_path / "local" / files[0]).read_text())["tokens"]
         assert written == np.asarray(tokens).tolist()
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     assert sorted(tag for tag in events.Tags()["tensors"] if "samples" in tag) == [
-        "finetune/validation/samples/tokens",
-        "pretrain/validation/samples/tokens",
+        f"{stage}/validation/samples/{part}"
+        for stage in ("finetune", "pretrain")
+        for part in ("text", "tokens")
     ]
 
 

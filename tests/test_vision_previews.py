@@ -15,10 +15,10 @@ import json
 import types
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _grids import check_gif_grid, check_png_grid, uint8
 
 import dew
 from dew import metrics
@@ -30,10 +30,10 @@ from dew.nn.backbones.dit import DiT
 from dew.nn.backbones.vit import ViT
 from dew.objectives.diffusion import PREVIEW_ROWS, DiffusionObjective, Sampling
 from dew.objectives.jepa import BlockMasks, JEPAObjective
-from dew.registry import moving_shapes, shapes
+from dew.registry import SHAPE_KINDS, moving_shapes, shapes
 from dew.steps import generation_params
-from dew.tracking import InMemoryTracker, LocalTracker, Trackers, preview_files, read_journal
-from dew.tracking._render import _palette_indices, histogram, to_uint8
+from dew.tracking import InMemoryTracker, LocalTracker, Trackers, read_journal
+from dew.tracking._render import histogram
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -124,8 +124,9 @@ def fit(request, tmp_path_factory):
     - `watched`: the fit reporting to every tracker with `preview=True`;
     - `alone`: the same fit without a tracker; `quiet`: with a tracker, no previews
       (`quiet_tracker` kept what it was told);
-    - `shown`: per evaluation event, the preview artifact the trackers were given (an
-      `InMemoryTracker` among them kept it): what each tracker's files must decode to;
+    - `shown`: per evaluation event, the preview the trackers were given (a
+      `dew.tracking.Preview`: an `InMemoryTracker` among them kept it), its artifact what
+      each tracker's files must decode to;
     - `expected`: per evaluation event, the preview recomputed from the params the
       event read (the fit's EMA params at that step) and its first validation batch.
     """
@@ -171,7 +172,8 @@ def fit(request, tmp_path_factory):
         quiet_tracker=quiet_tracker,
         batch=batch,
         shown_as=shown_as,
-        shown=dict(trackers["memory"].artifacts[shown_as]),
+        shown={step: preview.artifact for step, preview in trackers["memory"].artifacts[shown_as]},
+        previews=dict(trackers["memory"].artifacts[shown_as]),
         expected=expected,
     )
 
@@ -188,8 +190,10 @@ def _needs(extra):
 def test_one_preview_per_evaluation_event_holding_the_fits_samples(fit):
     shown = fit.trackers["memory"].artifacts[fit.shown_as]
     assert [step for step, _ in shown] == EVENTS
-    for step, artifact in shown:
-        expected = fit.expected[step]
+    for step, preview in shown:
+        # Logged with what names the rows: the data's class names (shapes sets them).
+        assert (preview.classes, preview.tokenizer) == (SHAPE_KINDS, None)
+        artifact, expected = preview.artifact, fit.expected[step]
         assert type(artifact) is KINDS[fit.name]
         if fit.name == "jepa":  # the scoring artifact of the first batch: one row each
             rows = fit.batch["images"].shape[0]
@@ -203,10 +207,11 @@ def test_one_preview_per_evaluation_event_holding_the_fits_samples(fit):
         assert real.shape[0] > rows == 4
         assert artifact.generated.shape == real[:rows].shape
         np.testing.assert_array_equal(artifact.reference, real[:rows])
+        np.testing.assert_array_equal(artifact.labels, fit.batch["labels"][:rows])
         np.testing.assert_array_equal(artifact.generated, expected.generated)
     # Each event previews its own params: the samples change between the events.
     if fit.name != "jepa":
-        first, last = (artifact.generated for _, artifact in shown)
+        first, last = (preview.artifact.generated for _, preview in shown)
         assert not np.array_equal(first, last)
 
 
@@ -237,29 +242,17 @@ def test_a_tracker_with_previews_changes_no_draw(fit):
 # -- decoding -----------------------------------------------------------------------------
 
 
-def _check_png(content, pixels):
-    image = Image.open(io.BytesIO(content))
-    assert (image.format, image.mode, image.size) == ("PNG", "RGB", pixels.shape[1::-1])
-    np.testing.assert_array_equal(np.asarray(image), pixels)
-
-
-def _check_gif(content, frames):
-    gif = Image.open(io.BytesIO(content))
-    assert (gif.format, gif.size, gif.n_frames) == ("GIF", frames.shape[2:0:-1], len(frames))
-    assert gif.is_animated and gif.info["loop"] == 0  # loops forever
-    indices, palette = _palette_indices(frames)
-    colours = np.frombuffer(palette, np.uint8).reshape(-1, 3)
-    for index in range(len(frames)):
-        gif.seek(index)
-        np.testing.assert_array_equal(np.asarray(gif.convert("RGB")), colours[indices[index]])
-
-
 def _check_media(fit, step, contents):
-    """`contents`: the encoded files of one event's preview, by row."""
-    generated = to_uint8(fit.shown[step].generated)
-    assert len(contents) == len(generated)
-    for content, pixels in zip(contents, generated, strict=True):
-        (_check_png if fit.name == "images" else _check_gif)(content, pixels)
+    """`contents`: the encoded files of one event's preview: one grid, the generated rows
+    above the real ones, each captioned with its class name."""
+    (content,) = contents
+    artifact = fit.shown[step]
+    lines = [("generated", uint8(artifact.generated)), ("real", uint8(artifact.reference))]
+    captions = [SHAPE_KINDS[label] for label in np.asarray(artifact.labels)]
+    if fit.name == "images":
+        check_png_grid(content, lines, captions)
+    else:
+        assert check_gif_grid(content, lines, captions) == artifact.generated.shape[1]
 
 
 def _check_spread(fit, step, counts, edges):
@@ -273,13 +266,11 @@ def _check_spread(fit, step, counts, edges):
 
 
 def _parts(fit):
-    """The last segments of one event's preview tags and files: one per sample (as many as
-    the recomputed preview generated), or the histogram's."""
+    """The last segments of one event's preview tags and files: the grid's, or the
+    histogram's."""
     if fit.name == "jepa":
         return ["spread"], ["histogram.json"]
-    suffix = "png" if fit.name == "images" else "gif"
-    rows = range(len(fit.shown[STEPS].generated))
-    return [str(row) for row in rows], [f"{row}.{suffix}" for row in rows]
+    return ["grid"], ["grid.png" if fit.name == "images" else "grid.gif"]
 
 
 # -- each tracker's own reader ------------------------------------------------------------
@@ -324,7 +315,8 @@ def test_tensorboard_previews_are_image_summaries_and_a_histogram(fit):
         images = events.Images(tag)
         assert [image.step for image in images] == EVENTS
         for image in images:
-            assert (image.width, image.height) == (16, 16)
+            size = Image.open(io.BytesIO(image.encoded_image_string)).size
+            assert (image.width, image.height) == size
             by_step[image.step].append(image.encoded_image_string)
     for step, contents in by_step.items():
         _check_media(fit, step, contents)
@@ -374,44 +366,14 @@ def test_wandb_previews_are_media_files_and_a_histogram_in_the_offline_run(fit):
 # -- channels a preview shows -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("channels", [1, 2, 3, 4])
-def test_images_of_every_channel_count_a_png_holds_preview_as_pngs(channels):
-    generated = np.random.default_rng(channels).random((2, 5, 7, channels)).astype(np.float32)
-    mode = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}[channels]
-    for index, (suffix, content) in enumerate(preview_files(Images(jnp.asarray(generated)))):
-        image = Image.open(io.BytesIO(content))
-        assert (suffix, image.format, image.mode, image.size) == (
-            f"{index}.png",
-            "PNG",
-            mode,
-            (7, 5),
-        )
-        pixels = to_uint8(generated[index])
-        np.testing.assert_array_equal(
-            np.asarray(image), pixels[..., 0] if channels == 1 else pixels
-        )
-
-
-@pytest.mark.parametrize("channels", [1, 2, 3, 4])
-def test_clips_with_an_alpha_channel_preview_as_gifs_of_their_colours(channels):
-    """A GIF has no partial transparency: the alpha channel is dropped."""
-    videos = np.random.default_rng(channels).random((2, 3, 5, 7, channels)).astype(np.float32)
-    colour = 1 if channels < 3 else 3
-    for (suffix, content), video in zip(
-        preview_files(Clips(jnp.asarray(videos))), videos, strict=True
-    ):
-        assert suffix.endswith(".gif")
-        _check_gif(content, to_uint8(video[..., :colour]))
-
-
 @pytest.mark.slow
 def test_an_rgba_clip_models_previews_reach_the_trackers_as_gifs_of_their_colours(tmp_path):
     """A `DiT` over 4-channel (RGBA) clips trains like any other, and its previews reach
-    the trackers as GIFs of their RGB. Before the GIF encoder dropped the alpha channel,
-    the first evaluation event of a fit with `preview=True` raised in every tracker ("a
-    GIF needs frames shaped (frames, height, width, 1|3)") and ended the fit. The preview
-    is the objective's own, logged as the trainer logs it (a fit would add seconds of
-    compiling and nothing the cases above do not check)."""
+    the trackers as an animated grid of their RGB. Before the GIF encoder dropped the alpha
+    channel, the first evaluation event of a fit with `preview=True` raised in every tracker
+    ("a GIF needs frames shaped (frames, height, width, 1|3)") and ended the fit. The
+    preview is the objective's own, logged as the trainer logs it (a fit would add seconds
+    of compiling and nothing the cases above do not check)."""
     model = DiT(16, 4, 4, width=WIDTH, depth=1, heads=2, frames=2, key=jax.random.key(1))
     objective = DiffusionObjective(model, sampling=Sampling(steps=1))
     batch = {"clips": np.random.default_rng(0).random((4, 2, 16, 16, 4)).astype(np.float32)}
@@ -424,16 +386,14 @@ def test_an_rgba_clip_models_previews_reach_the_trackers_as_gifs_of_their_colour
     with Trackers(*trackers) as tracker:
         tracker.log_artifact("diffusion/validation/samples", shown, step=1)
     assert isinstance(shown, Clips) and shown.generated.shape == (4, 2, 16, 16, 4)
-    expected = to_uint8(shown.generated[..., :3])
+    assert shown.labels is None  # an unconditional model: no captions
+    lines = [("generated", uint8(shown.generated)), ("real", uint8(shown.reference))]
     ((_, _, files),) = read_journal(tmp_path / "local").artifacts
-    folder = "previews/diffusion/validation/samples/1"
-    assert files == [f"{folder}/{row}.gif" for row in range(len(expected))]
-    for file, frames in zip(files, expected, strict=True):
-        _check_gif((tmp_path / "local" / file).read_bytes(), frames)
+    assert files == ["previews/diffusion/validation/samples/1/grid.gif"]
+    check_gif_grid((tmp_path / "local" / files[0]).read_bytes(), lines, None)
     if EXTRAS["tensorboard"]:
         from test_tracking_tensorboard import _accumulator
 
         events = _accumulator(tmp_path / "events")
-        for row, frames in enumerate(expected):
-            (image,) = events.Images(f"diffusion/validation/samples/{row}")
-            _check_gif(image.encoded_image_string, frames)
+        (image,) = events.Images("diffusion/validation/samples/grid")
+        check_gif_grid(image.encoded_image_string, lines, None)

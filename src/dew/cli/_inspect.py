@@ -11,7 +11,6 @@ drawn by replaying the stream up to it) or the validation pass's batch of that n
 
 import dataclasses
 import itertools
-import os
 import unicodedata
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 from dew.data import Dataset, InOrder, Partition, StepBatches
 from dew.data._text import TextWindows
 from dew.data.tokenizers._protocol import Tokenizer
+from dew.data.tokenizers._readable import END_OF_DOCUMENT, readable_text, tokenizer_name
 
 __all__ = [
     "END_OF_DOCUMENT",
@@ -32,9 +32,6 @@ __all__ = [
     "summary",
     "summary_lines",
 ]
-
-END_OF_DOCUMENT = "<eos>"
-"""Where a decoded row crosses from one document to the next (the tokenizer's `eos_id`)."""
 
 _ONE = Partition(0, 1)
 
@@ -160,20 +157,9 @@ def _printable(text: str) -> str:
 
 
 def decoded(tokenizer: Tokenizer, ids: np.ndarray) -> str:
-    """A row of token IDs as text, `END_OF_DOCUMENT` where a document ends."""
-    ids = np.asarray(ids).reshape(-1)
-    pieces = np.split(ids, np.flatnonzero(ids == tokenizer.eos_id))
-    texts = [tokenizer.decode(piece[piece != tokenizer.eos_id]) for piece in pieces]
-    return END_OF_DOCUMENT.join(texts)
-
-
-def _tokenizer_name(tokenizer: Tokenizer) -> str:
-    """A tokenizer's file, else its name (`"bytes"`), else its class."""
-    for attribute in ("path", "name"):
-        value = getattr(tokenizer, attribute, None)
-        if isinstance(value, str | os.PathLike):
-            return os.fspath(value)
-    return type(tokenizer).__name__
+    """A row of token IDs as text, `END_OF_DOCUMENT` where a document ends
+    (`dew.data.tokenizers._readable.readable_text`)."""
+    return readable_text(tokenizer, ids)
 
 
 def _field_summary(array: Any) -> dict:
@@ -226,7 +212,7 @@ def summary(
         "tokenizer": None
         if tokenizer is None
         else {
-            "name": _tokenizer_name(tokenizer),
+            "name": tokenizer_name(tokenizer),
             "vocab_size": int(tokenizer.vocab_size),
             "eos_id": int(tokenizer.eos_id),
         },

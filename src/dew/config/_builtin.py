@@ -68,8 +68,9 @@ def tiny_diffusion() -> RunConfig:
     steps of 32 images with a cosine-decayed Adam (2e-3), keeping EMA weights (decay 0.99),
     as the run `tiny-diffusion` under `runs/`. Every 500 steps it checkpoints and previews
     four samples generated with the EMA weights (20 Euler steps, conditioned on the first
-    validation rows' labels) as PNGs under the run folder's
-    `previews/diffusion/validation/samples/<step>/`.
+    validation rows' labels) as one labelled grid, the samples enlarged to 64 pixels above
+    the real rows that conditioned them, each captioned with its kind:
+    `previews/diffusion/validation/samples/<step>/grid.png` in the run folder.
 
     Its validation metric is FID (`dew.metrics.fid()`, the 64 held-out rows against as many
     samples) when pytorch-fid's weights are at `dew.nn.inception.default_weights_path()`;
@@ -96,7 +97,8 @@ def tiny_video_diffusion() -> RunConfig:
     """`tiny_diffusion` on clips: a class-conditional `DiT` over 4 frames (64 tokens, the same
     code path, with a learned time position embedding) trained on `moving_shapes` (one shape
     moving at a constant velocity) for 1000 steps of 16 clips, as the run
-    `tiny-video-diffusion` under `runs/`; its previews are 4-frame animated GIFs. Measured
+    `tiny-video-diffusion` under `runs/`; its previews are one animated grid per event, 4
+    frames of every clip in step beside the real clips (`.../samples/<step>/grid.gif`). Measured
     with `dew train --config tiny_video_diffusion` on 2 shared CPU cores: 53-60 s wall (44 s of
     CPU), the loss falling from about 1.9 to 0.51 at step 100 and 0.19 at step 1000. No
     validation metric: FID is defined for images, and no built-in metric scores clips.

@@ -225,8 +225,9 @@ class TrainerConfig(_Section):
       batches of N x `batch_size` rows.
     - `seed`: an integer in `[0, 2**32)`, since JAX keys keep 32 bits of an integer seed.
     - `preview`: a bool; `True` has every evaluation event preview what the model
-      generates into the run's trackers, the local one included (PNG images, animated
-      GIF clips, representation histograms under the run folder's `previews/`).
+      generates into the run's trackers, the local one included (a labelled grid of
+      images, `grid.png`, animated for clips, `grid.gif`; token rows as `tokens.json` and
+      `text.md`; representation histograms; under the run folder's `previews/`).
     - `train_reduction`: `"mean"` (each training metric a log step reports is its mean
       over the steps since the last log step) or `"last"` (the log step's own value);
       `Trainer.fit`'s argument of that name.

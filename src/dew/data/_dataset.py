@@ -55,9 +55,10 @@ class Dataset:
       also recompile the step) fails with the step that yielded it.
     - `tokenizer`: the `dew.data.tokenizers.Tokenizer` that made the batches' token IDs
       (optional: a text source sets it), so a model's vocabulary can be checked against it
-      before training and a batch decoded back to text.
+      before training and a batch, or a preview's generated rows, decoded back to text.
     - `classes`: the class names, label `i` naming `classes[i]` (optional: an image folder
-      sets it from its class folders), so predictions and reports can name the classes.
+      sets it from its class folders, `shapes` and `moving_shapes` to their kinds), so
+      predictions, previews and reports can name the classes.
 
     ```python
     >>> import itertools

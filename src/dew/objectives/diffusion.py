@@ -127,7 +127,8 @@ class DiffusionObjective(Objective):
     `evaluate` generates one image (or clip) per row of the batch, conditioned on that
     row's label, by integrating the velocity from noise with `sampling` (`sample_flow`,
     classifier-free guidance at `sampling.guidance`); it returns
-    `Images(generated, reference=batch rows)` (or `Clips`), generated values mapped back
+    `Images(generated, reference=batch rows, labels=their labels)` (or `Clips`; no labels
+    for an unconditional model), generated values mapped back
     by `(x + 1) / 2` and clipped to `[0, 1]`. Its noise comes from the scoring key folded
     with `sampling.seed_domain`, so the same event gives the same samples. `preview` draws
     at most four samples (the first rows' labels) from the key folded with the preview
@@ -292,16 +293,16 @@ class DiffusionObjective(Objective):
         x = sample_flow(velocity, noise, solver=self.sampling.solver, steps=self.sampling.steps)
         return jnp.clip((x + 1.0) / 2.0, 0.0, 1.0)
 
-    def _artifact(self, generated: Array, reference: Array) -> Images | Clips:
+    def _artifact(self, generated: Array, reference: Array, labels: Array | None) -> Images | Clips:
         if self.field == "images":
-            return Images(generated, reference)
-        return Clips(generated, reference)
+            return Images(generated, reference, labels=labels)
+        return Clips(generated, reference, labels=labels)
 
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> Images | Clips:
         """One generated example per batch row, conditioned on its label; the rows as
         references."""
         data, labels = self._checked(batch)
-        return self._artifact(self.sample(params, labels, key, rows=data.shape[0]), data)
+        return self._artifact(self.sample(params, labels, key, rows=data.shape[0]), data, labels)
 
     def sampling_record(
         self, real_rows: int, *, event_key: str | None, batch: Batch | None = None
@@ -359,7 +360,7 @@ class DiffusionObjective(Objective):
         # Compiled once per objective structure: the Trainer previews outside any jit, where
         # the sampler's loop would otherwise be traced and compiled again at every event.
         generated = _compiled_sample(self, params, labels, preview_key, rows=rows)
-        return self._artifact(generated, data[:rows])
+        return self._artifact(generated, data[:rows], labels)
 
 
 _compiled_sample = eqx.filter_jit(DiffusionObjective.sample)

@@ -10,6 +10,7 @@ from dew.tracking._fanout import Trackers as Trackers
 from dew.tracking._journal import Journal as Journal
 from dew.tracking._journal import read_journal as read_journal
 from dew.tracking._memory import InMemoryTracker as InMemoryTracker
+from dew.tracking._preview import Preview as Preview
 from dew.tracking._preview import preview_files as preview_files
 from dew.tracking._protocol import ScalarTracker as ScalarTracker
 from dew.tracking._protocol import Tracker as Tracker
@@ -25,6 +26,7 @@ __all__ = [
     "Journal",
     "LocalTracker",
     "MLflowTracker",
+    "Preview",
     "ScalarTracker",
     "TensorBoardTracker",
     "Tracker",

@@ -1,8 +1,9 @@
 """The encoders previews render with: 8-bit pixels, PNG images, animated GIF clips and
 the histogram of representations' spread.
 
-They need only NumPy and the standard library, so previews work without any
-optional extra, and every tracker shows the very same bytes (`dew.tracking._preview`).
+They need only NumPy and the standard library (the grids they encode are laid out, and
+captioned with Pillow's bitmap font, by `dew.tracking._grid`), so the bytes are dew's own,
+and every tracker shows the very same bytes (`dew.tracking._preview`).
 """
 
 import struct

@@ -12,7 +12,6 @@ import numpy as np
 
 from dew import _json
 from dew._files import open_for_writing
-from dew.artifacts import Artifact
 from dew.naming import check_index, flatten_parameters, parse_metric_tag
 from dew.telemetry.records import (
     FitStarted,
@@ -31,7 +30,7 @@ from dew.tracking._journal import (
     _reopen_journal,
     append_line,
 )
-from dew.tracking._preview import check_artifact_name, preview_files, preview_folder
+from dew.tracking._preview import check_artifact_name, is_preview, preview_files, preview_folder
 
 __all__ = ["LocalTracker"]
 
@@ -74,8 +73,9 @@ class LocalTracker(AbstractRunTracker):
       value, `{"name": ..., "step": ..., "record": {...}}` / `"value": ...`;
       previews add a line pointing at their files.
     - `params.json`: the flattened parameters logged so far (replaced atomically).
-    - `previews/<stage>/<split>/<name>/<step>/...`: PNG images, animated GIF clips,
-      JSON token rows and histograms (`dew.tracking.preview_files`) of a preview
+    - `previews/<stage>/<split>/<name>/<step>/...`: the files of a preview
+      (`dew.tracking.preview_files`: `grid.png` of images, `grid.gif` of clips,
+      `tokens.json` and `text.md` of token rows, `histogram.json` of representations)
       logged under the preview name `stage/split/name` (`dew.naming.preview_name`).
     - `run.json`: the first `RunRecord` logged, written (atomically) only when
       absent: a recipe's run.json is never overwritten.
@@ -182,7 +182,7 @@ class LocalTracker(AbstractRunTracker):
                 self._mark_resume(value.start_step)
             if isinstance(value, RunRecord):
                 self._write_run_record(value)
-        elif isinstance(value, Artifact):
+        elif is_preview(value):
             files = preview_files(value)  # render first: a refused preview leaves no folder
             folder = self.path / preview_folder(name, step)
             folder.mkdir(parents=True, exist_ok=True)

@@ -16,11 +16,10 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
-from dew.artifacts import Artifact
 from dew.naming import check_index, check_path_segment, flatten_parameters, parse_parameter_path
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._preview import check_artifact_name, preview_files, preview_folder
+from dew.tracking._preview import check_artifact_name, is_preview, preview_files, preview_folder
 
 __all__ = ["DEFAULT_ARTIFACTS", "DEFAULT_STORE", "MLflowTracker"]
 
@@ -153,9 +152,11 @@ class MLflowTracker(AbstractRunTracker):
       is sent; logging the same value again is a no-op.
     - `log_artifact`: a record becomes `records/<type>-<step>.json` (`record.to_json()`,
       `none` for step None; a repeated path gets `-2`, `-3`, ... before `.json`); a
-      preview (`Images`, `Clips`, `TokenRows`, `Representations`), logged under a
-      preview name `stage/split/name` (`dew.naming.preview_name`), is uploaded as the
-      files the local renderers write, under `previews/<stage>/<split>/<name>/<step>/`;
+      preview (`Images`, `Clips`, `TokenRows`, `Representations`, or a
+      `dew.tracking.Preview` of one), logged under a preview name `stage/split/name`
+      (`dew.naming.preview_name`), is uploaded as the files the local tracker writes
+      (`grid.png`, `grid.gif`, `tokens.json` and `text.md`, `histogram.json`:
+      `dew.tracking.preview_files`), under `previews/<stage>/<split>/<name>/<step>/`;
       other JSON values become `artifacts/<name>-<step>.json`, their `name` a path
       segment (no `/`). `TokenScores` raises `TypeError`.
     - `close()` ends the run `FAILED` when a `FitEnded` record with a status other than
@@ -298,7 +299,7 @@ class MLflowTracker(AbstractRunTracker):
             with self._allowed():
                 self.client.log_text(self.run_id, value.to_json(), path)
             return
-        if isinstance(value, Artifact):
+        if is_preview(value):
             files = preview_files(value)
             where = preview_folder(name, step).as_posix()
             with tempfile.TemporaryDirectory(prefix="dew-mlflow-") as folder:

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from dew.artifacts import Artifact
 from dew.naming import (
     ArtifactKind,
     artifact_tag,
@@ -34,7 +33,9 @@ from dew.tracking._preview import (
     Piece,
     Refusal,
     TokenTable,
+    Transcript,
     check_artifact_name,
+    is_preview,
     render_preview,
 )
 
@@ -180,20 +181,23 @@ class TensorBoardTracker(AbstractRunTracker):
       artifact or `close` (parameters logged later are in the `params` table
       only). Values HParams cannot store (tuples, lists, None) become strings.
     - `log_artifact(name, value, step=...)` (`step=None` writes step 0). The
-      value's kind chooses the form and `name` (a valid tag segment: non-empty,
-      no `/`) names the series, so previews of different names never collide.
-      The trainer names its previews `samples`:
+      value's kind chooses the form and `name` names the series (a preview's a
+      preview name `stage/split/name`, anything else's a tag segment: non-empty, no
+      `/`), so previews of different names never collide. The trainer logs its
+      previews as `<stage>/validation/samples`:
 
       - a record (`dew.telemetry.records`): a text summary
         `reporting/<record.type>` holding the record's JSON;
-      - `Images`: one PNG image summary per generated row,
-        `validation/<name>/<index>` (`<index>` is the row);
-      - `Clips`: one animated GIF per generated row, under the same tags;
+      - `Images`: one PNG image summary of their labelled grid (the PNG the local
+        tracker writes, `dew.tracking._grid`), `<stage>/<split>/<name>/grid`;
+      - `Clips`: their animated grid, a GIF, under the same tag;
       - `Representations`: a histogram of their per-dimension spread,
-        `validation/<name>/spread`;
+        `<stage>/<split>/<name>/spread`;
       - `TokenRows`: a text table with one row of token IDs per generated row
         (only the generated positions where a mask is given),
-        `validation/<name>/tokens`;
+        `<stage>/<split>/<name>/tokens`, and their decoded text, the Markdown page of
+        `text.md`, `<stage>/<split>/<name>/text`;
+      - a `dew.tracking.Preview` of one of these: the same, with class names and text;
       - `TokenScores`: raises `TypeError`, it has no summary form;
       - any other value: a text summary `artifacts/<name>` (strings as they
         are, else JSON, else `repr`).
@@ -304,7 +308,7 @@ class TensorBoardTracker(AbstractRunTracker):
         event = self._event(0 if step is None else _check_step(step))
         if isinstance(value, Record):
             self._text(event, artifact_tag(ArtifactKind.RECORD, value.type), value.to_json())
-        elif isinstance(value, Artifact):
+        elif is_preview(value):
             for piece in render_preview(value, name=name, refusal=_REFUSAL):
                 self._piece(event, artifact_tag(ArtifactKind.PREVIEW, name, piece.part), piece)
         else:
@@ -313,12 +317,14 @@ class TensorBoardTracker(AbstractRunTracker):
         self._write(event)
 
     def _piece(self, event: Any, tag: str, piece: Piece) -> None:
-        """Add one preview piece: pictures and animations as images (PNG and GIF bytes),
-        token tables as text, the spread as a histogram."""
+        """Add one preview piece: grids as images (PNG and GIF bytes), token tables as a
+        text table, the transcript as Markdown text, the spread as a histogram."""
         if isinstance(piece, Picture):
             self._image(event, tag, piece.pixels.shape, piece.png)
         elif isinstance(piece, Animation):
             self._image(event, tag, piece.frames.shape[1:], piece.gif)
+        elif isinstance(piece, Transcript):
+            self._text(event, tag, piece.markdown)
         elif isinstance(piece, TokenTable):
             tokens = piece.tokens
             mask = np.ones(tokens.shape, bool) if piece.mask is None else piece.mask

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from dew.artifacts import Artifact
 from dew.naming import (
     ArtifactKind,
     artifact_tag,
@@ -29,7 +28,9 @@ from dew.tracking._preview import (
     Piece,
     Refusal,
     TokenTable,
+    Transcript,
     check_artifact_name,
+    is_preview,
     render_preview,
 )
 
@@ -85,14 +86,15 @@ class WandbTracker(AbstractRunTracker):
       None (W&B would drop an older step):
 
       - a record: `reporting/<type>`, a `wandb.Html` holding `<pre>record JSON</pre>`;
-      - `Images`: one `wandb.Image` per generated row (its prompt as caption),
-        `validation/<name>/<index>`; `Clips`: one `wandb.Video` (the animated GIF)
-        per row under the same keys. Both are the PNG and GIF files the local
-        renderers write. `wandb.Image` needs Pillow;
-      - `TokenRows`: a `wandb.Table` (`row`, `tokens`, and `mask` when given),
-        `validation/<name>/tokens`;
+      - `Images`: one `wandb.Image` of their labelled grid, `<stage>/<split>/<name>/grid`;
+        `Clips`: one `wandb.Video` of their animated grid under the same key. Both are
+        the PNG and GIF files the local tracker writes, captioned with what they show;
+      - `TokenRows`: a `wandb.Table` (`row`, `prompt`, `continuation`, `tokens`, and
+        `mask` when given), `<stage>/<split>/<name>/tokens`, and a `wandb.Html` of
+        their text's Markdown page, `<stage>/<split>/<name>/text`;
       - `Representations`: a `wandb.Histogram` of their per-dimension spread,
-        `validation/<name>/spread`;
+        `<stage>/<split>/<name>/spread`;
+      - a `dew.tracking.Preview` of one of these: the same, with class names and text;
       - `TokenScores` raises `TypeError`; any other JSON value: `artifacts/<name>`,
         a `wandb.Html` of its JSON.
 
@@ -185,7 +187,7 @@ class WandbTracker(AbstractRunTracker):
         if isinstance(value, Record):
             tag = artifact_tag(ArtifactKind.RECORD, value.type)
             data = {tag: wandb.Html(_pre(value.to_json()), inject=False)}
-        elif isinstance(value, Artifact):
+        elif is_preview(value):
             pieces = render_preview(value, name=name, refusal=_REFUSAL)
             with tempfile.TemporaryDirectory(prefix="dew-wandb-") as folder:
                 data = {
@@ -210,9 +212,11 @@ class WandbTracker(AbstractRunTracker):
         self._step = step
 
     def _media(self, piece: Piece, folder: pathlib.Path) -> Any:
-        """One preview piece as W&B media: pictures as `wandb.Image` (the PNG file as it
-        is, the prompt as caption), animations as `wandb.Video` (the GIF), token tables
-        as `wandb.Table`, the spread as `wandb.Histogram`."""
+        """One preview piece as W&B media: the grid of images as `wandb.Image` (the PNG
+        file as it is), the animated grid as `wandb.Video` (the GIF), each captioned with
+        what it shows; token tables as `wandb.Table` (each row's prompt, continuation and
+        IDs), the transcript as `wandb.Html` (its Markdown page, as it is), the spread as
+        `wandb.Histogram`."""
         wandb = self._wandb
         if isinstance(piece, Picture):
             file_name, content = piece.file
@@ -220,10 +224,17 @@ class WandbTracker(AbstractRunTracker):
             path.write_bytes(content)  # wandb.Image copies the PNG file as it is
             return wandb.Image(str(path), caption=piece.caption)
         if isinstance(piece, Animation):
-            return wandb.Video(io.BytesIO(piece.gif), format="gif")
+            return wandb.Video(io.BytesIO(piece.gif), caption=piece.caption, format="gif")
+        if isinstance(piece, Transcript):
+            return wandb.Html(_pre(piece.markdown), inject=False)
         if isinstance(piece, TokenTable):
-            tokens = piece.tokens.tolist()
-            columns, rows = ["row", "tokens"], [[index, row] for index, row in enumerate(tokens)]
+            columns = ["row", "prompt", "continuation", "tokens"]
+            rows = [
+                [index, text.prompt, text.continuation, tokens]
+                for index, (text, tokens) in enumerate(
+                    zip(piece.text, piece.tokens.tolist(), strict=True)
+                )
+            ]
             if piece.mask is not None:
                 columns.append("mask")
                 for row, mask in zip(rows, piece.mask.tolist(), strict=True):

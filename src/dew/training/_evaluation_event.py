@@ -19,7 +19,7 @@ from dew.metrics import MetricSet
 from dew.naming import Split, preview_name
 from dew.objectives.base import ReportsSampling
 from dew.steps import generation_params
-from dew.tracking import ScalarTracker
+from dew.tracking import Preview, ScalarTracker
 from dew.training._sampling import sampling_record
 
 if TYPE_CHECKING:
@@ -100,7 +100,9 @@ def evaluation_event(
         )
         if tracker is not None and artifact is not None:
             name = preview_name(engine.stage, Split.VALIDATION, PREVIEW_NAME)
-            tracker.log_artifact(name, artifact, step=step)
+            # with what names its rows: the data's class names and tokenizer
+            shown = Preview(artifact, classes=data.classes, tokenizer=data.tokenizer)
+            tracker.log_artifact(name, shown, step=step)
     scores = result.scores
     counts = engine.counts_note(
         result.batches, result.records, result.uneven_shards, key_text(event_key)

@@ -164,10 +164,10 @@ class Trainer:
           missed it, unless `final_eval=False`. Something to do every `eval_every`
           steps with no `data.val` raises a `ValueError`.
         - Previews (`tracker.log_artifact("<stage>/validation/samples", ...)`, the
-          preview name `dew.naming.preview_name(stage, "validation", "samples")`) only
-          with `preview=True` and a tracker that takes artifacts; the base preview
-          reuses the first scoring artifact. An objective that declares no metrics
-          (diffusion) still previews.
+          preview name `dew.naming.preview_name(stage, "validation", "samples")`, a
+          `dew.tracking.Preview` with `data.classes` and `data.tokenizer`) only with
+          `preview=True` and a tracker that takes artifacts; the base preview reuses the
+          first scoring artifact. An objective with no metrics (diffusion) still previews.
         - EMA: when the objective declares an `ema_decay`, the state carries
           `ema_params`, updated in the compiled step after every optimizer step, and
           validation scores and previews with them (`dew.steps.generation_params`).
