@@ -68,7 +68,7 @@ def load_run(
     folder: str | os.PathLike[str],
     *,
     step: int | None = None,
-    weights: Literal["auto", "live", "ema"] = "auto",
+    weights: str = "auto",
 ) -> LoadedRun:
     """Load the run in `folder` (a run folder `dew train` or `RunConfig.train` wrote): its
     configuration, its objective and model with the checkpoint's trained parameters, and
