@@ -17,11 +17,12 @@ from dew._plugins import import_modules
 from dew.checkpoints import Checkpointer
 from dew.checkpoints._location import is_remote
 from dew.config._config import RunConfig
-from dew.config._recipe import build_objective, run_folder, run_record_path
+from dew.config._recipe import DATA_CACHE, build_objective, run_folder, run_record_path
+from dew.data import Partition
 from dew.data.tokenizers import Tokenizer
 from dew.objectives.base import Objective, combine
 
-__all__ = ["WEIGHTS", "LoadedRun", "checkpoint_directory", "load_run"]
+__all__ = ["WEIGHTS", "LoadedRun", "checkpoint_directory", "example_batch", "load_run"]
 
 WEIGHTS = ("auto", "live", "ema")
 """What `load_run(weights=...)` takes: `"auto"` (the vision page's rule: the EMA weights where
@@ -151,6 +152,28 @@ def checkpoint_directory(config: RunConfig, folder: pathlib.Path) -> Any:
     if not checkpoints.is_dir():
         raise FileNotFoundError(f"{folder} has no checkpoints folder: the run saved no checkpoint.")
     return checkpoints
+
+
+def example_batch(loaded: LoadedRun) -> Mapping[str, Any]:
+    """One batch of the loaded run's data, as it trained: its first validation batch, or its
+    first training batch where it holds no validation data (a text run's token cache read
+    from the run folder)."""
+    config = loaded.config
+    data = config.data.build(
+        batch_size=config.trainer.batch_size,
+        seed=config.trainer.seed,
+        cache_dir=loaded.folder / DATA_CACHE,
+    )
+    batches = (data.train if data.val is None else data.val)(Partition())
+    try:
+        batch = next(iter(batches), None)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+    if batch is None:
+        raise ValueError(f"the data of the run at {loaded.folder} yields no batch.")
+    return batch
 
 
 def _trained(objective: Objective, params: PyTree) -> tuple[Objective, PyTree]:
