@@ -164,7 +164,9 @@ def predict_classes(
     `[1, classes]` or `batch_size` below 1.
     """
     objective = classifier_of(loaded)
-    top_k = check_integer("--top-k", top_k, minimum=1, maximum=objective.classes)
+    top_k = check_integer("--top-k", top_k, minimum=1)
+    if top_k > objective.classes:
+        raise ValueError(f"--top-k {top_k} is more than the run's {objective.classes} classes.")
     batch_size = check_integer("--batch-size", batch_size, minimum=1)
     classes, probabilities = [], []
     for start in range(0, len(rows), batch_size):

@@ -17,7 +17,7 @@ from dew._plugins import import_modules
 from dew.checkpoints import Checkpointer
 from dew.checkpoints._location import is_remote
 from dew.config._config import RunConfig
-from dew.config._recipe import DATA_CACHE, build_objective, run_folder, run_record_path
+from dew.config._recipe import DATA_CACHE, build_objective, run_folder
 from dew.data import Partition
 from dew.data.tokenizers import Tokenizer
 from dew.objectives.base import Objective, combine
@@ -101,17 +101,15 @@ def load_run(
     >>> load_run("no/such/run")
     Traceback (most recent call last):
     ...
-    FileNotFoundError: no/such/run is not a run folder: it has no run.json.
+    FileNotFoundError: no run folder at no/such/run.
 
     ```
     """
     if weights not in WEIGHTS:
         raise ValueError(f"load_run: weights must be one of {WEIGHTS}, got {weights!r}.")
     step = check_integer("load_run: step", step, minimum=0, optional=True)
-    record = run_record_path(folder)
+    record = _run_record(pathlib.Path(folder))
     folder = record.parent
-    if not record.is_file():
-        raise FileNotFoundError(f"{os.fspath(folder)} is not a run folder: it has no run.json.")
     config = RunConfig.from_run_record(record)
     import_modules(config.trainer.imports, named_by=f"trainer.imports of {record}")
     objective = build_objective(config, None, jax.random.key(config.trainer.seed))
@@ -139,6 +137,22 @@ def load_run(
         classes=None if data is None else data.classes,
         fields={} if data is None else dict(data.fields),
     )
+
+
+def _run_record(path: pathlib.Path) -> pathlib.Path:
+    """The run.json of the run folder `path` (or `path` itself, a run.json); a path that is
+    neither is a `FileNotFoundError` naming it."""
+    if path.is_file() and path.name == "run.json":
+        return path
+    if not path.exists():
+        raise FileNotFoundError(f"no run folder at {os.fspath(path)}.")
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{os.fspath(path)} is a file, not a run folder (one with run.json)."
+        )
+    if not (path / "run.json").is_file():
+        raise FileNotFoundError(f"{os.fspath(path)} is not a run folder: it has no run.json.")
+    return path / "run.json"
 
 
 def checkpoint_directory(config: RunConfig, folder: pathlib.Path) -> Any:
