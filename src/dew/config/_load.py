@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jaxtyping import PyTree
 
 from dew._checks import check_integer
@@ -112,7 +114,7 @@ def load_run(
     folder = record.parent
     config = RunConfig.from_run_record(record)
     import_modules(config.trainer.imports, named_by=f"trainer.imports of {record}")
-    objective = build_objective(config, None, jax.random.key(config.trainer.seed))
+    objective = _objective(config)
     keeps_ema = getattr(objective, "ema_decay", None) is not None  # the Trainer's rule
     if weights == "ema" and not keeps_ema:
         raise ValueError(
@@ -188,6 +190,30 @@ def example_batch(loaded: LoadedRun) -> Mapping[str, Any]:
     if batch is None:
         raise ValueError(f"the data of the run at {loaded.folder} yields no batch.")
     return batch
+
+
+def _objective(config: RunConfig) -> Objective:
+    """The run's objective, to hold the restored parameters. Where every array it holds is
+    one of its trainable parameters (the restore replaces them all), it is built on shapes
+    alone, its arrays zeros: initialising a model costs a compilation per kind of layer,
+    seconds for nothing. Otherwise (a frozen reference model, an integer buffer: arrays the
+    checkpoint does not hold) it is built as the run built it."""
+    seed = jax.random.key(config.trainer.seed)
+    shapes = eqx.filter_eval_shape(build_objective, config, None, seed)
+    arrays = [leaf for leaf in jax.tree.leaves(shapes) if isinstance(leaf, jax.ShapeDtypeStruct)]
+    if any(not jnp.issubdtype(leaf.dtype, jnp.inexact) for leaf in arrays):
+        return build_objective(config, None, seed)
+    zeros = jax.tree.map(
+        lambda leaf: (
+            jnp.asarray(np.zeros(leaf.shape, leaf.dtype))
+            if isinstance(leaf, jax.ShapeDtypeStruct)
+            else leaf
+        ),
+        shapes,
+    )
+    if len(jax.tree.leaves(zeros.init_params())) != len(arrays):
+        return build_objective(config, None, seed)
+    return zeros
 
 
 def _trained(objective: Objective, params: PyTree) -> tuple[Objective, PyTree]:
