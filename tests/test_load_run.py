@@ -9,6 +9,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
+from _trained_runs import trained
 
 import dew
 from dew.checkpoints import Checkpointer, DamagedCheckpointWarning
@@ -18,8 +19,6 @@ from dew.config import (
     OptimConfig,
     RunConfig,
     TrainerConfig,
-    builtin,
-    override,
 )
 from dew.data import Partition
 from dew.registry import SHAPE_KINDS
@@ -27,9 +26,6 @@ from dew.registry import SHAPE_KINDS
 # Every test here loads a run trained for it (a fit compiles its step: 10 s or more here);
 # the params-only restore underneath is tested fast in test_checkpoints.py.
 pytestmark = pytest.mark.slow
-
-SMALL_VIT = {"model.kwargs.width": 16, "model.kwargs.heads": 2, "data.kwargs.rows": 48}
-TRAINER = {"trainer.steps": 2, "trainer.batch_size": 8, "trainer.checkpoint_every": 1}
 
 
 def _leaves_equal(left, right):
@@ -40,28 +36,13 @@ def _leaves_equal(left, right):
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
     """A 2-step tiny_classifier run (checkpoints at steps 1 and 2) and its final state."""
-    root = tmp_path_factory.mktemp("classifier")
-    point = {**SMALL_VIT, **TRAINER, "trainer.checkpoint_dir": str(root)}
-    config = override(builtin("tiny_classifier"), point)
-    state = config.train(progress=False)
-    return root / "tiny-classifier", state
+    return trained("tiny_classifier", tmp_path_factory.mktemp("classifier"))
 
 
 @pytest.fixture(scope="module")
 def diffusion(tmp_path_factory):
     """A 2-step tiny_diffusion run (it keeps EMA weights) and its final state."""
-    root = tmp_path_factory.mktemp("diffusion")
-    point = {
-        "model.kwargs.width": 16,
-        "model.kwargs.depth": 1,
-        "model.kwargs.heads": 2,
-        "data.kwargs.rows": 48,
-        "trainer.preview": False,
-        "trainer.checkpoint_dir": str(root),
-        **TRAINER,
-    }
-    state = override(builtin("tiny_diffusion"), point).train(progress=False)
-    return root / "tiny-diffusion", state
+    return trained("tiny_diffusion", tmp_path_factory.mktemp("diffusion"))
 
 
 def test_a_classifier_run_loads_its_trained_params_model_and_class_names(classifier):
@@ -170,6 +151,11 @@ def test_a_folder_without_run_json_or_checkpoints_is_named(classifier, tmp_path)
     with pytest.raises(FileNotFoundError) as caught:
         dew.load_run(tmp_path)
     assert str(caught.value) == f"{tmp_path} is not a run folder: it has no run.json."
+    with pytest.raises(FileNotFoundError, match=r"^no run folder at .*nowhere\.$"):
+        dew.load_run(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"data.json is a file, not a run folder"):
+        dew.load_run(folder / "data.json")
+    assert dew.load_run(folder / "run.json").step == 2  # its run.json names it too
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("checkpoints"))
     with pytest.raises(FileNotFoundError) as caught:
