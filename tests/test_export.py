@@ -2,6 +2,7 @@
 StableHLO, each read back in a Python where `import dew` fails (the `safetensors` package's own
 NumPy reader, `jax.export.deserialize`), and the record of each export in the run folder."""
 
+import dataclasses
 import io
 import json
 import os
@@ -149,14 +150,14 @@ def test_safetensors_holds_every_parameter_by_its_name_for_a_reader_without_dew(
         dew.__version__,
     )
     assert config["classes"] == ["square", "disc", "bar"]
-    assert record["parity"] == {"max_abs_difference": 0.0, "rows": 6}
+    assert record["parity"] == {"max_abs_difference": 0.0, "on": "validation", "rows": 6}
     assert json.loads((classifier.folder / "exports.json").read_text())[-1] == record
 
 
 @pytest.mark.slow  # a trained run and a subprocess: about 30 s
 def test_stablehlo_runs_without_dew_at_two_batch_sizes_as_dews_model(classifier, tmp_path):
     record = export_run(classifier, "stablehlo", tmp_path / "out")
-    rows = np.asarray(example_batch(classifier)["images"])
+    rows = np.asarray(example_batch(classifier)[1]["images"])
     np.savez(tmp_path / "inputs.npz", three=rows[:3], five=np.concatenate([rows, rows])[:5])
     _without_dew(
         f"""
@@ -190,7 +191,7 @@ def test_stablehlo_of_a_language_and_a_diffusion_model_matches_dews(run, request
     loaded = request.getfixturevalue(run)
     record = export_run(loaded, "stablehlo", tmp_path / "out")
     exported = jax.export.deserialize(bytearray((tmp_path / "out" / "model.exported").read_bytes()))
-    function = forward(loaded, example_batch(loaded))
+    function = forward(loaded, example_batch(loaded)[1])
     for rows in (2, 5):
         inputs = [np.concatenate([value] * 5)[:rows] for value in function.inputs]
         expected = np.asarray(function.function(loaded.model, *inputs))
@@ -240,3 +241,20 @@ def test_dew_export_writes_both_formats_and_says_where(classifier, tmp_path, cap
         main(["export", str(folder), "--format", "onnx", "--out", str(tmp_path)])
     assert leaving.value.code == 2
     assert "invalid choice: 'onnx'" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a trained run: about 15 s
+def test_an_objective_without_a_forward_function_exports_its_parameters_alone(classifier, tmp_path):
+    """DPO (and GRPO) train a policy whose forward function `forward` does not choose
+    inputs for: its StableHLO export is refused naming what is exported, its safetensors
+    export measures parity on the parameters."""
+    from dew.nn.backbones.causal_transformer import CausalTransformer
+    from dew.objectives.dpo import DPOObjective
+
+    policy = CausalTransformer(4, 16, 1, 2, 32, 8, key=jax.random.key(0))
+    loaded = dataclasses.replace(classifier, objective=DPOObjective(policy, policy, beta=0.1))
+    with pytest.raises(ValueError, match="trained a DPOObjective \\(export its parameters as"):
+        export_run(loaded, "stablehlo", tmp_path / "hlo")
+    assert not (tmp_path / "hlo").exists()
+    record = export_run(loaded, "safetensors", tmp_path / "st")
+    assert record["parity"] == {"max_abs_difference": 0.0, "on": "parameters", "rows": 0}

@@ -47,7 +47,7 @@ def input_rows(loaded: LoadedRun) -> tuple[tuple[int, ...], np.dtype]:
     key = classifier_of(loaded).inputs
     fields = dict(loaded.fields)
     if key not in fields:  # a run trained before runs recorded their data
-        value = np.asarray(example_batch(loaded)[key])
+        value = np.asarray(example_batch(loaded)[1][key])
         fields[key] = (tuple(value.shape[1:]), value.dtype.name)
     shape, dtype = fields[key]
     return tuple(shape), np.dtype(dtype)

@@ -51,6 +51,15 @@ FORMATS = ("safetensors", "stablehlo")
 """The formats `export_run` and `dew export --format` write."""
 EXPORTS = "exports.json"
 """The run folder's record of its exports: a JSON list, one object per export."""
+_FORWARDS = (
+    ClassifierObjective,
+    SupervisedObjective,
+    LMObjective,
+    MaskedDiffusionObjective,
+    DiffusionObjective,
+    JEPAObjective,
+)
+"""The objectives `forward` exports a function of."""
 _FILES = {
     "safetensors": ("model.safetensors", "config.json"),
     "stablehlo": ("model.exported", "signature.json"),
@@ -154,10 +163,10 @@ def forward(loaded: LoadedRun, batch: Mapping[str, Any]) -> Forward:
         images = (np.asarray(batch["images"], np.float32),)
         encoder = f"vmap({type(loaded.model.encoder).__name__})"
         return Forward(_encoded, images, ("images",), "features", encoder)
+    exported = ", ".join(kind.__name__ for kind in _FORWARDS)
     raise ValueError(
-        "dew export writes the forward function of runs of ClassifierObjective, "
-        "SupervisedObjective, LMObjective, MaskedDiffusionObjective, DiffusionObjective and "
-        f"JEPAObjective; {loaded.folder} trained a {type(objective).__name__}."
+        f"dew export writes the forward function of runs of {exported}; {loaded.folder} "
+        f"trained a {type(objective).__name__} (export its parameters as safetensors)."
     )
 
 
@@ -176,8 +185,10 @@ def export_run(
     the run folder's `exports.json`.
 
     **Returns:** the record (`format`, `out`, `files`, `step`, `weights`, `parity`: the
-    largest absolute difference between the export and dew's model on the batch, and its
-    `rows`, and the dew version).
+    largest absolute difference between the export and dew's model on the batch, the split
+    it is `on` and its `rows`, and the dew version and time). A safetensors export of an
+    objective `forward` exports no function of (DPO, GRPO) measures its parity on the
+    parameters themselves (`on: "parameters"`, `rows: 0`).
 
     **Raises:** `ValueError` for another format, an objective `forward` does not export, or
     an `out` that already holds the export's files (unless `force`), before anything is
@@ -196,17 +207,24 @@ def export_run(
     if format == "stablehlo":  # jax.export serializes with it
         optional("flatbuffers", "export", "dew export --format stablehlo")
     loaded = run if isinstance(run, LoadedRun) else load_run(run, step=step, weights=weights)
-    function = forward(loaded, example_batch(loaded))
+    function, split = None, "parameters"
+    if format == "stablehlo" or isinstance(loaded.objective, _FORWARDS):
+        split, batch = example_batch(loaded)
+        function = forward(loaded, batch)
     folder.mkdir(parents=True, exist_ok=True)
-    written = _safetensors if format == "safetensors" else _stablehlo
-    difference = written(loaded, function, folder)
+    if format == "safetensors":
+        difference = _safetensors(loaded, function, folder)
+    else:
+        assert function is not None  # forward() raised for an objective it does not export
+        difference = _stablehlo(loaded, function, folder)
+    rows = 0 if function is None else len(function.inputs[0])
     record = {
         "format": format,
         "out": os.fspath(folder.absolute()),
         "files": list(names),
         "step": loaded.step,
         "weights": loaded.weights,
-        "parity": {"max_abs_difference": difference, "rows": len(function.inputs[0])},
+        "parity": {"max_abs_difference": difference, "on": split, "rows": rows},
         "dew_version": dew.__version__,
         "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
@@ -223,8 +241,9 @@ def _largest_difference(left: Any, right: Any) -> float:
     return max(differences, default=0.0)
 
 
-def _safetensors(loaded: LoadedRun, function: Forward, folder: pathlib.Path) -> float:
-    """Write the params and config.json; the parity of the model rebuilt from the file."""
+def _safetensors(loaded: LoadedRun, function: Forward | None, folder: pathlib.Path) -> float:
+    """Write the params and config.json; the parity of the model rebuilt from the file's
+    arrays (of the arrays themselves where `forward` exports no function of the model)."""
     arrays = {name: np.asarray(leaf) for name, leaf in weight_names(loaded.params).items()}
     settings = loaded.config.to_dict()
     metadata = {"step": str(loaded.step), "weights": loaded.weights, "dew": dew.__version__}
@@ -247,6 +266,8 @@ def _safetensors(loaded: LoadedRun, function: Forward, folder: pathlib.Path) -> 
     rebuilt = jax.tree.unflatten(
         paths[1], [jnp.asarray(read[name]) for name in weight_names(loaded.params)]
     )
+    if function is None:
+        return _largest_difference(rebuilt, loaded.params)
     computed = eqx.filter_jit(function.function)
     return _largest_difference(
         computed(combine(rebuilt, loaded.model), *function.inputs),

@@ -170,26 +170,27 @@ def checkpoint_directory(config: RunConfig, folder: pathlib.Path) -> Any:
     return checkpoints
 
 
-def example_batch(loaded: LoadedRun) -> Mapping[str, Any]:
-    """One batch of the loaded run's data, as it trained: its first validation batch, or its
-    first training batch where it holds no validation data (a text run's token cache read
-    from the run folder)."""
+def example_batch(loaded: LoadedRun) -> tuple[str, Mapping[str, Any]]:
+    """One batch of the loaded run's data, as it trained, and the split it is from: its first
+    validation batch (`"validation"`), or its first training batch (`"train"`) where it holds
+    no validation data (a text run's token cache read from the run folder)."""
     config = loaded.config
     data = config.data.build(
         batch_size=config.trainer.batch_size,
         seed=config.trainer.seed,
         cache_dir=loaded.folder / DATA_CACHE,
     )
-    batches = (data.train if data.val is None else data.val)(Partition())
+    split, batches = ("train", data.train) if data.val is None else ("validation", data.val)
+    drawn = batches(Partition())
     try:
-        batch = next(iter(batches), None)
+        batch = next(iter(drawn), None)
     finally:
-        close = getattr(batches, "close", None)
+        close = getattr(drawn, "close", None)
         if close is not None:
             close()
     if batch is None:
-        raise ValueError(f"the data of the run at {loaded.folder} yields no batch.")
-    return batch
+        raise ValueError(f"the data of the run at {loaded.folder} yields no {split} batch.")
+    return split, batch
 
 
 def _objective(config: RunConfig) -> Objective:
