@@ -14,7 +14,7 @@ without that data: `data.json` beside `run.json`, and a copy of the run's tokeni
   trained model reads.
 
 The recipe (`RunConfig.train`, `dew train`) writes it when a run starts, on process zero,
-after the run folder is locked (decision 0039); `dew.load_run` reads it.
+beside `run.json` once the run's trackers are open (decision 0039); `dew.load_run` reads it.
 """
 
 import dataclasses

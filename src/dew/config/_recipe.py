@@ -311,7 +311,6 @@ def train_run(
         with agreed_phase("checking the run folder"):
             if writing:
                 budget = _claim(held, folder, checkpoints, record, settings.steps, progress)
-                write_data_record(folder, data, first)  # what using the model needs of the data
         trainer = Trainer(
             built,
             optimizer,
@@ -349,6 +348,7 @@ def train_run(
             if budget is not None:  # run.json keeps the first total; the journal, each change
                 reporting.log_artifact(STEP_BUDGET, budget, step=budget["from_step"])
             reporting.log_params({"config": config.to_dict()})
+            write_data_record(folder, data, first)  # what using the model needs of the data
         return fit(tracker=reporting)
 
 
