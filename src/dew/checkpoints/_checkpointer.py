@@ -329,7 +329,7 @@ class Checkpointer:
         count = len(self._manager.item_metadata(step)[STATE_ITEM].tree)
         item: list[Any] = [ocp.PLACEHOLDER] * count
         arguments: list[Any] = [ocp.PLACEHOLDER] * count
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process's
         for position, leaf in zip(positions, leaves, strict=True):
             item[position] = abstract(leaf)
             arguments[position] = ocp.ArrayRestoreArgs(
