@@ -177,6 +177,25 @@ def test_a_damaged_newest_step_gives_way_to_the_intact_one(objective, saved, run
     assert Checkpointer(run).all_steps() == [2, 4]
 
 
+@pytest.mark.parametrize("case", DAMAGED)
+def test_a_params_only_restore_passes_over_the_same_damage(objective, saved, run, case):
+    """`restore_params` (what `dew.load_run` reads) passes over a damaged step as `restore`
+    does, with the same warning, and restores the params of the step before it."""
+    damage, why = DAMAGED[case]
+    damage(run / "4")
+    with pytest.warns(DamagedCheckpointWarning) as caught:
+        step, params = Checkpointer(run).restore_params(objective.init_params())
+    assert len(caught) == 1 and _matches(why, str(caught[0].message))
+    assert caught[0].message.args[0].startswith(f"checkpoint step 4 under {run} is damaged (")
+    assert step == 2
+    expected = jax.tree.leaves(saved[1][2].params)
+    assert all(
+        np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(jax.tree.leaves(params), expected, strict=True)
+    )
+    assert sorted(path.name for path in run.iterdir()) == ["2", "4.damaged"]
+
+
 def _one_line(message):
     return " ".join(str(message).splitlines())
 

@@ -1,5 +1,6 @@
 """Checkpoints and resume (orbax-checkpoint), and profile windows (jax.profiler)."""
 
+import json
 import logging
 import os
 import pathlib
@@ -415,3 +416,83 @@ def test_ctrl_c_inside_orbax_wait_leaves_the_interrupt_to_the_caller(objective, 
         logging.getLogger("absl").removeHandler(shown)
     assert [record.getMessage() for record in shown.records if record.exc_info] == []
     assert Checkpointer(tmp_path).all_steps() == [1]
+
+
+def _saved_with_ema(objective, directory):
+    """A state whose EMA params differ from its params, saved as checkpoint 3."""
+    state = TrainState.create(objective, OPTIMIZER, key=jax.random.key(0), ema=True)
+    state = eqx.tree_at(
+        lambda held: held.ema_params, state, jax.tree.map(lambda leaf: leaf * 2, state.params)
+    )
+    with Checkpointer(directory) as checkpoints:
+        checkpoints.save(3, state)
+    return state
+
+
+def test_restore_params_reads_the_params_alone(objective, tmp_path, monkeypatch):
+    import orbax.checkpoint as ocp
+
+    fitted = _fit(objective, tmp_path / "run", steps=4)
+    asked = []
+    restore = ocp.PyTreeCheckpointHandler.restore
+
+    def spy(self, directory, args=None):
+        asked.append(args.item)
+        return restore(self, directory, args=args)
+
+    monkeypatch.setattr(ocp.PyTreeCheckpointHandler, "restore", spy)
+    with Checkpointer(tmp_path / "run") as checkpoints:
+        step, params = checkpoints.restore_params(objective.init_params())
+    assert step == 4 and _same_bits(params, fitted.params)
+    (item,) = asked  # one read, of the params' arrays alone: orbax's placeholders elsewhere
+    count = len(jax.tree.leaves(fitted.params))
+    assert [i for i, leaf in enumerate(item) if leaf is not ocp.PLACEHOLDER] == list(
+        range(1, 1 + count)
+    )
+    assert len(item) == len(jax.tree.leaves(fitted)) > 2 * count  # Adam's moments left unread
+
+
+def test_restore_params_reads_the_ema_params_or_the_live_ones(objective, tmp_path):
+    state = _saved_with_ema(objective, tmp_path)
+    with Checkpointer(tmp_path) as checkpoints:
+        assert checkpoints.restore(state)[1] == {}  # the layout stays dew's, not the caller's
+        step, ema = checkpoints.restore_params(objective.init_params(), ema=True)
+        _, live = checkpoints.restore_params(objective.init_params(), 3)
+    assert step == 3
+    assert _same_bits(ema, state.ema_params) and _same_bits(live, state.params)
+    assert not _same_bits(ema, live)
+
+
+def test_restore_params_of_a_checkpoint_from_before_layouts_were_recorded(objective, tmp_path):
+    """A checkpoint whose JSON item records no layout: the params start at array 1, the EMA
+    params end the list."""
+    state = _saved_with_ema(objective, tmp_path)
+    metadata = tmp_path / "3" / "extra" / "metadata"
+    saved = json.loads(metadata.read_text())
+    del saved["layout"]
+    metadata.write_text(json.dumps(saved))
+    with Checkpointer(tmp_path) as checkpoints:
+        _, ema = checkpoints.restore_params(objective.init_params(), ema=True)
+        _, live = checkpoints.restore_params(objective.init_params())
+    assert _same_bits(ema, state.ema_params) and _same_bits(live, state.params)
+
+
+def test_restore_params_of_another_model_or_without_ema_params_is_one_line(objective, tmp_path):
+    _fit(objective, tmp_path / "run", steps=4)
+    wider = LMObjective(CausalTransformer(8, 32, 1, 2, 32, 16, key=jax.random.key(0)), seq_len=8)
+    directory = str(tmp_path / "run")
+    with Checkpointer(tmp_path / "run") as checkpoints:
+        with pytest.raises(ValueError, match="another model") as caught:
+            checkpoints.restore_params(wider.init_params())
+        assert str(caught.value) == (
+            f"checkpoint step 4 under {directory!r}: it was written for another model: its "
+            "params are 18 arrays, this model's 18, and the first that differs is "
+            ".stack.token_embedding.weight: saved float32[8, 16], expected float32[8, 32]."
+        )
+        with pytest.raises(ValueError, match="EMA") as caught:
+            checkpoints.restore_params(objective.init_params(), ema=True)
+        assert str(caught.value) == (
+            f"checkpoint step 4 under {directory!r}: it holds no EMA params (the run kept none)."
+        )
+        with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 2 .*steps are \[4\]"):
+            checkpoints.restore_params(objective.init_params(), 2)

@@ -435,7 +435,7 @@ SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid",
             ["eval", "old"],
             "optim.learning_rate must be a finite number > 0, got 'x'. (in the run record old/",
         ),
-        (_damaged_checkpoint, ["eval", "old"], "restore the latest checkpoint under old/check"),
+        (_damaged_checkpoint, ["eval", "old"], "old/checkpoints' (step 6: its folder is empty)"),
         (None, ["runs", "afile"], "no folder 'afile'"),
     ],
 )

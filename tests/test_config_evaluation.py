@@ -91,7 +91,9 @@ def test_evaluate_run_names_a_folder_without_checkpoints(tmp_path):
     for saved in sorted((folder / "checkpoints").rglob("*"), reverse=True):
         saved.rmdir() if saved.is_dir() else saved.unlink()
     (folder / "checkpoints").rmdir()
-    with pytest.raises(FileNotFoundError, match="has no checkpoints folder to evaluate"):
+    with pytest.raises(
+        FileNotFoundError, match="has no checkpoints folder: the run saved no checkpoint"
+    ):
         evaluate_run(folder)
 
 

@@ -139,6 +139,7 @@ def test_dew_train_processes_2_trains_one_run(trained):
     assert [path.name for path in root.iterdir()] == ["quickstart"]  # one run folder
     folder = root / "quickstart"
     assert sorted(path.name for path in folder.iterdir() if path.is_file()) == [
+        "data.json",  # process zero's alone, as every file here
         "params.json",
         "records.jsonl",
         "run.json",

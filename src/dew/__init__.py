@@ -11,6 +11,8 @@ from dew import events as events
 from dew import metrics as metrics
 from dew import naming as naming
 from dew import tracking as tracking
+from dew.config._load import LoadedRun as LoadedRun
+from dew.config._load import load_run as load_run
 from dew.evaluation import Evaluation as Evaluation
 from dew.evaluation import evaluate as evaluate
 from dew.profiling import Profile as Profile
@@ -31,6 +33,7 @@ except _metadata.PackageNotFoundError:  # running from a source tree that is not
 __all__ = [
     "Evaluation",
     "InMemoryTracker",
+    "LoadedRun",
     "LocalTracker",
     "MLflowTracker",
     "TensorBoardTracker",
@@ -41,6 +44,7 @@ __all__ = [
     "__version__",
     "evaluate",
     "events",
+    "load_run",
     "metrics",
     "profile",
     "naming",

@@ -1,5 +1,5 @@
-"""`.safetensors` files read into NumPy: an 8-byte header length, a JSON header, then the
-tensors' bytes.
+"""`.safetensors` files read into NumPy and written from it: an 8-byte header length, a JSON
+header, then the tensors' bytes.
 
 The header is checked as the `safetensors` package's own reader checks it, before anything is
 allocated: the header lies inside the file, each entry names a known dtype, a shape and two data
@@ -8,6 +8,7 @@ cover the data after the header exactly, with no gap, no overlap and nothing pas
 the arrays read are exactly the file's data, never more.
 """
 
+import json
 import math
 import struct
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 from dew import _json
 from dew._weights import WeightsError, check_shape, shown
 
-__all__ = ["SAFETENSORS_DTYPES", "read_safetensors"]
+__all__ = ["SAFETENSORS_DTYPES", "read_safetensors", "safetensors_bytes"]
 
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -137,3 +138,28 @@ def read_safetensors(file, file_size: int) -> dict[str, np.ndarray]:
             raise WeightsError(f"it ends inside tensor {name!r}: truncated")
         arrays[name] = array if np.little_endian else array.byteswap()
     return arrays
+
+
+def safetensors_bytes(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+    """The `.safetensors` file of `arrays` (by name, in this order, each little-endian and
+    C-ordered) and the string `metadata`: the header padded with spaces to a multiple of 8
+    bytes, as the `safetensors` package writes it, so every tensor's data stays aligned."""
+    codes = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    chunks, offset = [], 0
+    for name, array in arrays.items():
+        array = np.asarray(array, order="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
+        dtype = array.dtype.newbyteorder("=")
+        if dtype not in codes:
+            raise ValueError(f"tensor {name!r} has dtype {array.dtype}, which safetensors lacks")
+        data = array.astype(dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {
+            "dtype": codes[dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(chunks)

@@ -6,8 +6,8 @@ import errno
 import os
 import pathlib
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +22,13 @@ from dew.checkpoints._damage import (
     set_aside,
 )
 from dew.checkpoints._layout import (
+    LAYOUT,
     abstract,
     history_from_json,
     history_to_json,
     is_key,
+    layout,
+    params_positions,
     saved_leaves,
     structure_differences,
 )
@@ -39,6 +42,8 @@ __all__ = ["Checkpointer"]
 STATE_ITEM = "state"
 EXTRA_ITEM = "extra"
 ITEMS = (STATE_ITEM, EXTRA_ITEM)
+
+_Restored = TypeVar("_Restored")
 
 
 class _DamagedStepError(ValueError):
@@ -156,6 +161,7 @@ class Checkpointer:
         leaves = saved_leaves(state)
         payload = {
             "history": history_to_json(state.metric_history),
+            LAYOUT: layout(state),
             **encode_json_value(dict(extra or {})),
         }
         ocp = self._ocp
@@ -205,19 +211,42 @@ class Checkpointer:
         `OSError` naming the directory when it cannot be read (permissions, a store out
         of reach): that is no damage, and no step is passed over for it.
         """
+        return self._restore_intact(step, lambda found: self._restore(found, template))
+
+    def restore_params(
+        self, params: Any, step: int | None = None, *, ema: bool = False
+    ) -> tuple[int, Any]:
+        """Only the params of checkpoint `step` (with `ema`, its EMA params), restored into
+        `params`' structure (`objective.init_params()`); by default from the newest intact
+        step, passing over damaged ones as `restore` does. No other array is read: neither
+        the optimizer state nor, with `ema`, the live params.
+
+        Returns `(step, params)`.
+
+        **Raises:** as `restore`; a checkpoint without EMA params asked for them, or whose
+        params differ from `params`' (another model), is a `ValueError` naming the step, the
+        directory and, for another model, the first leaf that differs.
+        """
+        return self._restore_intact(
+            step, lambda found: (found, self._restore_params(found, params, ema))
+        )
+
+    def _restore_intact(self, step: int | None, restore: Callable[[int], _Restored]) -> _Restored:
+        """`restore(step)`, or with no `step` `restore` of the newest intact step: the
+        damaged ones after it renamed aside, one warning each."""
         if step is not None:
             if step not in self._manager.all_steps():
                 raise FileNotFoundError(
                     f"no checkpoint for step {step} under {self.directory!r}; its steps are "
                     f"{self.all_steps()}."
                 )
-            return self._restore(step, template)
+            return restore(step)
         misplaced = misplaced_steps(self._path())
         skipped: dict[int, str] = {}
         restored = None
         for candidate in reversed(self.all_steps()):
             try:
-                restored = self._restore(candidate, template)
+                restored = restore(candidate)
             except _DamagedStepError as damaged:
                 skipped[candidate] = damaged.why
                 continue
@@ -251,16 +280,77 @@ class Checkpointer:
             f"checkpoint step {found} under {self.directory} is damaged ({why}): restored "
             f"step {restored} instead; the damaged step is {kept}.",
             DamagedCheckpointWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
     def _restore(self, step: int, template: TrainState) -> tuple[TrainState, dict[str, Any]]:
         """Checkpoint `step` into `template`; `_DamagedStepError` when its files are damaged."""
         self._check_structure(step, template)
+        return self._attempt(step, lambda: self._read(step, template))
+
+    def _restore_params(self, step: int, params: Any, ema: bool) -> Any:
+        """Checkpoint `step`'s params (or EMA params) into `params`' structure."""
+        try:
+            with reading():
+                saved, recorded = self._saved_arrays(step)
+        except Exception:  # damaged metadata: the read below says what is wrong
+            positions = None
+        else:
+            try:
+                positions = params_positions(saved, recorded, params, ema=ema)
+            except ValueError as error:
+                raise ValueError(
+                    f"checkpoint step {step} under {self.directory!r}: {error}."
+                ) from None
+        return self._attempt(step, lambda: self._read_params(step, params, ema, positions))
+
+    def _saved_arrays(
+        self, step: int
+    ) -> tuple[list[tuple[tuple[int, ...], str]], dict[str, Any] | None]:
+        """Checkpoint `step`'s saved arrays' shapes and dtypes (orbax's metadata: nothing
+        restored) and the layout its JSON item records (`None` when it records none)."""
+        saved = [
+            (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
+            for leaf in self._manager.item_metadata(step)[STATE_ITEM].tree
+        ]
+        ocp = self._ocp
+        extra = self._manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))
+        recorded = extra[EXTRA_ITEM].get(LAYOUT) if isinstance(extra[EXTRA_ITEM], dict) else None
+        return saved, recorded
+
+    def _read_params(self, step: int, params: Any, ema: bool, positions: list[int] | None) -> Any:
+        """Read only the arrays at `positions` of checkpoint `step` (orbax's placeholders
+        stand for every other array, which it leaves unread)."""
+        if positions is None:  # the metadata could not be read: reading it again says why
+            saved, recorded = self._saved_arrays(step)
+            positions = params_positions(saved, recorded, params, ema=ema)
+        ocp = self._ocp
+        leaves, treedef = jax.tree.flatten(params)
+        count = len(self._manager.item_metadata(step)[STATE_ITEM].tree)
+        item: list[Any] = [ocp.PLACEHOLDER] * count
+        arguments: list[Any] = [ocp.PLACEHOLDER] * count
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process's
+        for position, leaf in zip(positions, leaves, strict=True):
+            item[position] = abstract(leaf)
+            arguments[position] = ocp.ArrayRestoreArgs(
+                sharding=device, global_shape=jnp.shape(leaf), dtype=jnp.result_type(leaf)
+            )
+        handler = ocp.PyTreeCheckpointHandler()
+        try:
+            restored = handler.restore(
+                self._path() / str(step) / STATE_ITEM,
+                args=ocp.args.PyTreeRestore(item=item, restore_args=arguments),
+            )
+        finally:
+            handler.close()
+        return jax.tree.unflatten(treedef, [restored[position] for position in positions])
+
+    def _attempt(self, step: int, read: Callable[[], _Restored]) -> _Restored:
+        """`read()` of checkpoint `step`; `_DamagedStepError` when its files are damaged."""
         outcome: bool | BaseException = True
         try:
             with reading():
-                restored = self._read(step, template)
+                restored = read()
         except Exception as error:
             if damage(error):
                 why = reason(self._path() / str(step), ITEMS, error)
@@ -304,6 +394,7 @@ class Checkpointer:
             raise ValueError(f"its extra item holds {type(extra).__name__}, not a JSON object")
         extra = dict(decode_json_value(extra))
         history = history_from_json(extra.pop("history", {}))
+        extra.pop(LAYOUT, None)
         state = jax.tree.unflatten(treedef, leaves)
         return (
             TrainState(

@@ -13,13 +13,20 @@ from dew.steps import MetricHistory, TrainState
 from dew.telemetry.records import decode_json_value, encode_json_value
 
 __all__ = [
+    "LAYOUT",
     "abstract",
     "history_from_json",
     "history_to_json",
     "is_key",
+    "layout",
+    "params_positions",
     "saved_leaves",
     "structure_differences",
 ]
+
+LAYOUT = "layout"
+"""The key of the checkpoint's JSON item that says how many of its arrays are the params and
+the EMA params (`layout`)."""
 
 _SHOWN_DIFFERENCES = 6
 
@@ -105,3 +112,64 @@ def structure_differences(
     if len(differing) > len(shown):
         shown.append(f"  ... and {len(differing) - len(shown)} more")
     return "\n".join(shown)
+
+
+def layout(state: TrainState) -> dict[str, int]:
+    """How many of a checkpoint's arrays are `state`'s params and EMA params. The arrays are
+    the state's leaves in order (`saved_leaves`): the step, the params, the optimizer state,
+    the run key, then the EMA params; so the params start at array 1 and the EMA params end
+    the list, and neither needs the optimizer to be found."""
+    return {
+        "params": len(jax.tree.leaves(state.params)),
+        "ema_params": len(jax.tree.leaves(state.ema_params)),
+    }
+
+
+def params_positions(
+    saved: list[tuple[tuple[int, ...], str]],
+    recorded: Mapping[str, Any] | None,
+    params: Any,
+    *,
+    ema: bool,
+) -> list[int]:
+    """Where `params` (with `ema`, the EMA params) lie among a checkpoint's saved arrays
+    (their shapes and dtypes, `saved`), by the layout the checkpoint `recorded` (`layout`;
+    `None` for a checkpoint written before checkpoints recorded one: the params counted as
+    `params`'s, and the EMA params too where `ema` asks for them).
+
+    **Raises:** `ValueError` when the checkpoint holds no EMA params and `ema` asks for
+    them, or when its params differ from `params` in number, shape or dtype: one line naming
+    the first leaf that differs (a checkpoint written for another model).
+    """
+    expected = [
+        (jax.tree_util.keystr(path), *_shape_dtype(leaf))
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    ]
+    count = len(expected)
+    stored = {"params": count, "ema_params": count if ema else 0}
+    if recorded is not None:
+        stored = {part: int(recorded.get(part, 0)) for part in stored}
+    what = "EMA params" if ema else "params"
+    if ema and stored["ema_params"] == 0:
+        raise ValueError("it holds no EMA params (the run kept none)")
+    number = stored["ema_params"] if ema else stored["params"]
+    start = len(saved) - number if ema else 1
+    if start < 1 or start + number > len(saved):
+        raise ValueError(f"its {what} do not fit its {len(saved)} arrays (a damaged layout)")
+    for index, (path, shape, dtype) in enumerate(expected):
+        if index >= number:
+            raise _another_model(what, number, count, f"{path}: not saved")
+        if saved[start + index] != (shape, dtype):
+            found = f"saved {_describe(*saved[start + index])}, expected {_describe(shape, dtype)}"
+            raise _another_model(what, number, count, f"{path}: {found}")
+    if number > count:
+        extra = f"saved array {start + count} ({_describe(*saved[start + count])}), not in it"
+        raise _another_model(what, number, count, extra)
+    return list(range(start, start + number))
+
+
+def _another_model(what: str, stored: int, count: int, first: str) -> ValueError:
+    return ValueError(
+        f"it was written for another model: its {what} are {stored} arrays, this model's "
+        f"{count}, and the first that differs is {first}"
+    )

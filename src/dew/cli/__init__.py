@@ -1,4 +1,5 @@
-"""The `dew` command: `dew train`, `dew sweep`, `dew eval`, `dew runs` and `dew data`.
+"""The `dew` command: `dew train`, `dew sweep`, `dew eval`, `dew runs`, `dew data`, `dew predict`
+and `dew export`.
 
 - `dew train [--config] [CONFIG]`: train a run configuration, a TOML file or a built-in
   name (`dew.config.BUILTIN_CONFIGS`: `tiny_lm`, the default, `tiny_diffusion`, ...), as
@@ -13,6 +14,9 @@
 - `dew config show [CONFIG]`: a configuration (a built-in name, a TOML file, a run folder)
   as the TOML `dew train` reads; `dew --version` prints dew's version.
 - `dew plot RUN_DIR`: render a run's plots from its local journal (`_plot`).
+- `dew predict RUN --input PATH`: a classifier run's top classes for new rows (`.npy`,
+  `.npz`, images) as CSV or JSON Lines (`_predict`); `dew export RUN --format
+  safetensors|stablehlo --out DIR`: the run's parameters or forward function (`_export`).
 - `dew data inspect CONFIG_OR_RUN`: the data a run trains on, its split sizes, fingerprints
   and one batch decoded (`_inspect`, `_contact_sheet`); `dew data tokenizer FILES`: a BPE
   `tokenizer.json` trained on your files (`_data_command`).
@@ -59,10 +63,12 @@ from dew.cli._errors import (
     reader_gone,
     stop_writing,
 )
+from dew.cli._export import _export
 from dew.cli._inputs import _config_arguments, _register
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
 from dew.cli._plot import _plot
+from dew.cli._predict import _predict
 from dew.cli._runs import _runs
 
 __all__ = ["main"]
@@ -129,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs, "plot": _plot}
         commands["config"] = _config
         commands["data"] = _data
+        commands["predict"] = _predict
+        commands["export"] = _export
         with nonfinite_advice("--on-nonfinite continue"):  # the command's switch, not Python's
             return commands[args.command](args)
 

@@ -5,6 +5,8 @@ from typing import Any
 
 import dew
 from dew._nonfinite import ON_NONFINITE
+from dew.cli._export import add_export
+from dew.cli._predict import add_predict
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     _override_options(show)
 
     _data_commands(commands)
+    for using in (add_predict(commands), add_export(commands)):  # a trained run, used
+        _registration_options(using)
     _add_examples(parser)  # last: every command above gets its EXAMPLES
     return parser
 
@@ -274,6 +278,16 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "dew data inspect run.toml          # sizes, fingerprint and batch 0, decoded",
         "dew data inspect runs/quickstart --step 500 --rows 2",
         "dew data inspect tiny_classifier --split val --out sheet.png",
+    ),
+    "predict": (
+        "dew predict runs/tiny-classifier --input rows.npy --out preds.csv",
+        "dew predict runs/tiny-classifier --input photos/ --top-k 3 --out preds.jsonl",
+        "dew predict runs/tiny-classifier --input shape.png   # CSV on standard output",
+    ),
+    "export": (
+        "dew export runs/tiny-classifier --format safetensors --out exported",
+        "dew export runs/quickstart --format stablehlo --out exported-lm",
+        "dew export runs/tiny-diffusion --format stablehlo --out dit --weights live",
     ),
     "data tokenizer": (
         "dew data tokenizer 'corpus/*.txt' --vocab-size 4096 --out tokenizer.json",

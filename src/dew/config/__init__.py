@@ -23,6 +23,8 @@ and likewise through a TOML file (`dump_toml` / `load`).
   (`BUILTIN_CONFIGS`: `tiny_lm`, `tiny_diffusion`, `tiny_video_diffusion`,
   `tiny_jepa`, `tiny_classifier`), as
   `dew train --config NAME` trains it.
+- `load_run(folder)` loads a trained run: its configuration, objective and model with the
+  checkpoint's parameters, tokenizer and class names (`LoadedRun`; also `dew.load_run`).
 - `override(config, point)` sets dotted paths (`"optim.learning_rate"`,
   `"model.kwargs.emb_features"`) through `to_dict` and `from_dict`; a path the config
   does not declare raises `UndeclaredPathError` naming the nearest declared paths.
@@ -58,6 +60,8 @@ from dew.config._evaluation import default_metrics as default_metrics
 from dew.config._evaluation import evaluate_run as evaluate_run
 from dew.config._evaluation import objective_shapes as objective_shapes
 from dew.config._fields import SCHEDULES as SCHEDULES
+from dew.config._load import LoadedRun as LoadedRun
+from dew.config._load import load_run as load_run
 from dew.config._overrides import declared_paths as declared_paths
 from dew.config._overrides import override as override
 from dew.config._sections import ModelConfig as ModelConfig
@@ -69,6 +73,7 @@ __all__ = [
     "BUILTIN_CONFIGS",
     "SCHEDULES",
     "DataConfig",
+    "LoadedRun",
     "ModelConfig",
     "ObjectiveConfig",
     "OptimConfig",
@@ -79,6 +84,7 @@ __all__ = [
     "declared_paths",
     "default_metrics",
     "evaluate_run",
+    "load_run",
     "objective_shapes",
     "override",
 ]

@@ -3,7 +3,6 @@ a run folder's latest checkpoint."""
 
 import itertools
 import os
-import pathlib
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -16,17 +15,15 @@ from dew._checks import check_integer
 from dew._domains import evaluation_key, run_key
 from dew._plugins import import_modules
 from dew._processes import is_process_zero
-from dew.checkpoints import Checkpointer
-from dew.checkpoints._location import is_remote
 from dew.config._config import RunConfig
-from dew.config._recipe import DATA_CACHE, build_objective, run_folder
+from dew.config._load import load_run
+from dew.config._recipe import DATA_CACHE, build_objective
 from dew.data import Batches, Dataset, InOrder, StepBatches
 from dew.data._indexed import Subset
 from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
 from dew.naming import Split
 from dew.objectives.base import SkipsMetrics
-from dew.steps import TrainState, generation_params
 
 __all__ = ["default_metrics", "evaluate_run", "objective_shapes", "split_batches"]
 
@@ -68,9 +65,10 @@ def evaluate_run(
     data: the validation split (default), or the training split (`split="train"`) in one
     pass (`split_batches`); `batches` scores only the split's first `batches` batches.
 
-    The run is rebuilt from its `run.json`; its objective scores the checkpoint's
-    params with `metrics` (default: the objective's `default_metrics()`) and the key
-    of the evaluation event at the checkpoint's step, as the Trainer would. A default
+    The run is loaded by `load_run` (its parameters alone: the EMA ones where its
+    objective declares an `ema_decay`); its objective scores them with `metrics`
+    (default: the objective's `default_metrics()`) and the key of the evaluation event at
+    the checkpoint's step, as the Trainer would. A default
     metric the objective leaves out for want of something (FID without pytorch-fid's
     weights) is named in one `UserWarning` line, `fid skipped: no weights at ...`, as
     `dew eval` prints it; the scores then lack it. A folder
@@ -81,43 +79,23 @@ def evaluate_run(
     split = _split(split)
     if batches is not None:
         batches = check_integer("evaluate_run: batches", batches, minimum=1)
-    folder = pathlib.Path(run_dir)
-    config = RunConfig.from_run_record(folder / "run.json")
-    import_modules(config.trainer.imports, named_by=f"trainer.imports of {folder / 'run.json'}")
-    seed = jax.random.key(config.trainer.seed)
-    objective = build_objective(config, None, seed)
-    key = run_key(seed)
-    template = TrainState.create(
-        objective,
-        config.optim.build(config.trainer.steps),
-        key=key,
-        ema=getattr(objective, "ema_decay", None) is not None,
-    )
-    checkpoints: Any = folder / "checkpoints"
-    if is_remote(config.trainer.checkpoint_dir) and config.trainer.name is not None:
-        checkpoints, _ = run_folder(config, config.trainer.name)  # the run's remote store
-    elif not checkpoints.is_dir():
-        raise FileNotFoundError(f"{folder} has no checkpoints folder to evaluate.")
-    try:
-        with Checkpointer(checkpoints) as saved:
-            state, _ = saved.restore(template, step)
-    except (OSError, ValueError, KeyError) as error:  # orbax's KeyError: a damaged checkpoint
-        which = "the latest checkpoint" if step is None else f"the step-{step} checkpoint"
-        raise ValueError(f"cannot restore {which} under {checkpoints}: {_detail(error)}") from error
+    loaded = load_run(run_dir, step=step)  # the params alone, the weights the run scores with
+    config = loaded.config
     data = config.data.build(  # a text run's token cache is read from the run folder
         batch_size=config.trainer.batch_size,
         seed=config.trainer.seed,
-        cache_dir=folder / DATA_CACHE,
+        cache_dir=loaded.folder / DATA_CACHE,
     )
     chosen = split_batches(data, split, batches=batches, source=config.data.name)
-    step = int(state.step)  # the checkpoint's own
+    objective = loaded.objective
     return evaluate(
         objective,
-        generation_params(objective, state),
+        loaded.params,
         chosen,  # evaluate reads this process's partition
         metrics=_default_metrics(objective) if metrics is None else metrics,
-        key=evaluation_key(key, step),  # the Trainer's event key at `step`
-        step=step,
+        # the Trainer's event key at the checkpoint's step
+        key=evaluation_key(run_key(jax.random.key(config.trainer.seed)), loaded.step),
+        step=loaded.step,
     )
 
 
@@ -184,12 +162,3 @@ def _default_metrics(objective: Any) -> tuple[Metric, ...]:
         for name, why in objective.skipped_metrics().items():
             warnings.warn(f"{name} skipped: {why}", UserWarning, stacklevel=3)
     return tuple(objective.default_metrics())
-
-
-def _detail(error: BaseException) -> str:
-    """What went wrong, on one line: an OSError's path and reason, a KeyError's key."""
-    if isinstance(error, OSError) and error.filename is not None and error.strerror:
-        return f"{os.fsdecode(error.filename)}: {error.strerror}"
-    if isinstance(error, KeyError) and error.args:
-        return str(error.args[0])
-    return str(error) or type(error).__name__

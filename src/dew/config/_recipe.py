@@ -10,6 +10,8 @@ Layout of a run named `name` with `trainer.checkpoint_dir = root`:
   with another configuration, its old record kept as `run.json.previous` (decision 0031).
   A run's identity is its configuration, not where its folder is: `trainer.checkpoint_dir`
   and `trainer.name` are no part of the comparison (`dew.config._identity`);
+- `root/name/data.json` (and `tokenizer.json` or `tokenizer.model`, a copy of the data's
+  tokenizer file): the data's class names, tokenizer and row shapes (`dew._data_record`);
 - `root/name/checkpoints/<step>/`: orbax checkpoints; a run started again resumes here,
   to its new `trainer.steps` when that is larger (the step budget is no part of a run's
   identity: a `step_budget` line in records.jsonl notes the change; decision 0020);
@@ -37,13 +39,14 @@ import dataclasses
 import functools
 import os
 import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
 
 from dew._checks import _as_called
+from dew._data_record import write_data_record
 from dew._domains import model_key, objective_key, run_key
 from dew._json import read_json
 from dew._lock import folder_lock
@@ -301,7 +304,7 @@ def train_run(
                 batch_size=settings.batch_size, seed=settings.seed, cache_dir=folder / DATA_CACHE
             )
         _check_vocabulary(config, built, data)
-        _check_first_batch(built, data)
+        first = _check_first_batch(built, data)
     writing = is_process_zero()  # the other processes of a multi-process run write nothing
     with contextlib.ExitStack() as held:
         budget = None
@@ -345,6 +348,7 @@ def train_run(
             if budget is not None:  # run.json keeps the first total; the journal, each change
                 reporting.log_artifact(STEP_BUDGET, budget, step=budget["from_step"])
             reporting.log_params({"config": config.to_dict()})
+            write_data_record(folder, data, first)  # what using the model needs of the data
         return fit(tracker=reporting)
 
 
@@ -375,11 +379,12 @@ def _claim(
     return budget
 
 
-def _check_first_batch(objective: Objective, data: Dataset) -> None:
+def _check_first_batch(objective: Objective, data: Dataset) -> Mapping[str, Any] | None:
     """The first training batch through the objective's host checks (`check_batch_keys`,
     then `check_batch`): data
     whose batches lack what the objective reads fails before anything is written (a
-    `ValueError` naming what is missing). A source with no batch is left to the fit."""
+    `ValueError` naming what is missing). A source with no batch is left to the fit.
+    Returns the batch (`None`: no batch)."""
     batches = iter(data.train(Partition.current()))
     try:
         batch = next(batches, None)
@@ -388,7 +393,7 @@ def _check_first_batch(objective: Objective, data: Dataset) -> None:
         if close is not None:
             close()
     if batch is None:
-        return
+        return None
     try:
         check_batch_keys(objective, batch, Split.TRAIN)  # one line naming what is missing
         objective.check_batch(_as_called(batch))  # the types the compiled step reads
@@ -397,6 +402,7 @@ def _check_first_batch(objective: Objective, data: Dataset) -> None:
         raise ValueError(
             f"the data's first training batch does not fit the {objective.name!r} objective: {text}"
         ) from error
+    return batch
 
 
 def run_record_path(path: str | os.PathLike[str]) -> pathlib.Path:
