@@ -57,6 +57,7 @@ def _private_token_cache() -> None:
 _private_token_cache()
 
 import jax  # noqa: E402 (after the environment it reads)
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
@@ -71,3 +72,35 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile("dew")
+
+
+def registrations() -> dict:
+    """Every registry's entries (and the entry-point plugins loaded), as a snapshot that
+    `restore_registrations` puts back."""
+    from dew import _plugins
+    from dew._registry import models, objectives, optimizers
+    from dew.config._data import datasets
+
+    state = {
+        registry: dict(registry._entries) for registry in (models, objectives, optimizers, datasets)
+    }
+    state[_plugins] = dict(_plugins._loaded)
+    return state
+
+
+def restore_registrations(state: dict) -> None:
+    from dew import _plugins
+
+    for owner, entries in state.items():
+        target = owner._loaded if owner is _plugins else owner._entries
+        target.clear()
+        target.update(entries)
+
+
+@pytest.fixture(autouse=True)
+def _registries_as_they_were():
+    """A test (or a docs example) that registers a name leaves no trace in the registries
+    that a later test in the same worker sees: its error messages list the registered names."""
+    state = registrations()
+    yield
+    restore_registrations(state)

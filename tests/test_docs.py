@@ -12,6 +12,7 @@ import pathlib
 import re
 
 import pytest
+from conftest import registrations, restore_registrations
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -40,6 +41,9 @@ def _params():
 
 
 _namespaces: dict[pathlib.Path, tuple[dict, int]] = {}
+# A page's registrations (a module it imports registers names once), put back before each of
+# its examples: the test-wide fixture takes them away after each test.
+_registered: dict[pathlib.Path, dict] = {}
 
 
 def _run(code: str, namespace: dict, name: str) -> str:
@@ -60,13 +64,18 @@ def test_example(page, index, tmp_path_factory, monkeypatch):
     workdir.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(workdir)
     namespace, done = _namespaces.get(page, ({"__name__": f"docs_{page.stem}"}, 0))
+    if page in _registered:
+        restore_registrations(_registered[page])
     for earlier in range(done, index):
         if not examples[earlier]["xfail"]:
             _run(examples[earlier]["code"], namespace, f"{page.name}::{earlier}")
     _namespaces[page] = (namespace, index)
     example = examples[index]
     scope = dict(namespace) if example["xfail"] else namespace
-    printed = _run(example["code"], scope, f"{page.name}::{index}")
+    try:
+        printed = _run(example["code"], scope, f"{page.name}::{index}")
+    finally:
+        _registered[page] = registrations()
     if not example["xfail"]:
         _namespaces[page] = (namespace, index + 1)
     if example["output"] is not None:
