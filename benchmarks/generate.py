@@ -41,8 +41,8 @@ calls of the same rounds; target >= 5x at 256), and generate / hand three ways: 
 medians, the median of the per-round ratios and the ratio of the best rounds (target <= 1.1x;
 on a loaded machine the best rounds are the ones least disturbed).
 
-Run: `python benchmarks/generate.py` (full: about 40 minutes on 2 cores at load 10, most of it
-the larger model's recomputation), `--quick` (smoke run: the tiny model, 64 tokens, 4 rounds),
+Run: `python benchmarks/generate.py` (full: about 30 minutes pinned to one core at load 9, most
+of it the larger model's recomputation), `--quick` (smoke run: the tiny model, 64 tokens, 4 rounds),
 `--only tiny_lm|larger`, `--rounds N`, `--slow-rounds N`. On a loaded machine, pin the process
 to one core (`taskset -c 1 python benchmarks/generate.py`): XLA then runs every side
 single-threaded and descheduled pool threads stop distorting the ratios.
