@@ -21,6 +21,8 @@ GROUND = (
     "_torch_pickle",
     "_weights",
     "_processes",
+    "_shape_drawing",
+    "_cache_dir",
 )  # below the core: import only one another
 SHELL = (
     "training",
