@@ -13,8 +13,9 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from dew._checks import check_integer
 from dew._domains import PREVIEW_DOMAIN, derive
+from dew._shape_drawing import SHAPE_KINDS
 from dew.artifacts import Clips, Images
-from dew.metrics import Metric, fid
+from dew.metrics import Metric, fid, shape_scores
 from dew.naming import Split
 from dew.nn.backbones.dit import DiT
 from dew.nn.inception import missing_weights
@@ -138,6 +139,12 @@ class DiffusionObjective(Objective):
     `evaluate` and `preview` generate with those EMA weights; without it, with the live
     params.
 
+    Scores: `default_metrics()` gives FID where its weights are installed, and with
+    `shape_scores=True` (a class-conditional model of dew's shapes: `shapes` images or
+    `moving_shapes` clips) `dew.metrics.shape_scores`: the share of samples a shapes
+    classifier finds the conditioned kind in, and their foreground statistics beside the
+    real rows'. The artifact `evaluate` returns carries the conditioning labels.
+
     ```python
     >>> import jax, jax.numpy as jnp
     >>> model = DiT(16, 4, 3, width=32, depth=1, heads=2, num_classes=3, key=jax.random.key(0))
@@ -156,6 +163,7 @@ class DiffusionObjective(Objective):
     sampling: Sampling = eqx.field(static=True, default=Sampling())
     label_dropout: float = eqx.field(static=True, default=0.1)
     ema_decay: float | None = eqx.field(static=True, default=None)
+    shape_scores: bool = eqx.field(static=True, default=False)
     name: str = eqx.field(static=True, default="diffusion")
 
     def __check_init__(self) -> None:
@@ -183,6 +191,18 @@ class DiffusionObjective(Objective):
         ):
             raise ValueError(
                 f"DiffusionObjective.ema_decay must be None or a number in [0, 1), got {decay!r}."
+            )
+        if not isinstance(self.shape_scores, bool):
+            raise ValueError(
+                f"DiffusionObjective.shape_scores must be True or False, got {self.shape_scores!r}."
+            )
+        model = self.model
+        if self.shape_scores and (model.num_classes != len(SHAPE_KINDS) or model.channels != 3):
+            raise ValueError(
+                "DiffusionObjective.shape_scores scores samples of the shape kinds "
+                f"({', '.join(SHAPE_KINDS)}): it needs a class-conditional RGB DiT with "
+                f"num_classes={len(SHAPE_KINDS)} and channels=3, got num_classes="
+                f"{model.num_classes} and channels={model.channels}."
             )
 
     @property
@@ -292,16 +312,17 @@ class DiffusionObjective(Objective):
         x = sample_flow(velocity, noise, solver=self.sampling.solver, steps=self.sampling.steps)
         return jnp.clip((x + 1.0) / 2.0, 0.0, 1.0)
 
-    def _artifact(self, generated: Array, reference: Array) -> Images | Clips:
+    def _artifact(self, generated: Array, reference: Array, labels: Array | None) -> Images | Clips:
         if self.field == "images":
-            return Images(generated, reference)
-        return Clips(generated, reference)
+            return Images(generated, reference, labels=labels)
+        return Clips(generated, reference, labels=labels)
 
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> Images | Clips:
-        """One generated example per batch row, conditioned on its label; the rows as
-        references."""
+        """One generated example per batch row, conditioned on its label (the artifact's
+        `labels`); the rows as references."""
         data, labels = self._checked(batch)
-        return self._artifact(self.sample(params, labels, key, rows=data.shape[0]), data)
+        generated = self.sample(params, labels, key, rows=data.shape[0])
+        return self._artifact(generated, data, labels)
 
     def sampling_record(
         self, real_rows: int, *, event_key: str | None, batch: Batch | None = None
@@ -330,18 +351,24 @@ class DiffusionObjective(Objective):
         return batch["labels"]
 
     def default_metrics(self) -> tuple[Metric, ...]:
-        """`(fid(),)` for an image model when pytorch-fid's weights are at
+        """`fid()` for an image model when pytorch-fid's weights are at
         `dew.nn.inception.default_weights_path()` (loaded here, once per call: ask once and
-        keep the metrics); otherwise none, the reason in `skipped_metrics()`.
+        keep the metrics; otherwise the reason is in `skipped_metrics()`), and with
+        `shape_scores` the seven `dew.metrics.shape_scores` of the samples (their kind by the
+        shapes classifier, trained once and cached, and their foreground statistics beside
+        the real rows'), per frame for clips.
 
-        Clips get none: FID is defined for images, and no built-in metric scores a
-        population of clips (FVD is not built in). Paired metrics (PSNR, SSIM) mean
-        nothing for unpaired generation, and no CLIP score: the built-in datasets
-        (`shapes`, `moving_shapes`) hold class labels, not prompts.
+        Clips get no FID: it is defined for images (FVD is not built in). Paired metrics
+        (PSNR, SSIM) mean nothing for unpaired generation, and no CLIP score: the built-in
+        datasets (`shapes`, `moving_shapes`) hold class labels, not prompts.
         """
-        if self.field != "images" or self.skipped_metrics():
-            return ()
-        return (fid(),)
+        metrics: tuple[Metric, ...] = ()
+        if self.field == "images" and not self.skipped_metrics():
+            metrics = (fid(),)
+        if self.shape_scores:
+            clips = self.field == "clips"
+            metrics += shape_scores(image_size=self.model.image_size, clips=clips)
+        return metrics
 
     def skipped_metrics(self) -> dict[str, str]:
         """`{"fid": "no weights at <path> (...)"}` for an image model without FID weights
@@ -359,7 +386,7 @@ class DiffusionObjective(Objective):
         # Compiled once per objective structure: the Trainer previews outside any jit, where
         # the sampler's loop would otherwise be traced and compiled again at every event.
         generated = _compiled_sample(self, params, labels, preview_key, rows=rows)
-        return self._artifact(generated, data[:rows])
+        return self._artifact(generated, data[:rows], labels)
 
 
 _compiled_sample = eqx.filter_jit(DiffusionObjective.sample)
