@@ -266,7 +266,7 @@ def _check_conditioning_labels(kind: str, labels: Any, generated: Any) -> None:
     ):
         raise ValueError(
             f"{kind}.labels must hold one integer class label per generated row, got "
-            f"{_describe(generated=generated, labels=labels)} of {jnp.result_type(labels)}."
+            f"{_describe(generated=generated, labels=labels)} ({jnp.result_type(labels)})."
         )
 
 

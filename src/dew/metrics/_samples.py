@@ -164,7 +164,7 @@ class ClassAccuracy(_SampleMean):
             axes=("row",),
         )
         labels = jnp.repeat(jnp.asarray(labels, jnp.int32), frames)
-        return MeanState.of(jnp.argmax(logits, axis=-1) == labels)
+        return MeanState.of((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32))
 
     def feature_definition(self) -> dict[str, Any]:
         """What the score reads samples through (`dew.metrics.DescribesFeatures`): the
