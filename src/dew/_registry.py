@@ -291,10 +291,11 @@ def _diffusion(
     label_dropout: float = 0.1,
     ema_decay: float | None = None,
     shape_scores: bool = False,
+    prediction: str = "velocity",
 ) -> Any:
     """`DiffusionObjective(model, sampling=..., label_dropout=..., ema_decay=...,
-    shape_scores=...)`; `sampling` may be the mapping of a `Sampling`'s fields (as a JSON
-    configuration writes it)."""
+    shape_scores=..., prediction=...)`; `sampling` may be the mapping of a `Sampling`'s
+    fields (as a JSON configuration writes it)."""
     if isinstance(sampling, Mapping):
         sampling = Sampling(**sampling)
     return DiffusionObjective(
@@ -303,6 +304,7 @@ def _diffusion(
         label_dropout=label_dropout,
         ema_decay=ema_decay,
         shape_scores=shape_scores,
+        prediction=prediction,
     )
 
 
