@@ -218,7 +218,8 @@ def _read(path: pathlib.Path, template: ShapeClassifier, digest: str) -> ShapeCl
     """The classifier at `path`, or `None` where there is none whole of this recipe."""
     leaves, treedef = jax.tree.flatten(template)
     try:
-        with np.load(path, allow_pickle=False) as saved:
+        # np.load leaves the file open when it fails on a damaged archive: ours closes it.
+        with open(path, "rb") as file, np.load(file, allow_pickle=False) as saved:
             if str(saved["recipe_sha256"]) != digest:
                 return None
             arrays = [saved[f"leaf_{index}"] for index in range(len(leaves))]
