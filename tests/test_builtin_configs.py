@@ -17,6 +17,7 @@ from PIL import Image, ImageSequence
 from dew.cli import main
 from dew.config import BUILTIN_CONFIGS, RunConfig, TrainerConfig, builtin, override
 from dew.config._builtin import tiny_diffusion, tiny_jepa, tiny_lm, tiny_video_diffusion
+from dew.naming import parse_metric_tag
 from dew.tracking import InMemoryTracker, read_journal
 
 STEPS = 2
@@ -143,7 +144,7 @@ def test_dew_eval_rescores_the_last_checkpoint(trained, missing_fid_weights):
         if tag.startswith("diffusion/validation/"):
             ((step, value),) = series
             assert step == STEPS
-            scores.append(f"{tag.rsplit('/', 1)[-1]} {value:.4f}")
+            scores.append(f"{parse_metric_tag(tag).metric} {value:.4f}")
     assert scores[0].startswith("class_accuracy ") and len(scores) == 7
     assert lines[0] == f"step {STEPS}  " + "  ".join(scores)
     # 64 of the 1024 rows are held out: the batches and rows the pass read.

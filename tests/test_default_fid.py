@@ -19,8 +19,7 @@ import pytest
 from _weights import random_inception_weights
 
 from dew.cli import main
-from dew.config import builtin, evaluate_run, objective_shapes
-from dew.config._overrides import override
+from dew.config import builtin, evaluate_run, objective_shapes, override
 from dew.io import sha256_of
 from dew.metrics import FID
 from dew.nn import inception
