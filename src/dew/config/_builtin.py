@@ -89,7 +89,9 @@ def tiny_diffusion() -> RunConfig:
 
     ```
     """
-    return _diffusion_run("tiny-diffusion", "shapes", frames=None, batch_size=32, steps=4500)
+    return _diffusion_run(
+        "tiny-diffusion", "shapes", frames=None, batch_size=32, steps=4500, every=1500
+    )
 
 
 def tiny_video_diffusion() -> RunConfig:
@@ -109,12 +111,12 @@ def tiny_video_diffusion() -> RunConfig:
     ```
     """
     return _diffusion_run(
-        "tiny-video-diffusion", "moving_shapes", frames=4, batch_size=16, steps=2000
+        "tiny-video-diffusion", "moving_shapes", frames=4, batch_size=16, steps=2000, every=500
     )
 
 
 def _diffusion_run(
-    name: str, dataset: str, *, frames: int | None, batch_size: int, steps: int
+    name: str, dataset: str, *, frames: int | None, batch_size: int, steps: int, every: int
 ) -> RunConfig:
     model = {
         "image_size": 16,
@@ -129,7 +131,6 @@ def _diffusion_run(
     }
     if frames is not None:
         model["frames"] = frames
-    every = steps // 3
     return RunConfig(
         model=ModelConfig("dit", model),
         # 1024 rows, 64 held out: the preview reads the first validation batch.
