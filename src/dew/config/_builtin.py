@@ -82,9 +82,10 @@ def tiny_diffusion() -> RunConfig:
     on. FID over 64 rows is not FID-50k: it compares checkpoints of this run, nothing else.
 
     Measured without FID weights, with `dew train --config tiny_diffusion` on 2 CPU cores
-    shared with other work (decision 0042): 94 s of CPU where the 1500-step configuration it
-    replaced took 56 s under the same load (that one measured 32 s of CPU and 46-47 s of wall
-    time on quieter cores), plus 14 s the first time, to train the shapes classifier. The loss
+    shared with other work (load average 8.7; decision 0042): 94 s of CPU and 207 s of wall
+    time where the 1500-step configuration it replaced took 56 s and 127 s back to back (that
+    one measured 32 s of CPU and 46-47 s of wall time on quieter cores: at the same ratio, some
+    55 s and 75 s), plus 14 s of CPU the first time, to train the shapes classifier. The loss
     falls from about 0.9 (a fresh DiT predicts zeros) to 0.18 at step 100 and 0.061 at step
     4500; `class_accuracy` is 0.67, 0.86 and 0.95 at steps 1500, 3000 and 4500 (chance is
     1/3; the configuration it replaced scored 0.31), one piece an image (1.23 on average; 3.86
