@@ -182,8 +182,11 @@ def test_data_prediction_loss_is_the_mean_squared_error_of_the_clean_example():
     loss, _ = objective.loss(objective.init_params(), batch, jax.random.key(4))
     x1 = 2.0 * batch["images"].astype(np.float64) - 1.0
     assert float(loss) == pytest.approx(np.mean(x1**2), rel=1e-6)
+    # The velocity loss of the same zeros is that of x1 - x0, the noise drawn from the key.
+    x0 = np.asarray(jax.random.normal(jax.random.split(jax.random.key(4), 3)[0], x1.shape))
     velocity = DiffusionObjective(dit())
-    assert float(velocity.loss(velocity.init_params(), batch, jax.random.key(4))[0]) > 1.5
+    velocity_loss = velocity.loss(velocity.init_params(), batch, jax.random.key(4))[0]
+    assert float(velocity_loss) == pytest.approx(np.mean((x1 - x0) ** 2), rel=1e-5)
 
 
 def constant_predictor(value: float, prediction: str) -> DiffusionObjective:
