@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dew._shape_drawing import SHAPE_KINDS
+from dew.data import Partition
 from dew.metrics import _shape_classifier as module
 from dew.metrics import shape_classifier
 from dew.metrics._shape_classifier import drawn_shapes, held_out_accuracy
@@ -31,9 +32,11 @@ def test_the_classifier_names_the_kind_of_real_shapes_it_never_saw():
     assert classifier.held_out_accuracy >= 0.95
     # ... and it names the kind of the rows a `shapes` run validates on, and of every frame
     # of `moving_shapes` clips (another pool, shapes that move across the frames).
-    batch = next(shapes(rows=1024, val_fraction=0.0625, batch_size=64, seed=0).val(None))
+    batch = next(shapes(rows=1024, val_fraction=0.0625, batch_size=64, seed=0).val(Partition()))
     assert _accuracy(classifier, batch["images"], batch["labels"]) >= 0.95
-    clips = next(moving_shapes(rows=1024, val_fraction=0.0625, batch_size=64, seed=0).val(None))
+    clips = next(
+        moving_shapes(rows=1024, val_fraction=0.0625, batch_size=64, seed=0).val(Partition())
+    )
     frames = clips["clips"].reshape(-1, 16, 16, 3)
     assert _accuracy(classifier, frames, np.repeat(clips["labels"], 4)) >= 0.95
     assert held_out_accuracy(classifier, frames=4) >= 0.95

@@ -106,8 +106,10 @@ class ShapeClassifier(eqx.Module):
         head = eqx.nn.Linear(2 * widths[-1], len(SHAPE_KINDS), key=keys[-1])
         return cls(convs, head, image_size)
 
-    def __call__(self, images: Float[Array, "rows height width 3"]) -> Float[Array, "rows kinds"]:
-        """The kinds' logits of each image."""
+    def __call__(
+        self, images: Float[Array | np.ndarray, "rows height width 3"]
+    ) -> Float[Array, "rows kinds"]:
+        """The kinds' logits of each image (a JAX or NumPy array)."""
         return jax.vmap(self._logits)(jnp.asarray(images, jnp.float32))
 
     def _logits(self, image: Float[Array, "height width 3"]) -> Float[Array, " kinds"]:
