@@ -122,15 +122,17 @@ def test_an_unwritable_cache_folder_is_one_error_naming_it(cheap_recipe, tmp_pat
     try:
         with pytest.raises(OSError, match=f"cannot write its weights under '{folder}'"):
             shape_classifier(cache_dir=folder)
+        assert cheap_recipe == []
     finally:
         folder.chmod(0o700)
 
 
-def test_a_cache_folder_under_a_file_is_one_error_naming_it(cheap_recipe, tmp_path):
+def test_a_cache_folder_under_a_file_is_one_error_naming_it_before_training(cheap_recipe, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(OSError, match=f"cannot write its weights under '{blocker / 'cache'}'"):
         shape_classifier(cache_dir=blocker / "cache")
+    assert cheap_recipe == []  # refused before the training, not after it
 
 
 def test_an_image_size_below_the_shapes_datasets_is_refused():

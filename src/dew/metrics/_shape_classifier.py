@@ -200,8 +200,8 @@ def shape_classifier(
     - `cache_dir`: where the weights are kept; default `$DEW_CACHE_DIR`, else
       `$XDG_CACHE_HOME/dew/metrics`, else `~/.cache/dew/metrics`.
 
-    **Raises:** `ValueError` for an `image_size` below 12; `OSError` naming the folder when
-    the weights cannot be written there (they are trained all the same on the next call).
+    **Raises:** `ValueError` for an `image_size` below 12; `OSError` naming the folder, before
+    any training, when the weights are to be trained and it cannot be written.
     """
     check_integer("shape_classifier: image_size", image_size, minimum=MIN_IMAGE_SIZE)
     folder = default_cache_dir("metrics") if cache_dir is None else pathlib.Path(cache_dir)
@@ -211,9 +211,26 @@ def shape_classifier(
     cached = _read(path, template, digest)
     if cached is not None:
         return cached
+    _writable(folder)  # before the training, not after it
     trained = train_shape_classifier(image_size, RECIPE)
     _write(path, trained)
     return trained
+
+
+def _unwritable(folder: pathlib.Path, why: object) -> OSError:
+    return OSError(
+        f"shape_classifier: cannot write its weights under {os.fspath(folder)!r} ({why}); "
+        "set $DEW_CACHE_DIR (or pass cache_dir=) to a writable folder."
+    )
+
+
+def _writable(folder: pathlib.Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _unwritable(folder, error.strerror or error) from None
+    if not os.access(folder, os.W_OK):
+        raise _unwritable(folder, "Permission denied")
 
 
 def _read(path: pathlib.Path, template: ShapeClassifier, digest: str) -> ShapeClassifier | None:
@@ -236,15 +253,11 @@ def _read(path: pathlib.Path, template: ShapeClassifier, digest: str) -> ShapeCl
 
 def _write(path: pathlib.Path, classifier: ShapeClassifier) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         descriptor, scratch = tempfile.mkstemp(
             dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
         )
     except OSError as error:
-        raise OSError(
-            f"shape_classifier: cannot write its weights under {os.fspath(path.parent)!r} "
-            f"({error.strerror or error}); pass cache_dir= naming a writable folder."
-        ) from None
+        raise _unwritable(path.parent, error.strerror or error) from None
     try:
         with os.fdopen(descriptor, "wb") as file:
             np.savez(
