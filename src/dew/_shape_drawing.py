@@ -7,11 +7,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["SHAPE_KINDS", "ShapePool", "draw_shapes", "sample_shapes"]
+__all__ = ["MIN_IMAGE_SIZE", "SHAPE_KINDS", "ShapePool", "draw_shapes", "sample_shapes"]
 
 SHAPE_KINDS = ("square", "disc", "bar")
 """The shape kinds, indexed by their label: square 0, disc 1, bar 2."""
 _SQUARE, _DISC = SHAPE_KINDS.index("square"), SHAPE_KINDS.index("disc")
+MIN_IMAGE_SIZE = 12
+"""The smallest image the shapes are drawn in."""
 
 
 class ShapePool(NamedTuple):

@@ -7,19 +7,18 @@ from typing import Any
 import numpy as np
 
 from dew._datasets import _check_rows, _fraction, _integer, _rows_dataset
-from dew._shape_drawing import SHAPE_KINDS, draw_shapes, sample_shapes
+from dew._shape_drawing import MIN_IMAGE_SIZE, SHAPE_KINDS, draw_shapes, sample_shapes
 from dew.data import Dataset
 
 __all__ = ["SHAPE_KINDS", "moving_shapes", "shapes"]
 
-_MIN_IMAGE_SIZE = 12
 _SHAPES_SEED = 0
 _MOVING_SHAPES_SEED = 1
 _POOL_ROW_BYTES = 256  # what `sample_shapes` takes for each row while it draws the pool
 
 
 def _image_size(builder: str, value: Any) -> int:
-    return _integer(builder, "image_size", value, _MIN_IMAGE_SIZE)
+    return _integer(builder, "image_size", value, MIN_IMAGE_SIZE)
 
 
 def shapes(

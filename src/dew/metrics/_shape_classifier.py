@@ -31,11 +31,10 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from dew._cache_dir import default_cache_dir
 from dew._checks import check_integer
-from dew._shape_drawing import SHAPE_KINDS, draw_shapes, sample_shapes
+from dew._shape_drawing import MIN_IMAGE_SIZE, SHAPE_KINDS, draw_shapes, sample_shapes
 
 __all__ = ["RECIPE", "ShapeClassifier", "ShapeClassifierRecipe", "shape_classifier"]
 
-MIN_IMAGE_SIZE = 12  # the shapes datasets' smallest image
 _FORMAT = "dew shape classifier 1"
 
 
