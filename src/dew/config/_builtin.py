@@ -82,10 +82,9 @@ def tiny_diffusion() -> RunConfig:
     on. FID over 64 rows is not FID-50k: it compares checkpoints of this run, nothing else.
 
     Measured without FID weights, with `dew train --config tiny_diffusion` on 2 CPU cores
-    shared with other work (load average 8.7; decision 0042): 94 s of CPU and 207 s of wall
-    time where the 1500-step configuration it replaced took 56 s and 127 s back to back (that
-    one measured 32 s of CPU and 46-47 s of wall time on quieter cores: at the same ratio, some
-    55 s and 75 s), plus 14 s of CPU the first time, to train the shapes classifier. The loss
+    (decision 0042): 68 s of wall time (88 s of CPU) on otherwise idle cores, where the
+    1500-step configuration it replaced took 41 s (59 s) back to back; the first run on a
+    machine takes 11 s more, to train the shapes classifier it then keeps. The loss
     falls from about 0.9 (a fresh DiT predicts zeros) to 0.18 at step 100 and 0.061 at step
     4500; `class_accuracy` is 0.67, 0.86 and 0.95 at steps 1500, 3000 and 4500 (chance is
     1/3; the configuration it replaced scored 0.31), one piece an image (1.23 on average; 3.86
@@ -110,11 +109,11 @@ def tiny_video_diffusion() -> RunConfig:
     moving at a constant velocity) for 2000 steps of 16 clips, as the run
     `tiny-video-diffusion` under `runs/`; every 500 steps it checkpoints and previews 4-frame
     animated GIFs. Its validation metrics are the shape scores of every frame (no FID: it is
-    defined for images). Measured with `dew train --config tiny_video_diffusion` on 2 CPU cores
-    shared with other work: 75 s of CPU, where the 1000-step configuration it replaced (4x4
-    patches, velocity prediction) took 78 s under the same load; the loss falling from about
-    0.9 to 0.18 at step 100 and 0.065 at step 2000, `class_accuracy` 0.74 at step 2000 (0.44
-    before), 1.37 pieces a frame (4.15 before).
+    defined for images). Measured with `dew train --config tiny_video_diffusion` on 2 otherwise
+    idle CPU cores: 70 s of wall time (101 s of CPU), where the 1000-step configuration it
+    replaced (4x4 patches, velocity prediction) took 48 s (77 s) back to back; the loss
+    falling from about 0.9 to 0.18 at step 100 and 0.065 at step 2000, `class_accuracy` 0.74
+    at step 2000 (0.44 before), 1.37 pieces a frame (4.15 before).
 
     ```python
     >>> config = tiny_video_diffusion()
