@@ -21,6 +21,7 @@ GROUND = (
     "_torch_pickle",
     "_weights",
     "_processes",
+    "_host",
     "_shape_drawing",
     "_cache_dir",
 )  # below the core: import only one another

@@ -1,5 +1,6 @@
 """Artifacts: construction, rows, concatenation, shape errors, and use as pytrees under jit."""
 
+import dataclasses
 import re
 
 import equinox as eqx
@@ -42,11 +43,11 @@ def _token_scores(rows: int = 4) -> TokenScores:
 
 def _images(rows: int = 4) -> Images:
     prompts = tuple(f"prompt {i}" for i in range(rows))
-    return Images(_floats(rows, 5, 5, 3), _floats(rows, 5, 5, 3), prompts, _ints(rows))
+    return Images(_floats(rows, 5, 5, 3), _floats(rows, 5, 5, 3), prompts, labels=_ints(rows))
 
 
 def _clips(rows: int = 4) -> Clips:
-    return Clips(_floats(rows, 2, 5, 5, 1), _floats(rows, 2, 5, 5, 1), _ints(rows))
+    return Clips(_floats(rows, 2, 5, 5, 1), _floats(rows, 2, 5, 5, 1), labels=_ints(rows))
 
 
 def _representations(rows: int = 4) -> Representations:
@@ -202,17 +203,14 @@ def test_concatenate_rows_joins_the_prompts_of_images():
     assert joined.prompts == (*first.prompts, *second.prompts)
 
 
-def test_concatenate_rows_joins_the_conditioning_labels_of_images_and_clips():
+def test_concatenate_rows_joins_the_labels_of_images_and_clips_and_refuses_a_mix():
     for build in (_images, _clips):
-        whole = build(4)
-        joined = concatenate_rows([whole.rows(0, 1), whole.rows(1, 4)])
-        np.testing.assert_array_equal(joined.labels, whole.labels)
-
-
-def test_concatenate_rows_refuses_images_with_and_without_labels():
-    labelled = Images(_floats(1, 4, 4, 1), labels=_ints(1))
-    with pytest.raises(ValueError, match="the same optional fields in every Images"):
-        concatenate_rows([labelled, Images(_floats(1, 4, 4, 1))])
+        first, second = build(4).rows(0, 3), build(4).rows(3, 4)
+        joined = concatenate_rows([first, second])
+        np.testing.assert_array_equal(joined.labels, np.concatenate([first.labels, second.labels]))
+        bare = dataclasses.replace(second, labels=None)
+        with pytest.raises(ValueError, match="the same optional fields in every"):
+            concatenate_rows([first, bare])
 
 
 def test_concatenated_images_keep_one_prompt_per_row():
@@ -274,23 +272,22 @@ BAD_ARTIFACTS = {
         "Clips.reference must have 5 axes (rows, frames, height, width, channels), "
         "got shape (2, 3, 4, 4).",
     ),
+    "images labels rank": (
+        lambda: Images(_floats(2, 4, 4, 1), labels=_ints(2, 1)),
+        "labels",
+        "Images.labels must have 1 axes (rows), got shape (2, 1).",
+    ),
     "images labels rows": (
         lambda: Images(_floats(2, 4, 4, 1), labels=_ints(3)),
         "labels",
-        "Images.labels must hold one integer class label per generated row, got "
-        "generated (2, 4, 4, 1), labels (3,) (int32).",
+        "Images.labels must hold one integer class label per generated row (2), got shape "
+        "(3,) and dtype int32.",
     ),
-    "images labels dtype": (
-        lambda: Images(_floats(2, 4, 4, 1), labels=_floats(2)),
+    "clips labels dtype": (
+        lambda: Clips(_floats(2, 1, 4, 4, 1), labels=_floats(2)),
         "labels",
-        "Images.labels must hold one integer class label per generated row, got "
-        "generated (2, 4, 4, 1), labels (2,) (float32).",
-    ),
-    "clips labels rank": (
-        lambda: Clips(_floats(2, 3, 4, 4, 1), labels=_ints(2, 1)),
-        "labels",
-        "Clips.labels must hold one integer class label per generated row, got "
-        "generated (2, 3, 4, 4, 1), labels (2, 1) (int32).",
+        "Clips.labels must hold one integer class label per generated row (2), got shape "
+        "(2,) and dtype float32.",
     ),
     "representations features rank": (
         lambda: Representations(_floats(2, 3, 1)),
@@ -433,7 +430,7 @@ def test_token_scores_reduce_inside_jit():
 
 
 def test_images_prompts_are_static_metadata_under_jit():
-    images = _images(2)
+    images = dataclasses.replace(_images(2), labels=None)
     traces = []
 
     @jax.jit
@@ -442,7 +439,7 @@ def test_images_prompts_are_static_metadata_under_jit():
         return jnp.sum(value.generated)
 
     total(images)
-    total(Images(_floats(2, 5, 5, 3), _floats(2, 5, 5, 3), images.prompts, _ints(2)))
+    total(Images(_floats(2, 5, 5, 3), _floats(2, 5, 5, 3), images.prompts))
     assert traces == [images.prompts]
-    total(Images(images.generated, images.reference, ("other", "prompts"), images.labels))
+    total(Images(images.generated, images.reference, ("other", "prompts")))
     assert traces == [images.prompts, ("other", "prompts")]

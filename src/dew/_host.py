@@ -1,10 +1,11 @@
-"""Artifacts on the host, in one process or several: `host` fetches a local artifact's
-arrays, `collective_host` gathers a global one on every process."""
+"""Pytrees on the host, in one process or several: `host` fetches a process's own arrays,
+`collective_host` gathers global ones on every process at the same point (how process zero
+gets a preview or a host metric's artifact under `jax.distributed`). `dew.artifacts`
+re-exports both; they take any pytree of arrays, artifacts first among them."""
 
 import hashlib
 from typing import Any, TypeVar
 
-import equinox as eqx
 import jax
 import numpy as np
 
@@ -12,10 +13,10 @@ from dew._processes import agree_process_phase
 
 __all__ = ["collective_host", "host"]
 
-_A = TypeVar("_A", bound=eqx.Module)
+_T = TypeVar("_T")
 
 
-def host(artifact: _A) -> _A:
+def host(artifact: _T) -> _T:
     """`artifact` with every array leaf fetched to the host as a NumPy array.
 
     The plain, local transfer: it needs every array on this process's devices, which is
@@ -88,7 +89,7 @@ def _received(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def collective_host(artifact: _A) -> _A:
+def collective_host(artifact: _T) -> _T:
     """`artifact` on the host of every process, its global arrays gathered: the
     collective counterpart of `host`, called on every process at the same point.
 

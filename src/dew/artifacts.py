@@ -28,9 +28,8 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Shaped
 
 from dew._checks import check_ids
+from dew._host import collective_host, host
 from dew._processes import PhaseFailedError, agree_process_phase
-from dew.artifacts._host import collective_host as collective_host
-from dew.artifacts._host import host as host
 
 __all__ = [
     "Artifact",
@@ -96,23 +95,18 @@ def concatenate_rows(artifacts: Sequence[_A]) -> _A:
     if len(kinds) != 1:
         names = sorted(kind.__name__ for kind in kinds)
         raise TypeError(f"concatenate_rows needs artifacts of one type, got {names}.")
-    prompts = None
-    if isinstance(artifacts[0], Images):
-        # Prompts are static per-row metadata: join them as the arrays are joined.
-        with_prompts = {artifact.prompts is not None for artifact in artifacts}
-        if len(with_prompts) != 1:
-            raise ValueError("concatenate_rows needs all Images or none of them to carry prompts.")
-        if with_prompts == {True}:
-            prompts = tuple(prompt for artifact in artifacts for prompt in artifact.prompts)
-        artifacts = [dataclasses.replace(artifact, prompts=None) for artifact in artifacts]
     present = [tuple(field for field in _optional_fields(artifact)) for artifact in artifacts]
     if len(set(present)) != 1:
         raise ValueError(
             "concatenate_rows needs the same optional fields in every "
             f"{type(artifacts[0]).__name__}, got {sorted(set(present))}."
         )
-    joined = _concatenate_arrays(artifacts)
-    return joined if prompts is None else dataclasses.replace(joined, prompts=prompts)
+    if isinstance(artifacts[0], Images) and artifacts[0].prompts is not None:
+        # Prompts are static per-row metadata: join them as the arrays are joined.
+        prompts = tuple(prompt for artifact in artifacts for prompt in artifact.prompts)
+        arrays = [dataclasses.replace(artifact, prompts=None) for artifact in artifacts]
+        return dataclasses.replace(_concatenate_arrays(arrays), prompts=prompts)
+    return _concatenate_arrays(artifacts)
 
 
 def _concatenate_arrays(artifacts: Sequence[_A]) -> _A:
@@ -193,14 +187,26 @@ class RegressionScores(Artifact):
             )
 
 
+def _check_labels(kind: str, labels: Any, rows: int) -> None:
+    """`labels`, where given, must hold one integer class label per generated row."""
+    if labels is None:
+        return
+    _require_rank(kind, "labels", labels, 1, "rows")
+    if _shape(labels)[0] != rows or not jnp.issubdtype(jnp.result_type(labels), jnp.integer):
+        raise ValueError(
+            f"{kind}.labels must hold one integer class label per generated row ({rows}), got "
+            f"shape {_shape(labels)} and dtype {jnp.result_type(labels)}."
+        )
+
+
 class Images(Artifact):
-    """Generated images, with optional references and prompts, channels last.
+    """Generated images, with optional references, prompts and class labels, channels last.
 
     - `generated`: `(rows, height, width, channels)`, values in `[0, data_range]`.
     - `reference`: optional real images; paired metrics need one per generated row.
     - `prompts`: optional conditioning prompts, one per generated row (static).
     - `labels`: optional integer class labels `(rows,)`, the class each generated row was
-      conditioned on (what `dew.metrics.class_accuracy` checks a classifier finds).
+      conditioned on (a preview names them by the data's class names).
     """
 
     generated: Float[Array, "rows height width channels"]
@@ -222,22 +228,20 @@ class Images(Artifact):
                 "Images.prompts must hold one prompt per generated row, got "
                 f"{len(self.prompts)} prompt(s) for {_shape(self.generated)[0]} rows."
             )
-        _check_conditioning_labels("Images", self.labels, self.generated)
+        _check_labels("Images", self.labels, _shape(self.generated)[0])
 
     def rows(self, start: int, stop: int) -> Images:
         prompts = None if self.prompts is None else self.prompts[start:stop]
-        reference = None if self.reference is None else self.reference[start:stop]
-        labels = None if self.labels is None else self.labels[start:stop]
-        return Images(self.generated[start:stop], reference, prompts, labels)
+        return dataclasses.replace(super().rows(start, stop), prompts=prompts)
 
 
 class Clips(Artifact):
-    """Generated videos, with optional reference videos, channels last.
+    """Generated videos, with optional reference videos and class labels, channels last.
 
     - `generated`: `(rows, frames, height, width, channels)`.
     - `reference`: optional real videos of the same frames, height, width and channels.
-    - `labels`: optional integer class labels `(rows,)`, the class each generated clip was
-      conditioned on.
+    - `labels`: optional integer class labels `(rows,)`, the class each generated row was
+      conditioned on (a preview names them by the data's class names).
     """
 
     generated: Float[Array, "rows frames height width channels"]
@@ -255,19 +259,7 @@ class Clips(Artifact):
                     "channels, got "
                     f"{_describe(generated=self.generated, reference=self.reference)}."
                 )
-        _check_conditioning_labels("Clips", self.labels, self.generated)
-
-
-def _check_conditioning_labels(kind: str, labels: Any, generated: Any) -> None:
-    if labels is not None and (
-        np.ndim(labels) != 1
-        or _shape(labels)[0] != _shape(generated)[0]
-        or not jnp.issubdtype(jnp.result_type(labels), jnp.integer)
-    ):
-        raise ValueError(
-            f"{kind}.labels must hold one integer class label per generated row, got "
-            f"{_describe(generated=generated, labels=labels)} ({jnp.result_type(labels)})."
-        )
+        _check_labels("Clips", self.labels, _shape(self.generated)[0])
 
 
 class Representations(Artifact):
