@@ -2,6 +2,7 @@
 background, as still images (`shapes`) or as clips of one shape moving at a constant
 velocity (`moving_shapes`). Nothing downloads."""
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,8 @@ def shapes(
 ) -> Dataset:
     """Synthetic images of one coloured shape on a black background: batches of
     `"images"`, float32 `(rows, image_size, image_size, 3)` in `[0, 1]`, and `"labels"`,
-    int32 `(rows,)`, the shape's kind in `SHAPE_KINDS`: square 0, disc 1, bar 2.
+    int32 `(rows,)`, the shape's kind in `SHAPE_KINDS`: square 0, disc 1, bar 2 (the
+    dataset's `classes`, which name the labels in previews and predictions).
 
     Background pixels are exactly 0; the shape is one colour, each channel drawn from
     `[0.3, 1]`, so `image.max(-1) > 0` is its mask. Kinds are drawn uniformly. Squares
@@ -73,7 +75,7 @@ def shapes(
     def gather(indices: np.ndarray) -> dict[str, np.ndarray]:
         return {"images": draw_shapes(pool, indices, size, 1)[:, 0], "labels": pool.labels[indices]}
 
-    return _rows_dataset(
+    data = _rows_dataset(
         "shapes",
         rows,
         gather,
@@ -82,6 +84,7 @@ def shapes(
         seed=seed,
         shape=(rows, size, _SHAPES_SEED),
     )
+    return dataclasses.replace(data, classes=SHAPE_KINDS)
 
 
 def moving_shapes(
@@ -96,7 +99,7 @@ def moving_shapes(
     """Synthetic clips of one coloured shape moving at a constant velocity on a black
     background: batches of `"clips"`, float32 `(rows, frames, image_size, image_size, 3)`
     in `[0, 1]`, and `"labels"`, int32 `(rows,)`, the shape's kind in `SHAPE_KINDS`
-    (square 0, disc 1, bar 2).
+    (square 0, disc 1, bar 2; the dataset's `classes`).
 
     The shapes are drawn as in `shapes`. Each clip's shape moves by a whole number of
     pixels a frame, up to `max(1, image_size // 8)` along each axis and never standing
@@ -138,7 +141,7 @@ def moving_shapes(
     def gather(indices: np.ndarray) -> dict[str, np.ndarray]:
         return {"clips": draw_shapes(pool, indices, size, frames), "labels": pool.labels[indices]}
 
-    return _rows_dataset(
+    data = _rows_dataset(
         "moving_shapes",
         rows,
         gather,
@@ -147,3 +150,4 @@ def moving_shapes(
         seed=seed,
         shape=(rows, size, frames, _MOVING_SHAPES_SEED),
     )
+    return dataclasses.replace(data, classes=SHAPE_KINDS)
