@@ -22,6 +22,8 @@ GROUND = (
     "_weights",
     "_processes",
     "_host",
+    "_shape_drawing",
+    "_cache_dir",
 )  # below the core: import only one another
 SHELL = (
     "training",

@@ -16,6 +16,7 @@ from dew.cli._console import (
     best,
     config_lines,
     end_lines,
+    has_direction,
     higher_is_better,
     model_lines,
     parameter_counts,
@@ -70,6 +71,21 @@ def test_a_metric_direction_and_its_best_value():
     assert best(series, "loss") == (3, 1.0)  # the earliest of ties; NaN never wins
     assert best(series, "accuracy") == (1, 3.0)
     assert best([(1, math.nan)], "loss") is None
+
+
+def test_a_statistic_to_compare_with_the_data_has_no_best_value():
+    # A sample's foreground share is better near the real rows' share, not higher or lower.
+    assert has_direction("diffusion/validation/class_accuracy") and has_direction("fid")
+    assert has_direction("foreground_colour_spread")  # 0 for one flat colour: lower is better
+    for metric in ("foreground_fraction", "diffusion/validation/foreground_parts", "real_x"):
+        assert not has_direction(metric)
+    history = {
+        "diffusion/validation/class_accuracy": [(5, 0.5), (10, 0.75)],
+        "diffusion/validation/foreground_fraction": [(5, 0.4), (10, 0.2)],
+    }
+    lines = end_lines(history, step=10, trained=10, seconds=1.0)
+    assert lines[2].endswith("last 0.7500 (step 10)  best 0.7500 (step 10, higher is better)")
+    assert lines[3].endswith("diffusion/validation/foreground_fraction  last 0.2000 (step 10)")
 
 
 def test_the_end_of_run_summary_gives_speed_and_each_validation_metrics_last_and_best():

@@ -5,7 +5,10 @@ The weights here are random (the shapes of pytorch-fid's 470 arrays) in a `.safe
 file that `$DEW_FID_WEIGHTS` names. The default weights are checked by their SHA-256
 prefix, and `$DEW_FID_WEIGHTS` is still the default (it says where the published file is,
 not that another network is wanted), so a random file there is refused: the tests that
-score set the expected prefix to their file's own digest instead of skipping the check."""
+score set the expected prefix to their file's own digest instead of skipping the check.
+
+The configs here leave out their shape scores (`objective.kwargs.shape_scores=false`), FID
+alone being under test (tests/test_sample_quality.py scores the built-in runs)."""
 
 import contextlib
 import io
@@ -16,13 +19,18 @@ import pytest
 from _weights import random_inception_weights
 
 from dew.cli import main
-from dew.config import builtin, evaluate_run, objective_shapes
+from dew.config import builtin, evaluate_run, objective_shapes, override
 from dew.io import sha256_of
 from dew.metrics import FID
 from dew.nn import inception
 from dew.objectives.base import SkipsMetrics
 
 FID_URL = "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/"
+
+
+def _fid_only(name):
+    """The built-in configuration `name` without its shape scores."""
+    return override(builtin(name), {"objective.kwargs.shape_scores": False})
 
 
 def _run(arguments):
@@ -36,7 +44,7 @@ def _run(arguments):
 def test_without_weights_image_diffusion_skips_fid_naming_the_file(tmp_path, monkeypatch):
     monkeypatch.delenv("DEW_FID_WEIGHTS", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    objective = objective_shapes(builtin("tiny_diffusion"))
+    objective = objective_shapes(_fid_only("tiny_diffusion"))
     assert objective.default_metrics() == ()
     assert isinstance(objective, SkipsMetrics)
     assert not isinstance(objective_shapes(builtin("tiny_lm")), SkipsMetrics)
@@ -51,7 +59,7 @@ def test_clips_get_no_fid_to_skip(tmp_path, monkeypatch):
     weights = tmp_path / "weights.pth"
     weights.write_bytes(b"not read")  # present, but clips never load it
     monkeypatch.setenv("DEW_FID_WEIGHTS", str(weights))
-    objective = objective_shapes(builtin("tiny_video_diffusion"))
+    objective = objective_shapes(_fid_only("tiny_video_diffusion"))
     assert objective.default_metrics() == () and objective.skipped_metrics() == {}
 
 
@@ -59,7 +67,7 @@ def test_weights_that_are_not_the_published_file_are_an_error_not_a_skip(tmp_pat
     weights = tmp_path / "other.pth"
     weights.write_bytes(b"another network")
     monkeypatch.setenv("DEW_FID_WEIGHTS", str(weights))
-    objective = objective_shapes(builtin("tiny_diffusion"))
+    objective = objective_shapes(_fid_only("tiny_diffusion"))
     assert objective.skipped_metrics() == {}
     with pytest.raises(ValueError, match=r"other\.pth.*does not start with '6726825d'"):
         objective.default_metrics()
@@ -116,6 +124,7 @@ def _tiny_diffusion_run(root):
         "trainer.log_every=1",
         "trainer.preview=false",
         "objective.kwargs.sampling.steps=2",
+        "objective.kwargs.shape_scores=false",
     ]
     status, _, err = _run([*arguments, *[part for item in sets for part in ("--set", item)]])
     assert status == 0, err
@@ -138,7 +147,7 @@ def test_dew_eval_with_weights_scores_fid_loading_them_once(tmp_path, monkeypatc
         return load(cls, *args, **kwargs)
 
     monkeypatch.setattr(inception.FIDInceptionV3, "load", classmethod(counted))
-    (metric,) = objective_shapes(builtin("tiny_diffusion")).default_metrics()
+    (metric,) = objective_shapes(_fid_only("tiny_diffusion")).default_metrics()
     assert isinstance(metric, FID) and metric.name == "fid"
     loads.clear()
     status, out, err = _run(["eval", str(folder)])

@@ -94,6 +94,12 @@ def test_objective_rejects_bad_settings():
         DiffusionObjective(dit(), label_dropout=1.5)
     with pytest.raises(ValueError, match=r"ema_decay must be None or a number in \[0, 1\)"):
         DiffusionObjective(dit(), ema_decay=1.0)
+    with pytest.raises(ValueError, match=r"prediction must be one of \('velocity', 'data'\)"):
+        DiffusionObjective(dit(), prediction="noise")
+    with rejects(ValueError, "shape_scores must be True or False, got 1", parameter="shape_scores"):
+        DiffusionObjective(dit(), shape_scores=1)
+    with pytest.raises(ValueError, match="needs a class-conditional RGB DiT with num_classes=3"):
+        DiffusionObjective(dit(num_classes=5), shape_scores=True)
 
 
 # -- the sampler, without training --------------------------------------------------------
@@ -163,6 +169,44 @@ def test_loss_matches_a_numpy_recomputation():
     # The dropout mattered: with every label kept the loss differs.
     kept = eqx.filter_jit(DiffusionObjective(model, label_dropout=0.0).loss)(params, batch, key)[0]
     assert 0 < dropped.sum() < 6 and float(kept) != pytest.approx(float(loss), rel=1e-6)
+
+
+def test_data_prediction_loss_is_the_mean_squared_error_of_the_clean_example():
+    # A fresh DiT predicts exactly zero (adaLN-zero, a zeroed head): whatever the noise and
+    # the times, its data-prediction loss is the mean of x1^2, and its velocity loss differs.
+    batch = {
+        "images": np.random.default_rng(1).uniform(size=(5, 16, 16, 3)).astype(np.float32),
+        "labels": np.array([0, 1, 2, 0, 1], np.int32),
+    }
+    objective = DiffusionObjective(dit(), prediction="data")
+    loss, _ = objective.loss(objective.init_params(), batch, jax.random.key(4))
+    x1 = 2.0 * batch["images"].astype(np.float64) - 1.0
+    assert float(loss) == pytest.approx(np.mean(x1**2), rel=1e-6)
+    # The velocity loss of the same zeros is that of x1 - x0, the noise drawn from the key.
+    x0 = np.asarray(jax.random.normal(jax.random.split(jax.random.key(4), 3)[0], x1.shape))
+    velocity = DiffusionObjective(dit())
+    velocity_loss = velocity.loss(velocity.init_params(), batch, jax.random.key(4))[0]
+    assert float(velocity_loss) == pytest.approx(np.mean((x1 - x0) ** 2), rel=1e-5)
+
+
+def constant_predictor(value: float, prediction: str) -> DiffusionObjective:
+    """An objective whose DiT predicts `value` everywhere (its zeroed head's bias)."""
+    model = dit()
+    model = eqx.tree_at(lambda m: m.head.bias, model, jnp.full_like(model.head.bias, value))
+    return DiffusionObjective(model, sampling=Sampling(steps=20), prediction=prediction)
+
+
+def test_a_data_prediction_is_where_euler_lands():
+    # A model that predicts the clean example c = 0.2 (pixel value 0.6) everywhere: every
+    # Euler step moves toward c, and the last one, from t = 0.95, lands on it; the same
+    # model read as a velocity only shifts the noise by c.
+    batch = image_batch(rows=3)
+    data = constant_predictor(0.2, "data")
+    generated = data.evaluate(data.init_params(), batch, jax.random.key(0)).generated
+    np.testing.assert_allclose(np.asarray(generated), 0.6, atol=1e-5)
+    velocity = constant_predictor(0.2, "velocity")
+    shifted = velocity.evaluate(velocity.init_params(), batch, jax.random.key(0)).generated
+    assert float(np.std(np.asarray(shifted))) > 0.2
 
 
 def test_label_dropout_rate():

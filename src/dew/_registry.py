@@ -290,10 +290,12 @@ def _diffusion(
     sampling: Sampling | Mapping[str, Any] | None = None,
     label_dropout: float = 0.1,
     ema_decay: float | None = None,
+    shape_scores: bool = False,
+    prediction: str = "velocity",
 ) -> Any:
-    """`DiffusionObjective(model, sampling=..., label_dropout=..., ema_decay=...)`;
-    `sampling` may be the mapping of a `Sampling`'s fields (as a JSON configuration
-    writes it)."""
+    """`DiffusionObjective(model, sampling=..., label_dropout=..., ema_decay=...,
+    shape_scores=..., prediction=...)`; `sampling` may be the mapping of a `Sampling`'s
+    fields (as a JSON configuration writes it)."""
     if isinstance(sampling, Mapping):
         sampling = Sampling(**sampling)
     return DiffusionObjective(
@@ -301,6 +303,8 @@ def _diffusion(
         sampling=Sampling() if sampling is None else sampling,
         label_dropout=label_dropout,
         ema_decay=ema_decay,
+        shape_scores=shape_scores,
+        prediction=prediction,
     )
 
 

@@ -142,21 +142,30 @@ def images(
     size: int | SearchStrategy[int] = st.sampled_from([11, 16]),
     channels: int | SearchStrategy[int] = st.sampled_from([1, 3]),
     paired: bool = True,
+    classes: int | None = None,
 ) -> Images:
     """`Images` with values in [0, 1], square, at least 11 pixels a side (SSIM's
     window), and by default a reference row per generated row that is either the
-    generated row plus noise or, now and then, identical (a perfect PSNR)."""
+    generated row plus noise or, now and then, identical (a perfect PSNR). With `classes`,
+    each row carries a conditioning label in `[0, classes)` (`Images.labels`)."""
     n = draw(_rows_strategy(rows))
     side = draw(_rows_strategy(size))
     c = draw(_rows_strategy(channels))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     generated = rng.random((n, side, side, c), dtype=np.float32)
+    labels = _labels(rng, n, classes)
     if not paired:
-        return Images(jnp.asarray(generated))
+        return Images(jnp.asarray(generated), labels=labels)
     noise = draw(st.sampled_from([0.0, 0.01, 0.1, 0.3]))
     reference = np.clip(generated + noise * rng.standard_normal(generated.shape), 0.0, 1.0)
-    return Images(jnp.asarray(generated), jnp.asarray(reference.astype(np.float32)))
+    return Images(jnp.asarray(generated), jnp.asarray(reference.astype(np.float32)), labels=labels)
+
+
+def _labels(rng: np.random.Generator, rows: int, classes: int | None) -> Any:
+    if classes is None:
+        return None
+    return jnp.asarray(rng.integers(0, classes, rows).astype(np.int32))
 
 
 @st.composite
@@ -166,8 +175,10 @@ def clips(
     frames: int | SearchStrategy[int] = st.sampled_from([1, 3]),
     size: int | SearchStrategy[int] = st.just(11),
     channels: int | SearchStrategy[int] = st.sampled_from([1, 3]),
+    classes: int | None = None,
 ) -> Clips:
-    """`Clips` of videos in [0, 1] with a noisy (sometimes identical) reference per row."""
+    """`Clips` of videos in [0, 1] with a noisy (sometimes identical) reference per row;
+    with `classes`, a conditioning label per row in `[0, classes)` (`Clips.labels`)."""
     n = draw(_rows_strategy(rows))
     t = draw(_rows_strategy(frames))
     side = draw(_rows_strategy(size))
@@ -176,7 +187,8 @@ def clips(
     generated = rng.random((n, t, side, side, c), dtype=np.float32)
     noise = draw(st.sampled_from([0.0, 0.02, 0.2]))
     reference = np.clip(generated + noise * rng.standard_normal(generated.shape), 0.0, 1.0)
-    return Clips(jnp.asarray(generated), jnp.asarray(reference.astype(np.float32)))
+    labels = _labels(rng, n, classes)
+    return Clips(jnp.asarray(generated), jnp.asarray(reference.astype(np.float32)), labels)
 
 
 @st.composite

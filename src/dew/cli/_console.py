@@ -23,6 +23,18 @@ _HIGHER_IS_BETTER = (
 perplexity, errors, FID, CRPS) is better lower. dew's `Metric` records no direction."""
 
 
+_NEAR_THE_DATA = ("foreground_fraction", "foreground_parts")
+"""Bare metric names containing one of these, or starting with `real_` (the same statistic of
+the real rows), are better near the data's own value (`dew.metrics.shape_scores`), neither
+higher nor lower: the end-of-run summary gives their last value alone."""
+
+
+def has_direction(metric: str) -> bool:
+    """Whether `metric` (a bare name or a full tag) is better higher or lower at all."""
+    bare = bare_metric_name(metric)
+    return not (bare.startswith("real_") or any(word in bare for word in _NEAR_THE_DATA))
+
+
 def higher_is_better(metric: str) -> bool:
     """Whether a larger value of `metric` (a bare name or a full tag) is better."""
     bare = bare_metric_name(metric)
@@ -146,7 +158,8 @@ def end_lines(
     seconds: float,
 ) -> list[str]:
     """The end-of-run summary: the final values (`summary`), the time taken and the speed,
-    and each validation metric's last and best value with their steps."""
+    and each validation metric's last and (where it has a direction) best value with their
+    steps."""
     if trained > 0 and seconds > 0:
         speed = f"  {trained} steps in {seconds:.1f} s ({trained / seconds:.2f} steps/s)"
     else:
@@ -161,7 +174,7 @@ def end_lines(
         width = max(len(tag) for tag in validation)
         for tag, series in validation.items():
             at, value = series[-1]
-            top = best(series, tag)
+            top = best(series, tag) if has_direction(tag) else None
             line = f"  {tag.ljust(width)}  last {value_text(value)} (step {at})"
             if top is not None:
                 direction = "higher" if higher_is_better(tag) else "lower"

@@ -21,20 +21,11 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
+from dew._cache_dir import default_cache_dir
+
 __all__ = ["cached_folder", "default_cache_dir", "fsync"]
 
 _T = TypeVar("_T")
-
-
-def default_cache_dir(kind: str = "tokens") -> pathlib.Path:
-    """Where dew keeps a data cache of `kind` (`"tokens"`, `"images"`) unless told:
-    `$DEW_CACHE_DIR` (every kind, told apart by the folders' names), else
-    `$XDG_CACHE_HOME/dew/<kind>`, else `~/.cache/dew/<kind>` (shared by every script of the
-    user, as Hugging Face's caches are; a run configuration puts it in the run folder)."""
-    if os.environ.get("DEW_CACHE_DIR"):
-        return pathlib.Path(os.environ["DEW_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "dew" / kind
 
 
 def fsync(path: pathlib.Path) -> None:

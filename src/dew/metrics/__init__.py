@@ -18,6 +18,11 @@ The factories below build the built-ins under their bare names.
 ```
 """
 
+import os
+from collections.abc import Callable
+
+from jaxtyping import Array
+
 from dew._checks import check_integer
 from dew.metrics._base import MeanState as MeanState
 from dew.metrics._base import Metric as Metric
@@ -57,15 +62,23 @@ from dew.metrics._regression import PointCRPS as PointCRPS
 from dew.metrics._regression import RowLoss as RowLoss
 from dew.metrics._regression import RowMeanState as RowMeanState
 from dew.metrics._regression import gaussian_crps as gaussian_crps
+from dew.metrics._samples import FOREGROUND_THRESHOLD as FOREGROUND_THRESHOLD
+from dew.metrics._samples import ClassAccuracy as ClassAccuracy
+from dew.metrics._samples import ForegroundColourSpread as ForegroundColourSpread
+from dew.metrics._samples import ForegroundFraction as ForegroundFraction
+from dew.metrics._samples import ForegroundParts as ForegroundParts
 from dew.metrics._set import MetricSet as MetricSet
 from dew.metrics._set import reduce as reduce
 from dew.metrics._set import stack_batches as stack_batches
+from dew.metrics._shape_classifier import ShapeClassifier as ShapeClassifier
+from dew.metrics._shape_classifier import shape_classifier as shape_classifier
 from dew.metrics._sums import Sum as Sum
 from dew.metrics._tokens import MeanLoss as MeanLoss
 from dew.metrics._tokens import Perplexity as Perplexity
 from dew.metrics._tokens import TokenAccuracy as TokenAccuracy
 
 __all__ = [
+    "FOREGROUND_THRESHOLD",
     "AUROC",
     "F1",
     "FID",
@@ -75,6 +88,7 @@ __all__ = [
     "RMSE",
     "SSIM",
     "Accuracy",
+    "ClassAccuracy",
     "ConfusionMatrix",
     "CrossEntropy",
     "ExpectedCalibrationError",
@@ -82,6 +96,9 @@ __all__ = [
     "FIDState",
     "FIDStatistics",
     "FeatureDefinition",
+    "ForegroundColourSpread",
+    "ForegroundFraction",
+    "ForegroundParts",
     "FrechetDistance",
     "KNNProbe",
     "LinearProbe",
@@ -96,6 +113,7 @@ __all__ = [
     "Recall",
     "RowLoss",
     "RowMeanState",
+    "ShapeClassifier",
     "Sum",
     "TokenAccuracy",
     "TopKAccuracy",
@@ -104,6 +122,7 @@ __all__ = [
     "WeightedCounts",
     "accuracy",
     "auroc",
+    "class_accuracy",
     "clip_score",
     "cross_entropy",
     "expected_calibration_error",
@@ -127,6 +146,8 @@ __all__ = [
     "reduce",
     "rmse",
     "save_fid_statistics",
+    "shape_classifier",
+    "shape_scores",
     "ssim",
     "stack_batches",
     "token_accuracy",
@@ -273,3 +294,52 @@ def _per_class(kind: type, classes: int, average: str | None, name: str) -> Metr
             for index in range(classes)
         )
     )
+
+
+def class_accuracy(
+    classifier: Callable[[Array], Array], *, clips: bool = False, name: str = "class_accuracy"
+) -> ClassAccuracy:
+    """The share of generated images `classifier` (images in `[0, 1]` to logits) assigns
+    the class they were conditioned on, over `Images` with `labels` (with `clips`: every
+    frame of `Clips`, each conditioned on its clip's label; name `class_accuracy`)."""
+    return ClassAccuracy(classifier=classifier, clips=clips, name=name)
+
+
+def shape_scores(
+    *,
+    image_size: int = 16,
+    clips: bool = False,
+    threshold: float = FOREGROUND_THRESHOLD,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> tuple[Metric, ...]:
+    """How convincing generated samples of dew's shapes (`shapes`, or with `clips`
+    `moving_shapes`) are, needing no downloaded weights: seven device metrics over `Images`
+    (`Clips`) with conditioning `labels` and real `reference` rows.
+
+    - `class_accuracy`: the share of generated images `shape_classifier(image_size)` (a
+      small CNN trained once on drawn shapes and cached) assigns the kind they were
+      conditioned on; 1/3 is chance, and the classifier scores about 0.99 on held-out
+      real shapes.
+    - `foreground_fraction`, `foreground_colour_spread`, `foreground_parts`: the mean over
+      the generated images of the share of their pixels in the foreground (the brightest
+      channel above `threshold`), the spread of the foreground's colour (0: one flat
+      colour) and the number of its 4-connected pieces (1: one solid shape);
+      `real_foreground_fraction`, `real_foreground_colour_spread`, `real_foreground_parts`:
+      the same of the real rows (one shape, one colour: spread 0, one piece).
+
+    A clip's frames each count as one image. `cache_dir`: where the classifier's weights are
+    kept (`shape_classifier`). The first call trains the classifier (about 10 seconds of CPU
+    at 16x16); later calls read it.
+    """
+    kinds = (ForegroundFraction, ForegroundColourSpread, ForegroundParts)
+    foreground = [
+        kind(population=population, threshold=threshold, clips=clips, name=f"{prefix}{name}")
+        for population, prefix in (("generated", ""), ("reference", "real_"))
+        for kind, name in zip(
+            kinds,
+            ("foreground_fraction", "foreground_colour_spread", "foreground_parts"),
+            strict=True,
+        )
+    ]
+    classifier = shape_classifier(image_size, cache_dir=cache_dir)
+    return (class_accuracy(classifier, clips=clips), *foreground)
