@@ -1,5 +1,5 @@
-"""The `dew` command: `dew train`, `dew sweep`, `dew eval`, `dew runs`, `dew data`, `dew predict`
-and `dew export`.
+"""The `dew` command: `dew train`, `dew sweep`, `dew eval`, `dew runs`, `dew data`, `dew sample`,
+`dew predict` and `dew export`.
 
 - `dew train [--config] [CONFIG]`: train a run configuration, a TOML file or a built-in
   name (`dew.config.BUILTIN_CONFIGS`: `tiny_lm`, the default, `tiny_diffusion`, ...), as
@@ -14,6 +14,9 @@ and `dew export`.
 - `dew config show [CONFIG]`: a configuration (a built-in name, a TOML file, a run folder)
   as the TOML `dew train` reads; `dew --version` prints dew's version.
 - `dew plot RUN_DIR`: render a run's plots from its local journal (`_plot`).
+- `dew sample RUN`: draw from an LM (prompts, decoded with the run's tokenizer) or a
+  diffusion run (a labelled grid of the classes asked for), with the sampling protocol beside
+  each file (`_sample`).
 - `dew predict RUN --input PATH`: a classifier run's top classes for new rows (`.npy`,
   `.npz`, images) as CSV or JSON Lines (`_predict`); `dew export RUN --format
   safetensors|stablehlo --out DIR`: the run's parameters or forward function (`_export`).
@@ -70,6 +73,7 @@ from dew.cli._parser import _parser
 from dew.cli._plot import _plot
 from dew.cli._predict import _predict
 from dew.cli._runs import _runs
+from dew.cli._sample import _sample
 
 __all__ = ["main"]
 
@@ -135,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs, "plot": _plot}
         commands["config"] = _config
         commands["data"] = _data
+        commands["sample"] = _sample
         commands["predict"] = _predict
         commands["export"] = _export
         with nonfinite_advice("--on-nonfinite continue"):  # the command's switch, not Python's

@@ -7,6 +7,7 @@ import dew
 from dew._nonfinite import ON_NONFINITE
 from dew.cli._export import add_export
 from dew.cli._predict import add_predict
+from dew.cli._sample import add_sample
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -97,7 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     _override_options(show)
 
     _data_commands(commands)
-    for using in (add_predict(commands), add_export(commands)):  # a trained run, used
+    for using in (
+        add_sample(commands),
+        add_predict(commands),
+        add_export(commands),
+    ):  # a trained run, used
         _registration_options(using)
     _add_examples(parser)  # last: every command above gets its EXAMPLES
     return parser
@@ -278,6 +283,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "dew data inspect run.toml          # sizes, fingerprint and batch 0, decoded",
         "dew data inspect runs/quickstart --step 500 --rows 2",
         "dew data inspect tiny_classifier --split val --out sheet.png",
+    ),
+    "sample": (
+        "dew sample runs/my-text --prompt 'def main(' --max-tokens 80 --temperature 0.8",
+        "dew sample runs/my-text --prompts prompts.txt --rows 4 --top-p 0.9 --out samples.jsonl",
+        "dew sample runs/quickstart --prompt '1 2 3' --temperature 0   # IDs: no tokenizer",
+        "dew sample runs/tiny-diffusion --class disc --class bar --rows 8 --out grid.png",
+        "dew sample runs/tiny-video-diffusion --guidance 4 --steps 40 --out clips.gif",
     ),
     "predict": (
         "dew predict runs/tiny-classifier --input rows.npy --out preds.csv",
