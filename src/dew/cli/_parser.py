@@ -287,9 +287,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "sample": (
         "dew sample runs/my-text --prompt 'def main(' --max-tokens 80 --temperature 0.8",
         "dew sample runs/my-text --prompts prompts.txt --rows 4 --top-p 0.9 --out samples.jsonl",
-        "dew sample runs/quickstart --prompt '1 2 3' --temperature 0   # IDs: no tokenizer",
         "dew sample runs/tiny-diffusion --class disc --class bar --rows 8 --out grid.png",
-        "dew sample runs/tiny-video-diffusion --guidance 4 --steps 40 --out clips.gif",
     ),
     "predict": (
         "dew predict runs/tiny-classifier --input rows.npy --out preds.csv",
