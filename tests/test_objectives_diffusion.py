@@ -581,6 +581,7 @@ def test_validation_generates_with_the_ema_params():
     assert scored == mse(state.ema_params)
     assert scored != mse(state.params)
     _, shown = tracker.artifacts["diffusion/validation/samples"][0]
+    shown = shown.artifact  # the fit logs a dew.tracking.Preview: the artifact and its names
     key = preview_key(event_key)
     expected = objective.preview(state.ema_params, batch, key).generated
     np.testing.assert_array_equal(shown.generated, expected)

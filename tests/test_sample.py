@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,11 +62,15 @@ def lm(tmp_path_factory):
 
 
 def _greedy(model, prompt, new):
-    """Greedy decoding by running the whole sequence through the model for every token."""
+    """Greedy decoding by running the whole sequence through the model for every token (padded
+    to one length, so it compiles once: the model is causal, so what follows the last token
+    leaves its logits as they are)."""
+    forward = eqx.filter_jit(lambda model, tokens: model(tokens))
     tokens = list(prompt)
     for _ in range(new):
-        logits = model(jnp.asarray(tokens, jnp.int32))
-        tokens.append(int(np.argmax(np.asarray(logits[-1]))))
+        padded = jnp.asarray(tokens + [0] * (model.max_seq_len - len(tokens)), jnp.int32)
+        logits = forward(model, padded)
+        tokens.append(int(np.argmax(np.asarray(logits[len(tokens) - 1]))))
     return tokens[len(prompt) :]
 
 
