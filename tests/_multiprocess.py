@@ -40,7 +40,12 @@ WATCHDOG = "DEW_TEST_WATCHDOG_SECONDS"
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker: CPU only, one device a process, dew importable."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env.pop("XLA_FLAGS", None)
+    # No device-count flag (one device a process), but the test run's compilation flags
+    # (tests/conftest.py: LLVM optimisation level 0) stay: the workers compile as much as
+    # the test process does, and at the default level each compiles several times slower.
+    flags = [flag for flag in env.pop("XLA_FLAGS", "").split() if "device_count" not in flag]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
     env.pop("JAX_NUM_CPU_DEVICES", None)
     for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(name, None)

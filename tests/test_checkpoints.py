@@ -186,14 +186,13 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, source):
     if source == "token file":
         np.save(tmp_path / "tokens.npy", np.random.default_rng(5).integers(0, 8, 3000))
         extra = [str(tmp_path / "tokens.npy")]
+    # The uninterrupted run in this process (the same function the worker runs).
+    import _checkpoint_worker
+
+    token_file = extra[0] if extra else None
+    _checkpoint_worker.main(str(tmp_path / "whole"), str(tmp_path / "whole.npz"), 0.0, token_file)
     worker = [sys.executable, str(HERE / "_checkpoint_worker.py")]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    subprocess.run(
-        [*worker, str(tmp_path / "whole"), str(tmp_path / "whole.npz"), "0", *extra],
-        check=True,
-        env=env,
-        timeout=300,
-    )
     run = tmp_path / "killed"
     killed = [*worker, str(run), str(tmp_path / "killed.npz")]
     process = subprocess.Popen([*killed, "0.15", *extra], env=env)
