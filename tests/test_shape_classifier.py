@@ -138,3 +138,22 @@ def test_a_cache_folder_under_a_file_is_one_error_naming_it_before_training(chea
 def test_an_image_size_below_the_shapes_datasets_is_refused():
     with pytest.raises(ValueError, match="image_size must be an integer >= 12, got 8"):
         shape_classifier(8)
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_training_says_so_in_one_line_on_a_terminal_and_a_read_says_nothing(
+    cheap_recipe, tmp_path, monkeypatch, capsys, terminal
+):
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    shape_classifier(cache_dir=tmp_path)
+    said = capsys.readouterr().err
+    path = _cached(tmp_path)
+    expected = (
+        "training the shapes classifier that class_accuracy reads (16x16, once: about 10 s); "
+        f"it is kept at {path}\n"
+    )
+    assert said == (expected if terminal else "")
+    shape_classifier(cache_dir=tmp_path)
+    assert capsys.readouterr().err == ""

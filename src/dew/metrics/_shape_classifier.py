@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import pathlib
+import sys
 import tempfile
 import zipfile
 from typing import Any
@@ -191,7 +192,8 @@ def shape_classifier(
 ) -> ShapeClassifier:
     """The `ShapeClassifier` of `image_size` shapes trained with `RECIPE`: read from the
     cache folder where it was trained before, else trained (about 10 seconds of CPU at
-    16x16) and written there.
+    16x16) and written there; the training says so in one line on stderr when it is a
+    terminal.
 
     **Arguments:**
 
@@ -211,6 +213,12 @@ def shape_classifier(
     if cached is not None:
         return cached
     _writable(folder)  # before the training, not after it
+    if sys.stderr.isatty():  # a first run's pause, said once (a terminal only, as progress bars)
+        print(
+            f"training the shapes classifier that class_accuracy reads ({image_size}x"
+            f"{image_size}, once: about 10 s); it is kept at {path}",
+            file=sys.stderr,
+        )
     trained = train_shape_classifier(image_size, RECIPE)
     _write(path, trained)
     return trained
