@@ -49,25 +49,9 @@ from dew.training._placement import ParamSharding, Placement, fit_setup
 from dew.training._profile_window import ProfileWindowTracer
 from dew.training._resume import closed_after_interrupt, last_completed, starting_state
 from dew.training._sampling import sampling_record
-from dew.training._window import WindowedCalls, check_train_reduction
+from dew.training._window import WindowedCalls, beside, check_train_reduction
 
 __all__ = ["Trainer", "key_text"]
-
-
-def _as_given(window: Any) -> Any:
-    return window
-
-
-def _beside(leaves: list[Any]) -> Callable[[Any], Any]:
-    """Where a one-process fit puts a new window: as made (uncommitted, as the step's outputs
-    are from uncommitted leaves), or on the device of leaves committed to one (a restored
-    checkpoint's are). Otherwise the step compiles twice: for the first window, uncommitted,
-    and for the next, which the step's committed inputs commit."""
-    for leaf in leaves:
-        if getattr(leaf, "committed", False) and len(leaf.devices()) == 1:
-            (device,) = leaf.devices()
-            return functools.partial(jax.device_put, device=device)
-    return _as_given
 
 
 class Trainer:
@@ -354,7 +338,7 @@ class Trainer:
         if telemetry not in self._compiled:  # once per Trainer, even with unhashable statics
             self._compiled[telemetry] = compiled_steps(*compiled, telemetry=telemetry)
         step_call, fused_call = self._compiled[telemetry]
-        objective_leaves, place_window = self._objective_leaves, _beside(leaves)
+        objective_leaves, place_window = self._objective_leaves, beside(leaves)
         place_block: Any = _stack
         draw: Callable[..., list[Any]] = _draw_block
         if placement is not None and is_multiprocess():  # drawn and agreed by every process

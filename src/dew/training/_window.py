@@ -23,7 +23,14 @@ from jaxtyping import Array, Float
 
 from dew.metrics._sums import two_sum
 
-__all__ = ["TRAIN_REDUCTIONS", "TrainWindow", "WindowedCalls", "check_train_reduction"]
+__all__ = [
+    "TRAIN_REDUCTIONS",
+    "TrainWindow",
+    "WindowedCalls",
+    "as_given",
+    "beside",
+    "check_train_reduction",
+]
 
 TRAIN_REDUCTIONS: tuple[str, ...] = ("mean", "last")
 
@@ -182,3 +189,20 @@ class WindowedCalls:
             return None
         assert self.names is not None
         return float(self.fetched[2, self.names.index("loss")])
+
+
+def as_given(window: Any) -> Any:
+    """A window placed as made."""
+    return window
+
+
+def beside(leaves: list[Any]) -> Callable[[Any], Any]:
+    """Where a one-process fit puts a new window: as made (uncommitted, as the step's outputs
+    are from uncommitted leaves), or on the device of leaves committed to one (a restored
+    checkpoint's are). Otherwise the step compiles twice: for the first window, uncommitted,
+    and for the next, which the step's committed inputs commit."""
+    for leaf in leaves:
+        if getattr(leaf, "committed", False) and len(leaf.devices()) == 1:
+            (device,) = leaf.devices()
+            return functools.partial(jax.device_put, device=device)
+    return as_given
