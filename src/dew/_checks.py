@@ -25,6 +25,7 @@ __all__ = [
     "error_if",
     "explain_failure",
     "failed_check",
+    "held_on_host",
     "ids_checked_on_host",
 ]
 
@@ -139,6 +140,13 @@ def error_if(
             raise ValueError(message)
         raise ValueError(first(tuple(int(i) for i in np.argwhere(host)[0])))
     return value
+
+
+def held_on_host(batch: Any) -> bool:
+    """Whether no array of `batch` is a JAX array: the batch is NumPy data on the host, which
+    the objective's own `check_batch` checks there for (nearly) free, so the compiled call
+    that takes it is traced under `ids_checked_on_host` (no host callback in it)."""
+    return all(not isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch))
 
 
 _host_checked = contextvars.ContextVar("dew_host_checked_ids", default=False)

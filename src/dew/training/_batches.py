@@ -8,7 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew._checks import held_on_host
 from dew.data import Partition
+from dew.naming import Split
+from dew.objectives.base import check_batch_keys
 
 
 def _draw(batches: Iterator[Any], step: int, steps: int, rows: int | None = None) -> Any:
@@ -45,6 +48,29 @@ def _draw_block(
 ) -> list[Any]:
     """The batches of the `block` steps after `step`."""
     return [_draw(batches, step + offset, steps, rows) for offset in range(1, block + 1)]
+
+
+def checked_block(
+    objective: Any,
+    batches: Iterator[Any],
+    step: int,
+    block: int,
+    steps: int,
+    rows: int | None = None,
+) -> list[Any]:
+    """`_draw_block`, with each batch held on the host checked there by the objective's own
+    checks (`check_batch`, after its keys): the compiled step takes it in its variant
+    without traced checks (`_compiled_step._ByWhereBatchesLie`), and a bad batch raises
+    before any step runs on it."""
+    drawn = _draw_block(batches, step, block, steps, rows)
+    for batch in drawn:
+        if held_on_host(batch):
+            try:
+                check_batch_keys(objective, batch, Split.TRAIN)
+                objective.check_batch(batch)
+            except ValueError as error:  # raised bare, as a failed step's explained error is
+                raise error from None
+    return drawn
 
 
 def _skip(batches: Iterator[Any], count: int) -> Iterator[Any]:

@@ -15,7 +15,7 @@ import equinox as eqx
 import jax
 import optax
 
-from dew._checks import ids_checked_on_host
+from dew._checks import held_on_host, ids_checked_on_host
 from dew._domains import train_step_key
 from dew._processes import is_multiprocess, replicated_sharding
 from dew.steps import LearningRate, train_step
@@ -110,8 +110,10 @@ def _compile_step(
     optimizer: optax.GradientTransformation,
     shardings: tuple[Any, ...] | None = None,
     telemetry: Telemetry = None,
+    checked_on_host: bool = False,
 ):
-    step = _step_function(objective_def, static, optimizer, _on_host(shardings), telemetry)
+    checked = checked_on_host or _on_host(shardings)
+    step = _step_function(objective_def, static, optimizer, checked, telemetry)
     return jax.jit(_windowed(step), donate_argnums=(0, 1), static_argnums=4, **_kept(shardings))
 
 
@@ -136,12 +138,12 @@ def _compile_fused(
     optimizer: optax.GradientTransformation,
     shardings: tuple[Any, ...] | None = None,
     telemetry: Telemetry = None,
+    checked_on_host: bool = False,
 ):
     """Several steps in one compiled call: a `lax.scan` of the step over stacked batches,
     each step added to the window (which ends holding the last step's values)."""
-    step = _windowed(
-        _step_function(objective_def, static, optimizer, _on_host(shardings), telemetry)
-    )
+    checked = checked_on_host or _on_host(shardings)
+    step = _windowed(_step_function(objective_def, static, optimizer, checked, telemetry))
 
     def fused(state_leaves: list, window: Any, batches: Any, objective_leaves: list, state_def):
         def body(carry: tuple[list, Any], batch: Any):
@@ -155,6 +157,24 @@ def _compile_fused(
 
 _cached_step = functools.lru_cache(maxsize=32)(_compile_step)
 _cached_fused = functools.lru_cache(maxsize=32)(_compile_fused)
+
+
+class _ByWhereBatchesLie:
+    """A compiled call in its two variants, picked by where the call's batch lies: held on
+    the host (NumPy arrays, which the trainer checked there: `_batches.checked_block`), the
+    variant without traced batch checks; on a device, the one with them. A traced check is
+    a host callback: it costs a call about 0.2 ms on a CPU, and JAX's persistent
+    compilation cache stores no executable that holds one, so without this every process
+    compiled its training step anew."""
+
+    __slots__ = ("device", "host")
+
+    def __init__(self, host: Any, device: Any) -> None:
+        self.host, self.device = host, device
+
+    def __call__(self, leaves: list, window: Any, batch: Any, *rest: Any) -> Any:
+        call = self.host if held_on_host(batch) else self.device
+        return call(leaves, window, batch, *rest)
 
 
 def compiled_steps(
@@ -176,15 +196,17 @@ def compiled_steps(
     steps hold no traced batch checks: the trainer checks every batch on the host first
     (`Placement.agree`)."""
     try:  # Trainers of one model structure and one optimizer share a compiled step
-        return (
-            _cached_step(objective_def, static, optimizer, shardings, telemetry),
-            _cached_fused(objective_def, static, optimizer, shardings, telemetry),
-        )
+        step, fused = _cached_step, _cached_fused
+        hash((objective_def, static, optimizer, shardings, telemetry))
     except TypeError:  # an unhashable static field: compile for this Trainer alone
-        return (
-            _compile_step(objective_def, static, optimizer, shardings, telemetry),
-            _compile_fused(objective_def, static, optimizer, shardings, telemetry),
-        )
+        step, fused = _compile_step, _compile_fused
+    compiled = (objective_def, static, optimizer, shardings, telemetry)
+    if shardings is not None:  # a placed fit: its batches are placed on its devices
+        return step(*compiled), fused(*compiled)
+    return (
+        _ByWhereBatchesLie(step(*compiled, True), step(*compiled, False)),
+        _ByWhereBatchesLie(fused(*compiled, True), fused(*compiled, False)),
+    )
 
 
 def output_names(

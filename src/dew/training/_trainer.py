@@ -29,7 +29,7 @@ from dew.steps import EMPTY_HISTORY, LearningRate, TrainState
 from dew.telemetry.records import CheckpointRequested
 from dew.tracking import ScalarTracker
 from dew.tracking._protocol import takes_artifacts
-from dew.training._batches import _draw_block, _opened, _stack, data_origin
+from dew.training._batches import _draw_block, _opened, _stack, checked_block, data_origin
 from dew.training._cadence import check_cadence
 from dew.training._compiled_step import (
     Telemetry,
@@ -340,8 +340,10 @@ class Trainer:
         step_call, fused_call = self._compiled[telemetry]
         objective_leaves, place_window = self._objective_leaves, beside(leaves)
         place_block: Any = _stack
-        draw: Callable[..., list[Any]] = _draw_block
-        if placement is not None and is_multiprocess():  # drawn and agreed by every process
+        draw: Callable[..., list[Any]] = functools.partial(checked_block, self.objective)
+        if placement is not None:  # placed on its devices (checked in the step) ...
+            draw = _draw_block
+        if placement is not None and is_multiprocess():  # ... or drawn and agreed by all
             draw = functools.partial(placement.draw, self.objective)
         if placement is not None:  # one compiled step for every process, over global arrays
             step_call, fused_call, objective_leaves, place_block = placement.compiled_steps(
@@ -442,7 +444,7 @@ class Trainer:
                 engine.record(SAMPLING_RECORD, sampling_record(self.objective, metric_set), start)
             try:
                 if step < steps and not done_before:  # a finished run draws no batch
-                    agreed = placement if draw is not _draw_block else None
+                    agreed = placement if placement is not None and is_multiprocess() else None
                     batches = _opened(data.train, Partition.current(), start, data_start, agreed)
                 while step < steps and not done_before:
                     aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
