@@ -536,3 +536,28 @@ def test_param_sharding_must_give_a_sharding_for_every_param(objective):
     )
     with pytest.raises(ValueError, match=r"param_sharding\..* returned 'rows'; it must return a"):
         trainer.fit(_data(val=False), steps=1, log_every=1, progress=False)
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 2])
+def test_a_fit_on_host_batches_compiles_steps_the_persistent_cache_keeps(steps_per_call, caplog):
+    # A traced batch check is a host callback, and JAX's persistent compilation cache
+    # writes no executable holding one: every process would compile its step anew. Batches
+    # held on the host are checked there instead, so the step holds none. (A model of a
+    # shape no other test compiles, so this fit compiles its steps here; conftest.py
+    # gives the test run its persistent cache.)
+    model = CausalTransformer(5, 8, 1, 2, 16, 7, key=jax.random.key(0))
+    objective = LMObjective(model, seq_len=6)
+    batch = {"text": np.tile(np.arange(7, dtype=np.int32) % 5, (4, 1))}
+    trainer = Trainer(objective, optax.adam(0.01), key=jax.random.key(0))
+    with caplog.at_level("DEBUG", logger="jax._src.compiler"):
+        trainer.fit(
+            Dataset(train=lambda partition: itertools.repeat(batch)),
+            steps=4,
+            log_every=4,
+            progress=False,
+            steps_per_call=steps_per_call,
+        )
+    compiled = [record.getMessage() for record in caplog.records]
+    name = "jit_step" if steps_per_call == 1 else "jit_fused"
+    assert not [message for message in compiled if "host callbacks" in message], compiled
+    assert any(f"CACHE MISS for '{name}'" in message for message in compiled), compiled
