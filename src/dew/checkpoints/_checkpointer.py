@@ -155,8 +155,9 @@ class Checkpointer:
     def save(self, step: int, state: TrainState, extra: Mapping[str, Any] | None = None) -> None:
         """Submit a save of `state` (and JSON `extra`) as checkpoint `step`; does not wait.
 
-        The arrays are copied first, so the caller may donate or delete `state`'s
-        buffers as soon as this returns. An earlier save that failed raises here.
+        orbax copies the arrays to host memory before this returns (no copy on the device
+        first), so the caller may donate or delete `state`'s buffers as soon as it has
+        returned. An earlier save that failed raises here.
         """
         leaves = saved_leaves(state)
         payload = {
@@ -383,9 +384,11 @@ class Checkpointer:
                 }
             ),
         )
-        leaves = [
+        leaves = [  # orbax's arrays as they are: already in the template's place and dtype
             jax.random.wrap_key_data(saved, impl=jax.random.key_impl(leaf))
             if is_key(leaf)
+            else saved
+            if isinstance(saved, jax.Array)
             else jnp.asarray(saved)
             for saved, leaf in zip(restored[STATE_ITEM], template_leaves, strict=True)
         ]

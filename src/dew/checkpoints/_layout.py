@@ -36,12 +36,12 @@ def is_key(leaf: Any) -> bool:
 
 
 def saved_leaves(state: TrainState) -> list[Any]:
-    """The arrays a checkpoint holds for `state`, copied (the next step may donate
-    `state`'s buffers while orbax writes)."""
-    return [
-        jax.random.key_data(leaf) if is_key(leaf) else jnp.array(leaf, copy=True)
-        for leaf in jax.tree.leaves(state)
-    ]
+    """The arrays a checkpoint holds for `state`: its leaves, the run key as raw key data.
+
+    Not copies: orbax copies each array to host memory before its `save` returns (its
+    default, synchronous transfer), so the next step may donate `state`'s buffers while
+    orbax writes (decision 0050)."""
+    return [jax.random.key_data(leaf) if is_key(leaf) else leaf for leaf in jax.tree.leaves(state)]
 
 
 def _shape_dtype(leaf: Any) -> tuple[tuple[int, ...], str]:
@@ -74,15 +74,12 @@ def history_from_json(data: Mapping[str, Any]) -> MetricHistory:
 
 
 def abstract(leaf: Any) -> jax.ShapeDtypeStruct:
-    """What orbax restores a template leaf as: its shape and dtype (keys as raw key data)
-    and, for a leaf placed over several devices (a multi-process fit's global arrays),
-    its sharding, so every process restores straight into its shards."""
+    """What orbax restores a template leaf as: its shape, dtype (keys as raw key data) and,
+    for an array, its sharding, so orbax reads each array straight into the template's
+    placement (a multi-process fit's global arrays: every process into its own shards)
+    and needs no second conversion, nor the saved shardings read to choose one."""
     data = jax.random.key_data(leaf) if is_key(leaf) else leaf
-    sharding = None
-    if isinstance(data, jax.Array) and not isinstance(
-        data.sharding, jax.sharding.SingleDeviceSharding
-    ):
-        sharding = data.sharding
+    sharding = data.sharding if isinstance(data, jax.Array) else None
     return jax.ShapeDtypeStruct(jnp.shape(data), jnp.result_type(data), sharding=sharding)
 
 
