@@ -20,6 +20,7 @@ __all__ = [
     "is_key",
     "layout",
     "params_positions",
+    "recorded_arrays",
     "saved_leaves",
     "structure_differences",
 ]
@@ -111,15 +112,33 @@ def structure_differences(
     return "\n".join(shown)
 
 
-def layout(state: TrainState) -> dict[str, int]:
-    """How many of a checkpoint's arrays are `state`'s params and EMA params. The arrays are
-    the state's leaves in order (`saved_leaves`): the step, the params, the optimizer state,
-    the run key, then the EMA params; so the params start at array 1 and the EMA params end
-    the list, and neither needs the optimizer to be found."""
+def layout(state: TrainState) -> dict[str, Any]:
+    """How many of a checkpoint's arrays are `state`'s params and EMA params, and every
+    array's shape and dtype (`arrays`, so a restore checks a template against the JSON item
+    instead of reading each array's metadata). The arrays are the state's leaves in order
+    (`saved_leaves`): the step, the params, the optimizer state, the run key, then the EMA
+    params; so the params start at array 1 and the EMA params end the list, and neither needs
+    the optimizer to be found."""
     return {
         "params": len(jax.tree.leaves(state.params)),
         "ema_params": len(jax.tree.leaves(state.ema_params)),
+        "arrays": [
+            [list(shape), dtype] for shape, dtype in map(_shape_dtype, jax.tree.leaves(state))
+        ],
     }
+
+
+def recorded_arrays(recorded: Mapping[str, Any] | None) -> list[tuple[tuple[int, ...], str]] | None:
+    """The saved arrays' shapes and dtypes as a checkpoint's layout records them, or `None`
+    when it records none (a checkpoint written before layouts recorded them) or records
+    something else."""
+    arrays = recorded.get("arrays") if isinstance(recorded, Mapping) else None
+    if not isinstance(arrays, list):
+        return None
+    try:
+        return [(tuple(int(size) for size in shape), str(dtype)) for shape, dtype in arrays]
+    except (TypeError, ValueError):
+        return None
 
 
 def params_positions(

@@ -1,11 +1,16 @@
-"""A checkpoint holds the state it was given even when the next step donates that state's
-buffers while the save is still being written (the Trainer does this after every save), and
-a restore lands in the template's placement and dtypes."""
+"""What a save hands orbax and what a restore reads: a checkpoint holds the state it was given
+even when the next step donates that state's buffers while the save is still being written
+(the Trainer does this after every save); a restore lands in the template's placement and
+dtypes, and checks the template against the shapes the checkpoint records (orbax's metadata of
+each array for a checkpoint that records none)."""
+
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from dew.checkpoints import Checkpointer
 from dew.steps import TrainState
@@ -81,3 +86,33 @@ def test_a_restore_lands_in_the_template_placement_and_dtypes(tmp_path):
         assert got.dtype == want.dtype
         assert got.sharding == want.sharding
     assert jax.random.key_impl(restored.key) == jax.random.key_impl(state.key)
+
+
+def test_the_structure_check_reads_the_recorded_shapes_and_orbax_metadata_for_older_ones(
+    tmp_path, monkeypatch
+):
+    state, other = _state(16), _state(8)  # `other`: another model
+    with Checkpointer(tmp_path) as checkpoints:
+        checkpoints.save(1, state)
+    read = []
+    with Checkpointer(tmp_path) as checkpoints:
+        metadata = checkpoints._manager.item_metadata
+        monkeypatch.setattr(
+            checkpoints._manager, "item_metadata", lambda step: read.append(step) or metadata(step)
+        )
+        with pytest.raises(ValueError, match="written for another model") as recorded:
+            checkpoints.restore(other)
+        restored = _host(checkpoints.restore(state)[0])
+    assert read == []  # no array's metadata was read
+    extra = tmp_path / "1" / "extra" / "metadata"
+    saved = json.loads(extra.read_text())
+    del saved["layout"]["arrays"]  # as a checkpoint written before layouts recorded them
+    extra.write_text(json.dumps(saved))
+    with Checkpointer(tmp_path) as checkpoints:
+        with pytest.raises(ValueError, match="written for another model") as older:
+            checkpoints.restore(other)
+        restored_older = _host(checkpoints.restore(state)[0])
+    assert str(older.value) == str(recorded.value)
+    expected = _host(state)
+    for leaves in (restored, restored_older):
+        assert all(np.array_equal(one, other) for one, other in zip(leaves, expected, strict=True))
