@@ -29,6 +29,7 @@ from dew.checkpoints._layout import (
     is_key,
     layout,
     params_positions,
+    recorded_arrays,
     saved_leaves,
     structure_differences,
 )
@@ -155,8 +156,9 @@ class Checkpointer:
     def save(self, step: int, state: TrainState, extra: Mapping[str, Any] | None = None) -> None:
         """Submit a save of `state` (and JSON `extra`) as checkpoint `step`; does not wait.
 
-        The arrays are copied first, so the caller may donate or delete `state`'s
-        buffers as soon as this returns. An earlier save that failed raises here.
+        orbax copies the arrays to host memory before this returns (no copy on the device
+        first), so the caller may donate or delete `state`'s buffers as soon as it has
+        returned. An earlier save that failed raises here.
         """
         leaves = saved_leaves(state)
         payload = {
@@ -307,15 +309,19 @@ class Checkpointer:
     def _saved_arrays(
         self, step: int
     ) -> tuple[list[tuple[tuple[int, ...], str]], dict[str, Any] | None]:
-        """Checkpoint `step`'s saved arrays' shapes and dtypes (orbax's metadata: nothing
-        restored) and the layout its JSON item records (`None` when it records none)."""
-        saved = [
-            (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
-            for leaf in self._manager.item_metadata(step)[STATE_ITEM].tree
-        ]
+        """Checkpoint `step`'s saved arrays' shapes and dtypes and the layout its JSON item
+        records (`None` when it records none); no array is restored. The shapes and dtypes
+        are the layout's record of them, or, for a checkpoint that records none, orbax's
+        metadata of each array."""
         ocp = self._ocp
         extra = self._manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))
         recorded = extra[EXTRA_ITEM].get(LAYOUT) if isinstance(extra[EXTRA_ITEM], dict) else None
+        saved = recorded_arrays(recorded)
+        if saved is None:
+            saved = [
+                (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
+                for leaf in self._manager.item_metadata(step)[STATE_ITEM].tree
+            ]
         return saved, recorded
 
     def _read_params(self, step: int, params: Any, ema: bool, positions: list[int] | None) -> Any:
@@ -383,9 +389,11 @@ class Checkpointer:
                 }
             ),
         )
-        leaves = [
+        leaves = [  # orbax's arrays as they are: already in the template's place and dtype
             jax.random.wrap_key_data(saved, impl=jax.random.key_impl(leaf))
             if is_key(leaf)
+            else saved
+            if isinstance(saved, jax.Array)
             else jnp.asarray(saved)
             for saved, leaf in zip(restored[STATE_ITEM], template_leaves, strict=True)
         ]
@@ -404,15 +412,12 @@ class Checkpointer:
         )
 
     def _check_structure(self, step: int, template: TrainState) -> None:
-        """Raise a short `ValueError` when checkpoint `step`'s saved arrays (read from
-        orbax's metadata, without restoring) differ in number, shape or dtype from
-        `template`'s: a checkpoint written for another model or optimizer."""
+        """Raise a short `ValueError` when checkpoint `step`'s saved arrays (`_saved_arrays`:
+        nothing restored) differ in number, shape or dtype from `template`'s: a checkpoint
+        written for another model or optimizer."""
         try:
             with reading():
-                saved = [
-                    (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
-                    for leaf in self._manager.item_metadata(step)[STATE_ITEM].tree
-                ]
+                saved, _ = self._saved_arrays(step)
         except Exception:  # damaged metadata: the restore says what is wrong
             return
         differing = structure_differences(saved, template)

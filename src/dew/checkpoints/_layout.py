@@ -20,6 +20,7 @@ __all__ = [
     "is_key",
     "layout",
     "params_positions",
+    "recorded_arrays",
     "saved_leaves",
     "structure_differences",
 ]
@@ -36,12 +37,12 @@ def is_key(leaf: Any) -> bool:
 
 
 def saved_leaves(state: TrainState) -> list[Any]:
-    """The arrays a checkpoint holds for `state`, copied (the next step may donate
-    `state`'s buffers while orbax writes)."""
-    return [
-        jax.random.key_data(leaf) if is_key(leaf) else jnp.array(leaf, copy=True)
-        for leaf in jax.tree.leaves(state)
-    ]
+    """The arrays a checkpoint holds for `state`: its leaves, the run key as raw key data.
+
+    Not copies: orbax copies each array to host memory before its `save` returns (its
+    default, synchronous transfer), so the next step may donate `state`'s buffers while
+    orbax writes (decision 0050)."""
+    return [jax.random.key_data(leaf) if is_key(leaf) else leaf for leaf in jax.tree.leaves(state)]
 
 
 def _shape_dtype(leaf: Any) -> tuple[tuple[int, ...], str]:
@@ -74,15 +75,12 @@ def history_from_json(data: Mapping[str, Any]) -> MetricHistory:
 
 
 def abstract(leaf: Any) -> jax.ShapeDtypeStruct:
-    """What orbax restores a template leaf as: its shape and dtype (keys as raw key data)
-    and, for a leaf placed over several devices (a multi-process fit's global arrays),
-    its sharding, so every process restores straight into its shards."""
+    """What orbax restores a template leaf as: its shape, dtype (keys as raw key data) and,
+    for an array, its sharding, so orbax reads each array straight into the template's
+    placement (a multi-process fit's global arrays: every process into its own shards)
+    and needs no second conversion, nor the saved shardings read to choose one."""
     data = jax.random.key_data(leaf) if is_key(leaf) else leaf
-    sharding = None
-    if isinstance(data, jax.Array) and not isinstance(
-        data.sharding, jax.sharding.SingleDeviceSharding
-    ):
-        sharding = data.sharding
+    sharding = data.sharding if isinstance(data, jax.Array) else None
     return jax.ShapeDtypeStruct(jnp.shape(data), jnp.result_type(data), sharding=sharding)
 
 
@@ -114,15 +112,33 @@ def structure_differences(
     return "\n".join(shown)
 
 
-def layout(state: TrainState) -> dict[str, int]:
-    """How many of a checkpoint's arrays are `state`'s params and EMA params. The arrays are
-    the state's leaves in order (`saved_leaves`): the step, the params, the optimizer state,
-    the run key, then the EMA params; so the params start at array 1 and the EMA params end
-    the list, and neither needs the optimizer to be found."""
+def layout(state: TrainState) -> dict[str, Any]:
+    """How many of a checkpoint's arrays are `state`'s params and EMA params, and every
+    array's shape and dtype (`arrays`, so a restore checks a template against the JSON item
+    instead of reading each array's metadata). The arrays are the state's leaves in order
+    (`saved_leaves`): the step, the params, the optimizer state, the run key, then the EMA
+    params; so the params start at array 1 and the EMA params end the list, and neither needs
+    the optimizer to be found."""
     return {
         "params": len(jax.tree.leaves(state.params)),
         "ema_params": len(jax.tree.leaves(state.ema_params)),
+        "arrays": [
+            [list(shape), dtype] for shape, dtype in map(_shape_dtype, jax.tree.leaves(state))
+        ],
     }
+
+
+def recorded_arrays(recorded: Mapping[str, Any] | None) -> list[tuple[tuple[int, ...], str]] | None:
+    """The saved arrays' shapes and dtypes as a checkpoint's layout records them, or `None`
+    when it records none (a checkpoint written before layouts recorded them) or records
+    something else."""
+    arrays = recorded.get("arrays") if isinstance(recorded, Mapping) else None
+    if not isinstance(arrays, list):
+        return None
+    try:
+        return [(tuple(int(size) for size in shape), str(dtype)) for shape, dtype in arrays]
+    except (TypeError, ValueError):
+        return None
 
 
 def params_positions(
