@@ -150,7 +150,9 @@ class _Ledger:
         identity = (status.st_dev, status.st_ino)
         if identity != self._identity or status.st_size < self._end:
             self._forget()
-            self._reader = os.open(self.path, os.O_RDONLY)
+            # Appended to in place: a symbolic link is refused (`dew._files`), not written through.
+            self._reader = open_descriptor(self.path, os.O_RDONLY)
+            self._writer = open_descriptor(self.path, os.O_WRONLY | os.O_APPEND)
             data = _read_range(self._reader, 0, os.fstat(self._reader).st_size)
             contents = self._parse(data)
             self._identity = identity
@@ -235,8 +237,6 @@ class _Ledger:
     def _record(self, event: dict[str, Any]) -> None:
         """Append `event` as one line, fsynced, and apply it to the state as `load` would
         read it back."""
-        if self._writer is None:
-            self._writer = open_descriptor(self.path, os.O_WRONLY | os.O_APPEND)
         if self._torn:  # no process holds the lock mid-write: this one's writer died
             os.ftruncate(self._writer, self._end)
             warnings.warn(
