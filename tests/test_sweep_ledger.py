@@ -191,3 +191,16 @@ def test_a_larger_budget_is_one_line_and_indices_stay_bounded_by_the_largest(tmp
     budgets = [event["budget"] for event in _lines(ledger)[1:] if "budget" in event]
     assert _lines(ledger)[0]["budget"] == 2 and budgets == [3]
     assert ledger_json(ledger)["budget"] == 3
+
+
+def test_a_symbolic_link_at_the_ledger_path_is_refused_and_nothing_trains(tmp_path):
+    # A ledger is appended to in place: dew never writes through a link (decision 0031).
+    real = tmp_path / "real.json"
+    sweep(config(), {"optim.learning_rate": RATES}, train=Recorder(), trials=1, ledger=real)
+    before = real.read_bytes()
+    link = tmp_path / "l.json"
+    link.symlink_to(real)
+    train = Recorder()
+    with pytest.raises(OSError, match=r"l\.json.*is a symbolic link|is a symbolic link.*l\.json"):
+        sweep(config(), {"optim.learning_rate": RATES}, train=train, trials=2, ledger=link)
+    assert train.runs == [] and real.read_bytes() == before
