@@ -40,9 +40,10 @@ _HEX = frozenset("0123456789abcdef")
 
 
 def _read_range(descriptor: int, start: int, stop: int) -> bytes:
+    os.lseek(descriptor, start, os.SEEK_SET)
     chunks = []
     while start < stop:
-        chunk = os.pread(descriptor, stop - start, start)
+        chunk = os.read(descriptor, stop - start)
         if not chunk:
             break
         chunks.append(chunk)
@@ -50,6 +51,7 @@ def _read_range(descriptor: int, start: int, stop: int) -> bytes:
     return b"".join(chunks)
 
 
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 _sync = getattr(os, "fdatasync", os.fsync)  # an append needs the data and the file's size
 
 
@@ -151,8 +153,8 @@ class _Ledger:
         if identity != self._identity or status.st_size < self._end:
             self._forget()
             # Appended to in place: a symbolic link is refused (`dew._files`), not written through.
-            self._reader = open_descriptor(self.path, os.O_RDONLY)
-            self._writer = open_descriptor(self.path, os.O_WRONLY | os.O_APPEND)
+            self._reader = open_descriptor(self.path, os.O_RDONLY | _BINARY)
+            self._writer = open_descriptor(self.path, os.O_WRONLY | os.O_APPEND | _BINARY)
             data = _read_range(self._reader, 0, os.fstat(self._reader).st_size)
             contents = self._parse(data)
             self._identity = identity
