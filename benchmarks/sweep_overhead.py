@@ -15,9 +15,10 @@ growing history on both sides):
   log=True)}, train=..., trials=N, ledger=<fresh path>, search=optuna_search(sampler=S(seed=
   ...)))` where `train(run)` reads `run.optim.learning_rate`. Per trial dew adds: two
   `override` calls' worth of `RunConfig.to_dict`/`from_dict` (the point, then the trial's
-  name), two ledger read-modify-writes under the ledger lock (the trial as running, then as
-  finished: read and check the JSON, write a temporary file, flush, fsync, rename, fsync the
-  folder), a trial-number lock, and the study size check before each ask. No tracker.
+  name), two ledger events under the ledger lock (the trial as running, then as finished: read what
+  was appended since, append one JSON line, fdatasync; decision 0045), a trial-number lock,
+  and the study size check before each ask. No tracker. (`sweep_ledger.py` shows how this
+  cost grows with the ledger.)
 - `dew sweep + random_search` (reference, no Optuna): the same sweep with dew's own random
   search, i.e. the loop's cost with sampling nearly free.
 

@@ -10,6 +10,7 @@ import time
 
 import jax
 import pytest
+from _ledgers import ledger_json, old_ledger_text
 
 from dew.cli import main
 from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
@@ -101,7 +102,7 @@ def test_dew_sweep_trains_each_point_and_prints_the_best(tmp_path, capsys):
     arguments = ["sweep", str(path), str(space), "--trials", "2", "--search", "grid", "--quiet"]
     assert main(arguments) == 0
     printed = capsys.readouterr().out.splitlines()
-    ledger = json.loads((tmp_path / "runs" / "tiny" / "ledger.json").read_text())
+    ledger = ledger_json(tmp_path / "runs" / "tiny" / "ledger.json")
     values = {trial["index"]: trial["value"] for trial in ledger["trials"]}
     assert sorted(values) == [0, 1]
     best = min(values, key=values.get)
@@ -125,7 +126,7 @@ def test_a_diverging_trial_scores_nan_and_the_sweep_goes_on(tmp_path, capsys):
     arguments = ["sweep", str(path), str(space), "--trials", "2", "--search", "grid", "--quiet"]
     assert main(arguments) == 0
     printed = capsys.readouterr()
-    ledger = json.loads((tmp_path / "runs" / "tiny" / "ledger.json").read_text())
+    ledger = ledger_json(tmp_path / "runs" / "tiny" / "ledger.json")
     values = {trial["index"]: trial["value"] for trial in ledger["trials"]}
     assert values[0] == "NaN" and isinstance(values[1], float)
     assert "tiny/trial-0: training " in printed.err  # its loss or params were not finite
@@ -193,7 +194,7 @@ def test_two_dew_sweep_workers_share_one_optuna_study(tmp_path):
     outputs = [worker.communicate(timeout=400) for worker in workers]
     for worker, (_, err) in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, err
-    ledger = json.loads((tmp_path / "runs" / "tiny" / "ledger.json").read_text())
+    ledger = ledger_json(tmp_path / "runs" / "tiny" / "ledger.json")
     assert sorted(trial["index"] for trial in ledger["trials"]) == [0, 1, 2, 3]
     trained = sorted(
         int(folder.name.removeprefix("trial-"))
@@ -382,9 +383,9 @@ def _hand_edited_ledger(tmp_path):
         ledger=ledger,
         search=grid_search,
     )
-    data = json.loads(ledger.read_text())
+    data = ledger_json(ledger)
     data["trials"][0]["overrides"]["optim.learning_rate"] = "x"
-    ledger.write_text(json.dumps(data))
+    ledger.write_text(old_ledger_text(data))
 
 
 SWEEP = ["sweep", "run.toml", "space.toml", "--trials", "1", "--search", "grid", "--quiet"]

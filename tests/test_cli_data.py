@@ -6,6 +6,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from _ledgers import ledger_json
 
 from dew.cli import main
 from dew.cli._contact_sheet import CAPTION, COLUMNS, GAP, tile_scale
@@ -387,7 +388,7 @@ def test_a_text_run_configuration_trains_evaluates_inspects_and_sweeps_unchanged
     space.write_text('"optim.learning_rate" = [0.01, 0.003]\n')
     sweep = ["sweep", str(config), str(space), "--trials", "2", "--search", "grid"]
     assert main([*sweep, "--name", "lr", "--quiet"]) == 0
-    ledger = json.loads((tmp_path / "runs" / "lr" / "ledger.json").read_text())
+    ledger = ledger_json(tmp_path / "runs" / "lr" / "ledger.json")
     assert sorted(trial["index"] for trial in ledger["trials"]) == [0, 1]
     for index, rate in enumerate((0.01, 0.003)):
         trial = json.loads((tmp_path / "runs" / "lr" / f"trial-{index}" / "run.json").read_text())

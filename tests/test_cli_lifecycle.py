@@ -14,6 +14,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from _ledgers import ledger_json
 
 from dew.cli import main
 from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
@@ -153,7 +154,7 @@ def test_a_short_run_ends_with_validation_scores_that_runs_and_sweep_see(tmp_pat
         )
         == 0
     )
-    ledger = json.loads((tmp_path / "runs" / "sw" / "ledger.json").read_text())
+    ledger = ledger_json(tmp_path / "runs" / "sw" / "ledger.json")
     [trial] = ledger["trials"]
     run = read_journal(tmp_path / "runs" / "sw" / f"trial-{trial['index']}")
     [(step, value)] = run.scalars["lm/validation/perplexity"]

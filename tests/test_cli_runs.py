@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from _ledgers import ledger_json
 
 from dew.cli import main
 from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig, builtin
@@ -83,14 +84,14 @@ def test_dew_sweep_says_which_trial_and_point_trains(swept):
         "trial 1/2  optim.learning_rate=0.0001",
     ]
     assert "evaluation/coordinated_batches" in printed  # --verbose asks for the counts
-    ledger = json.loads((root / "runs" / "tiny" / "ledger.json").read_text())
+    ledger = ledger_json(root / "runs" / "tiny" / "ledger.json")
     assert ledger["direction"] == "minimize"
 
 
 @pytest.mark.slow
 def test_a_sweep_row_shows_its_best_trial_and_point(swept, capsys):
     root, _ = swept
-    ledger = json.loads((root / "runs" / "tiny" / "ledger.json").read_text())
+    ledger = ledger_json(root / "runs" / "tiny" / "ledger.json")
     top = min(ledger["trials"], key=lambda trial: trial["value"])
     (row,) = [row for row in _listed(capsys, root) if row["run"] == "tiny/sweep"]
     assert row["best_trial"]["index"] == top["index"]
@@ -286,7 +287,7 @@ def test_the_ledger_records_the_direction_and_refuses_the_other(tmp_path):
         )
 
     assert [trial.value for trial in run("maximize")] == [0.1, 0.2]
-    assert json.loads(ledger.read_text())["direction"] == "maximize"
+    assert ledger_json(ledger)["direction"] == "maximize"
     with pytest.raises(ValueError, match="'maximize' its score, but this sweep would 'minimize'"):
         run("minimize")
     with pytest.raises(ValueError, match="direction must be 'minimize' or 'maximize', got 'up'"):

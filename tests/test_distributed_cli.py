@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from _ledgers import ledger_json
 from _multiprocess import launch, worker_env
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,7 @@ def test_every_process_trains_process_zero_s_trials_in_order(driver):
 
 def test_only_process_zero_owns_the_ledger(driver):
     out, _ = driver
-    ledger = json.loads((out / "rank0" / "grid" / "ledger.json").read_text())
+    ledger = ledger_json(out / "rank0" / "grid" / "ledger.json")
     assert [entry["index"] for entry in ledger["trials"]] == [0, 1, 2]
     assert [entry["value"] for entry in ledger["trials"]] == [1.0, 2.0, 3.0]
     assert ledger["running"] == []
@@ -77,7 +78,7 @@ def test_a_rerun_retrains_the_cut_off_trial_first(driver):
     assert zero["resumed_trained"] == one["resumed_trained"]
     assert zero["resumed"] == one["resumed"]
     assert [trial[0] for trial in zero["resumed"]["value"]] == [0, 1, 2]
-    ledger = json.loads((out / "rank0" / "failing" / "ledger.json").read_text())
+    ledger = ledger_json(out / "rank0" / "failing" / "ledger.json")
     assert ledger["running"] == []
 
 
@@ -269,7 +270,7 @@ def test_dew_sweep_processes_2_keeps_one_ledger(tmp_path):
         *argv, "--steps", "3", "--checkpoint-dir", tmp_path / "runs", "--name", "rate", *SMALL
     )
     assert code == 0, err
-    ledger = json.loads((tmp_path / "runs" / "rate" / "ledger.json").read_text())
+    ledger = ledger_json(tmp_path / "runs" / "rate" / "ledger.json")
     assert [entry["index"] for entry in ledger["trials"]] == [0, 1]
     assert [entry["overrides"] for entry in ledger["trials"]] == [
         {"optim.learning_rate": 0.01},
@@ -302,7 +303,7 @@ def test_dew_sweep_processes_2_with_optuna_on_a_sqlite_storage(tmp_path):
         *SMALL,
     )  # fmt: skip
     assert code == 0, err
-    ledger = json.loads((tmp_path / "runs" / "rate" / "ledger.json").read_text())
+    ledger = ledger_json(tmp_path / "runs" / "rate" / "ledger.json")
     assert [entry["index"] for entry in ledger["trials"]] == [0, 1]
     study = optuna.load_study(study_name="rates", storage=storage)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]

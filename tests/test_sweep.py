@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 from _checks import rejects
+from _ledgers import ledger_json, old_ledger_text
 from _sweep_worker import SPACE, base_config, make_train
 from hypothesis import given
 from hypothesis import strategies as st
@@ -249,9 +250,25 @@ def test_sweep_trains_one_named_run_per_point_and_returns_the_ledger(tmp_path):
         Trial(index, point, score)
         for index, (point, score) in enumerate(zip(points, scores, strict=True))
     ]
-    data = json.loads(ledger.read_text())
+    # The file as JSON lines read by `json` alone: its header, then one event per line.
+    header, *events = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert ledger.read_text().endswith("\n")
+    entries = [
+        {"index": trial.index, "overrides": trial.overrides, "value": trial.value}
+        for trial in trials
+    ]
+    assert events == [
+        event
+        for entry in entries
+        for event in (
+            {"running": {"index": entry["index"], "overrides": entry["overrides"]}},
+            {"finished": entry},
+        )
+    ]
+    assert header == {key: value for key, value in ledger_json(ledger).items() if key in header}
+    data = ledger_json(ledger)
     assert data == {
-        "version": 1,
+        "version": 2,
         "space": {
             "optim.learning_rate": {"kind": "choice", "values": RATES},
             "trainer.batch_size": {"kind": "choice", "values": [8, 16]},
@@ -315,7 +332,7 @@ def test_non_finite_scores_are_kept_as_data(tmp_path):
     )
     values = [trial.value for trial in trials]
     assert math.isnan(values[0]) and values[1:] == [math.inf, -math.inf, 1.5]
-    assert [entry["value"] for entry in json.loads(ledger.read_text())["trials"]] == [
+    assert [entry["value"] for entry in ledger_json(ledger)["trials"]] == [
         "NaN",
         "+Inf",
         "-Inf",
@@ -483,14 +500,14 @@ def test_a_trial_that_failed_mid_training_is_retrained_first(tmp_path):
     crashing = Recorder(fail_at=2)
     with pytest.raises(RuntimeError, match="trial crashed"):
         sweep(config(), space, train=crashing, trials=5, ledger=ledger, search=grid_search)
-    data = json.loads(ledger.read_text())
+    data = ledger_json(ledger)
     assert [entry["index"] for entry in data["trials"]] == [0, 1]
     assert data["running"] == [{"index": 2, "overrides": grid_search.point(space, 2)}]
     rerun = Recorder()
     trials = sweep(config(), space, train=rerun, trials=5, ledger=ledger, search=grid_search)
     assert rerun.names == ["exp/trial-2", "exp/trial-3", "exp/trial-4"]
     assert [trial.overrides for trial in trials] == [grid_search.point(space, i) for i in range(5)]
-    assert json.loads(ledger.read_text())["running"] == []
+    assert ledger_json(ledger)["running"] == []
 
 
 def _refused(tmp_path, ledger, match, base=None, **kwargs):
@@ -589,7 +606,9 @@ def test_a_ledger_for_another_search_is_refused(tmp_path):
         ('{"version": 1, "space": {', "is not valid JSON"),
         ("[]", "holds list, not a JSON object"),
         ('{"version": 1}', "it has no 'space', 'search', 'config', 'trials'"),
-        ('{"version": 2, "space": {}, "search": "x", "config": {}, "trials": []}', "has version 2"),
+        ('{"version": 3, "space": {}, "search": "x", "config": {}, "trials": []}', "has version 3"),
+        ('{"version": 2, "space": {}, "search": "x", "config": {}}\n', "has no 'direction', 'bu"),
+        ('{\n "version": 2\n}\n', "a version-2 ledger holds one JSON object a line"),
     ],
 )
 def test_a_corrupt_ledger_is_refused(tmp_path, text, match):
@@ -601,18 +620,18 @@ def test_a_corrupt_ledger_is_refused(tmp_path, text, match):
 def test_a_ledger_with_malformed_trials_is_refused(tmp_path):
     ledger = tmp_path / "l.json"
     sweep(config(), {"optim.learning_rate": RATES}, train=Recorder(), trials=2, ledger=ledger)
-    data = json.loads(ledger.read_text())
+    data = ledger_json(ledger)
     data["trials"][1]["index"] = 0
-    ledger.write_text(json.dumps(data))
+    ledger.write_text(old_ledger_text(data))
     _refused(tmp_path, ledger, "'trials' holds index 0 twice")
     data["trials"][1] = {"index": 1, "overrides": {"optim.learning_rate": 0.01}, "value": "low"}
-    ledger.write_text(json.dumps(data))
+    ledger.write_text(old_ledger_text(data))
     _refused(tmp_path, ledger, r"trials\[1\] \(trial 1\) has value 'low', not a number")
 
 
 def _edited(data, trial=None, **changes):
     """The ledger `data` with `changes` at its top level and, for `trial`, in its first trial."""
-    data = json.loads(json.dumps(data))
+    data = json.loads(json.dumps({**data, "version": 1}))
     if trial is not None:
         data["trials"][0].update(trial)
     return json.dumps({**data, **changes})
@@ -650,7 +669,7 @@ def test_a_hand_edited_ledger_is_refused_naming_the_file_the_trial_and_the_value
 ):
     ledger = tmp_path / "l.json"
     sweep(config(), {"optim.learning_rate": RATES}, train=Recorder(), trials=2, ledger=ledger)
-    data = json.loads(ledger.read_text())
+    data = ledger_json(ledger)
     ledger.write_text(_edited(data, **edit))
     message = _refused(tmp_path, ledger, f"is malformed: (.* )?{match}")
     assert "\n" not in message
@@ -660,17 +679,17 @@ def test_a_ledger_without_a_budget_still_bounds_its_indices(tmp_path):
     ledger = tmp_path / "l.json"
     space = {"optim.learning_rate": RATES}
     sweep(config(), space, train=Recorder(), trials=2, ledger=ledger)
-    data = json.loads(ledger.read_text())
+    data = ledger_json(ledger)
     del data["budget"]  # as a ledger written before the budget was recorded
     data["trials"][1]["index"] = 7
-    ledger.write_text(json.dumps(data))
+    ledger.write_text(old_ledger_text(data))
     rerun = Recorder()  # trial 1 is missing now: it trains; trial 7 is kept
     trials = sweep(config(), space, train=rerun, trials=2, ledger=ledger)
     assert [trial.index for trial in trials] == [0, 1, 7] and rerun.names == ["exp/trial-1"]
-    assert json.loads(ledger.read_text())["budget"] == 8  # what its trials tell
+    assert ledger_json(ledger)["budget"] == 8  # what its trials tell
     assert sweep(config(), space, train=rerun, trials=2, ledger=ledger) == trials
     data["trials"][1]["index"] = 2**63 - 1
-    ledger.write_text(json.dumps(data))
+    ledger.write_text(old_ledger_text(data))
     _refused(
         tmp_path, ledger, r"has trial index 9223372036854775807, not an integer in \[0, 2\*\*63"
     )
@@ -682,7 +701,7 @@ def test_a_budget_larger_once_keeps_its_trials_readable(tmp_path):
     sweep(config(), space, train=Recorder(), trials=4, ledger=ledger)
     again = sweep(config(), space, train=Recorder(), trials=2, ledger=ledger)
     assert [trial.index for trial in again] == [0, 1, 2, 3]
-    assert json.loads(ledger.read_text())["budget"] == 4
+    assert ledger_json(ledger)["budget"] == 4
 
 
 @pytest.mark.parametrize(
@@ -727,7 +746,7 @@ def test_a_search_proposing_what_the_ledger_would_refuse_is_refused_first(
             search=Fixed(),
         )
     assert train.runs == []
-    assert json.loads(ledger.read_text())["running"] == []  # nothing it refuses was written
+    assert ledger_json(ledger)["running"] == []  # nothing it refuses was written
 
 
 def test_a_ledger_write_leaves_no_temporary_files(tmp_path):
@@ -797,7 +816,7 @@ def test_the_tracker_is_told_after_the_ledger(tmp_path):
 
     class Checking(InMemoryTracker):
         def log_metrics(self, values, *, step):
-            indices = [entry["index"] for entry in json.loads(ledger.read_text())["trials"]]
+            indices = [entry["index"] for entry in ledger_json(ledger)["trials"]]
             assert step in indices
             super().log_metrics(values, step=step)
 
@@ -858,12 +877,11 @@ def _lines(path):
 
 
 def _ledger_state(path):
-    """The finished indices of a ledger, which must be valid JSON whenever it exists."""
+    """The finished indices of a ledger, whose every line but a torn last one must be JSON
+    whenever it exists."""
     if not path.exists():
         return set()
-    data = json.loads(path.read_text())
-    assert data["version"] == 1
-    return {entry["index"] for entry in data["trials"]}
+    return {entry["index"] for entry in ledger_json(path)["trials"]}
 
 
 @pytest.mark.slow
@@ -889,9 +907,9 @@ def test_a_sweep_killed_at_random_moments_finishes_without_retraining(tmp_path):
             kills += 1
         _, errors = worker.communicate()
         assert worker.returncode in (0, -signal.SIGKILL), errors
-        finished = _ledger_state(ledger)  # the ledger is whole JSON after every kill
+        finished = _ledger_state(ledger)  # whole JSON lines after every kill
         checkpoints.append((len(_lines(side_log)), finished))
-        cut_off += bool(json.loads(ledger.read_text())["running"])
+        cut_off += bool(ledger_json(ledger)["running"])
     worker = _worker(*arguments)
     output, errors = worker.communicate(timeout=120)
     assert worker.returncode == 0, errors
@@ -906,7 +924,7 @@ def test_a_sweep_killed_at_random_moments_finishes_without_retraining(tmp_path):
     assert set(starts) == set(range(trials))
     assert len(starts) <= trials + kills  # only a trial cut off by a kill starts again
 
-    data = json.loads(ledger.read_text())
+    data = ledger_json(ledger)
     assert data["running"] == []
     assert output.split() == [str(index) for index in range(trials)]
     uninterrupted = sweep(
@@ -917,7 +935,7 @@ def test_a_sweep_killed_at_random_moments_finishes_without_retraining(tmp_path):
         ledger=tmp_path / "uninterrupted.json",
         search=random_search(seed=3),
     )
-    assert data["trials"] == json.loads((tmp_path / "uninterrupted.json").read_text())["trials"]
+    assert data["trials"] == ledger_json(tmp_path / "uninterrupted.json")["trials"]
     assert [trial.index for trial in uninterrupted] == list(range(trials))
 
 
@@ -961,7 +979,7 @@ def test_optuna_search_tells_the_study_the_ledger(tmp_path, optuna):
         search=optuna_search(sampler=_spy_sampler(optuna)),
     )
     assert [trial.index for trial in first] == [0, 1, 2]
-    assert json.loads(ledger.read_text())["search"] == "optuna"
+    assert ledger_json(ledger)["search"] == "optuna"
     spy = _spy_sampler(optuna)
     train = Recorder()
     trials = sweep(
@@ -1123,7 +1141,7 @@ def test_two_workers_split_one_optuna_study(tmp_path, optuna, shared_ledger):
     assert len({pid for _, _, pid in starts}) == 2  # both workers took trials
     finished = []
     for ledger in set(ledgers):
-        finished += json.loads(ledger.read_text())["trials"]
+        finished += ledger_json(ledger)["trials"]
     assert sorted(entry["index"] for entry in finished) == list(range(8))
     study = optuna.load_study(study_name="lm-rate", storage=storage)
     complete = {trial.number: trial for trial in study.trials if trial.state.name == "COMPLETE"}
@@ -1186,7 +1204,7 @@ def test_a_search_of_ones_own(tmp_path):
         search=Halving(),
     )
     assert [trial.overrides["optim.learning_rate"] for trial in trials] == [0.1, 0.05, 0.025]
-    assert json.loads((tmp_path / "l.json").read_text())["search"] == "halving"
+    assert ledger_json(tmp_path / "l.json")["search"] == "halving"
 
     class Wrong(Halving):
         name = "wrong"
@@ -1222,7 +1240,7 @@ def test_an_optuna_worker_killed_before_its_ledger_write_loses_no_index(
     _, errors = worker.communicate(timeout=120)
     assert worker.returncode == -signal.SIGKILL, errors
     assert _ledger_state(ledger) == set(range(index))  # trial `index` never reached it
-    assert json.loads(ledger.read_text())["running"] == []
+    assert ledger_json(ledger)["running"] == []
     study = optuna.load_study(study_name="killed", storage=storage)
     assert study.trials[index].state.name == "RUNNING"
 
@@ -1233,7 +1251,7 @@ def test_an_optuna_worker_killed_before_its_ledger_write_loses_no_index(
     starts = [int(line.split()[1]) for line in _lines(side_log) if line.startswith("start")]
     assert sorted(starts) == list(range(6))  # every index trained exactly once overall
     study = optuna.load_study(study_name="killed", storage=storage)
-    finished = {entry["index"]: entry for entry in json.loads(ledger.read_text())["trials"]}
+    finished = {entry["index"]: entry for entry in ledger_json(ledger)["trials"]}
     assert [trial.state.name for trial in study.trials[:6]] == ["COMPLETE"] * 6
     for trial in study.trials[:6]:
         assert trial.params == finished[trial.number]["overrides"]

@@ -1,5 +1,6 @@
 """Opening the files dew writes in place (journals, plots, lock files) without following a
-final symbolic link. Below the core: imports no dew module.
+final symbolic link, and appending a line to one whole or not at all. Below the core: imports
+no dew module.
 
 A link where dew writes (a dangling `scalars.jsonl -> /elsewhere/x`) would otherwise make dew
 create or append to a file outside the folder it writes in. `open_for_writing` opens the path
@@ -10,11 +11,12 @@ no such care: their temporary file is created with `O_EXCL`, which never follows
 `os.replace` replaces a link at the destination rather than writing through it.
 """
 
+import contextlib
 import errno
 import os
 from typing import IO, Any
 
-__all__ = ["open_descriptor", "open_for_writing"]
+__all__ = ["append_line", "open_descriptor", "open_for_writing"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # POSIX; Windows has none: see `open_descriptor`
 _FLAGS = {
@@ -75,3 +77,23 @@ def open_for_writing(
     except BaseException:
         os.close(descriptor)
         raise
+
+
+def append_line(journal: Any, path: str | os.PathLike[str], line: str) -> None:
+    """Append `line` (its newline included) to `journal` (an open file, or a descriptor,
+    opened for appending) at `path`: whole, or not at all. A write that fails part-way (a
+    full disk) is cut back, so the lines before it stay the file's last; the `OSError` names
+    `path`. The bytes go to the file descriptor at once, past a file object's buffer, which
+    would otherwise write a failed line's rest on a later flush. The journals of a
+    `LocalTracker` folder and a sweep's ledger append through it."""
+    data = line.encode("utf-8")
+    descriptor = journal if isinstance(journal, int) else journal.fileno()
+    written = 0
+    try:
+        while written < len(data):
+            written += os.write(descriptor, data[written:])
+    except OSError as error:
+        if written:  # appended at the end: the journal was `written` bytes shorter
+            with contextlib.suppress(OSError):
+                os.ftruncate(descriptor, os.fstat(descriptor).st_size - written)
+        raise OSError(error.errno, error.strerror, str(path)) from error

@@ -1,7 +1,6 @@
 """The journals of a `LocalTracker` folder: their files, their line shapes, reopening one
 for appending, and reading a folder back (`read_journal`)."""
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -11,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dew import _json
-from dew._files import open_for_writing
+from dew._files import append_line, open_for_writing
 from dew.telemetry.records import Record, decode_json_value, record_from_dict
 
 __all__ = ["Journal", "append_line", "read_journal"]
@@ -66,25 +65,6 @@ def _parse_line(path: pathlib.Path, number: int, line: bytes) -> Any:
     if problem is not None:
         raise ValueError(f"{path}: line {number} is not a {path.name} line: {problem}.")
     return entry
-
-
-def append_line(journal: Any, path: pathlib.Path, line: str) -> None:
-    """Append `line` (its newline included) to the open journal `journal` at `path`:
-    whole, or not at all. A write that fails part-way (a full disk) is cut back, so the
-    lines before it stay the journal's last; the `OSError` names `path`. The bytes go to
-    the file descriptor at once, past the file object's buffer, which would otherwise
-    write a failed line's rest on a later flush."""
-    data = line.encode("utf-8")
-    descriptor = journal.fileno()
-    written = 0
-    try:
-        while written < len(data):
-            written += os.write(descriptor, data[written:])
-    except OSError as error:
-        if written:  # appended at the end: the journal was `written` bytes shorter
-            with contextlib.suppress(OSError):
-                os.ftruncate(descriptor, os.fstat(descriptor).st_size - written)
-        raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def _lines(path: pathlib.Path) -> tuple[list[bytes], bytes]:

@@ -20,11 +20,13 @@ Three search backends ship, and `Search` is the protocol for writing another:
 - `optuna_search` asks Optuna's sampler (extra `hpo`); with a shared RDB storage, several
   worker processes split one sweep's trials.
 
-The ledger is a JSON file: `{"version": 1, "space": ..., "search": ..., "config": ...,
-"trials": [{"index", "overrides", "value"}], "running": [{"index", "overrides"}]}`. A
-finished trial is written to it (atomically, and made durable) before it is reported to the
-tracker; a rerun of the same call skips the finished trials, retrains from its start a trial
-that was cut off mid-training (its checkpoints resume it) and continues. A ledger written for
+The ledger is a JSON-lines file (decision 0045): a header line `{"version": 2, "space",
+"search", "config", "direction", "budget"}`, then one event a line, appended and fsynced:
+`{"running": {"index", "overrides"}}` before a trial trains, `{"finished": {"index",
+"overrides", "value"}}` before it is reported to the tracker, `{"budget": N}` when a larger
+budget opens it. A version-1 ledger (one JSON object) is read and converted. A rerun of the
+same call skips the finished trials, retrains from its start a trial that was cut off
+mid-training (its checkpoints resume it) and continues. A ledger written for
 another space, another search or another base configuration (`config.to_dict()`) is refused
 before any training. Non-finite scores are written `"NaN"`, `"+Inf"`, `"-Inf"`.
 

@@ -1,38 +1,42 @@
-"""The sweep's ledger: a JSON file of finished and running trials, guarded by POSIX record locks
-on `<ledger>.lock`, and read back as strictly as it is written (`read_entry`, `read_ledger`)."""
+"""The sweep's ledger format: a JSON-lines file of the trials a sweep started and finished, read
+back as strictly as it is written (`read_entry`, `read_ledger`); decision 0045. A sweep's use of
+it (its locks, appends and the state read so far) is `_ledger_file`'s.
+
+Its first line is the header, `{"version": 2, "space", "search", "config", "direction",
+"budget"}`, written whole (`write_atomic`) when the ledger is created. Every later line is one
+event, appended under the lock and fsynced: `{"running": {"index", "overrides"}}` before a trial
+trains, `{"finished": {"index", "overrides", "value"}}` once it returned its score, and
+`{"budget": N}` when a sweep with a larger trial budget opens the ledger. A last line without its
+newline (a writer that died mid-write) is no event: readers ignore it, and the next writer cuts
+it off. A version-1 ledger (one JSON object, rewritten whole on every change) is still read, and
+the first sweep that opens it converts it to version 2, whole.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
-import json
 import os
 import pathlib
-import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from typing import Any
 
 from dew import _json
-from dew._files import open_descriptor
-from dew._json import write_atomic
-from dew.config._identity import comparable
 from dew.config.sweep._search import Trial
-from dew.config.sweep._space import Space, _is_int, _outside, _space_from_json, _space_json
-from dew.telemetry.records import decode_json_value, encode_json_value
+from dew.config.sweep._space import Space, _is_int, _outside, _space_from_json
+from dew.telemetry.records import decode_json_value
 
-try:  # POSIX: the ledger's lock; without it (Windows) one process per ledger
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
-
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
+OLD_VERSION = 1
+"""The whole-JSON ledgers of earlier dew, read and converted (decision 0045)."""
 MOST_TRIALS = 2**63 - 1
 """The largest trial budget: trial `index` holds byte `index + 1` of the ledger's lock file,
 and a lock's byte offset is a signed 64-bit integer."""
-_HEX = frozenset("0123456789abcdef")
-_REQUIRED = ("version", "space", "search", "config", "trials")
-_OPTIONAL = ("direction", "budget", "running")  # older ledgers lack the first two
+_REQUIRED = {
+    LEDGER_VERSION: ("version", "space", "search", "config", "direction", "budget"),
+    OLD_VERSION: ("version", "space", "search", "config", "trials"),
+}
+_OPTIONAL = {LEDGER_VERSION: (), OLD_VERSION: ("direction", "budget", "running")}  # older lack some
+_EVENTS = ("budget", "running", "finished")
 
 
 @dataclasses.dataclass
@@ -40,6 +44,25 @@ class _State:
     finished: dict[int, Trial]
     running: dict[int, dict[str, Any]]
     budget: int | None = None  # the largest budget a sweep of the ledger has had
+
+    def taken(self) -> Set[int]:
+        """The indices finished or running: a live view, not a copy."""
+        return _Taken(self)
+
+
+class _Taken(Set[int]):
+    def __init__(self, state: _State) -> None:
+        self._state = state
+
+    def __contains__(self, index: object) -> bool:
+        return index in self._state.finished or index in self._state.running
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._state.finished  # the two never share an index
+        yield from self._state.running
+
+    def __len__(self) -> int:
+        return len(self._state.finished) + len(self._state.running)
 
 
 class _EntryError(ValueError):
@@ -99,33 +122,70 @@ def _malformed(path: pathlib.Path, problem: str) -> ValueError:
 
 @dataclasses.dataclass(frozen=True)
 class _Contents:
-    """A ledger's contents, each checked for itself (not yet against a sweep)."""
+    """A ledger's contents, each checked for itself (not yet against a sweep): `data` is its
+    header (a version-1 ledger's whole object), `end` the bytes read (through the last whole
+    line) and `lines` the whole lines among them."""
 
     data: dict[str, Any]
     space: Space
     direction: str
     state: _State
+    version: int
+    end: int = 0
+    lines: int = 0
 
 
-def _contents(path: pathlib.Path, text: bytes) -> _Contents:
-    """Parse and check a ledger's text: its keys, version, space, search, configuration,
-    direction and budget, and every entry (`read_entry`)."""
-    try:
-        data = _json.loads(text, "it", "JSON")
-    except ValueError as error:
-        raise _malformed(path, str(error).rstrip(".")) from None
-    if not isinstance(data, dict):
-        raise _malformed(path, f"it holds {type(data).__name__}, not a JSON object")
-    missing = [key for key in _REQUIRED if key not in data]
+def _apply(state: _State, event: Any, where: str, space: Space) -> None:
+    """Apply one event line of a version-2 ledger to `state`; `_EntryError` when it is not
+    one a sweep writes at that point of the ledger."""
+    if not isinstance(event, dict) or len(event) != 1 or next(iter(event)) not in _EVENTS:
+        shown = sorted(event) if isinstance(event, dict) else _shown(event)
+        raise _EntryError(f"{where} is {shown}, not one key of {list(_EVENTS)}")
+    [(kind, body)] = event.items()
+    if kind == "budget":
+        if not _is_int(body) or not 1 <= body <= MOST_TRIALS:
+            raise _EntryError(
+                f"{where} has budget {_shown(body)}, not an integer in [1, 2**63 - 1]"
+            )
+        state.budget = max(state.budget or 0, body)
+        return
+    finished = kind == "finished"
+    trial = read_entry(body, where, space=space, budget=state.budget, finished=finished)
+    if trial.index in state.finished:
+        raise _EntryError(f"{where} has {kind} trial {trial.index}, which finished before")
+    if finished:
+        state.running.pop(trial.index, None)
+        state.finished[trial.index] = trial
+    elif trial.index in state.running:
+        raise _EntryError(f"{where} has trial {trial.index} running twice")
+    else:
+        state.running[trial.index] = trial.overrides
+
+
+def _read_events(
+    path: pathlib.Path, state: _State, space: Space, data: bytes, lines: int
+) -> tuple[int, int]:
+    """Apply the whole lines of `data` (a version-2 ledger's bytes after its line `lines`) to
+    `state`; return how many bytes and lines that was. A last line without its newline is no
+    event (a writer died mid-write, or is writing it now)."""
+    end = data.rfind(b"\n") + 1
+    for line in data[:end].split(b"\n")[:-1]:
+        lines += 1
+        where = f"line {lines}"
+        try:
+            _apply(state, _json.loads(line, where), where, space)
+        except ValueError as error:  # _EntryError included
+            raise _malformed(path, str(error).rstrip(".")) from None
+    return end, lines
+
+
+def _checked_fields(path: pathlib.Path, data: Any, version: int) -> tuple[Space, str, int | None]:
+    """The space, direction and budget of a ledger's header (a version-1 ledger's object),
+    its keys and values checked."""
+    missing = [key for key in _REQUIRED[version] if key not in data]
     if missing:
         raise _malformed(path, f"it has no {', '.join(map(repr, missing))}")
-    version = data["version"]
-    if not _is_int(version) or version != LEDGER_VERSION:
-        raise ValueError(
-            f"ledger {str(path)!r} has version {version!r}; this dew reads version "
-            f"{LEDGER_VERSION}."
-        )
-    unknown = sorted(set(data) - {*_REQUIRED, *_OPTIONAL})
+    unknown = sorted(set(data) - {*_REQUIRED[version], *_OPTIONAL[version]})
     if unknown:
         raise _malformed(path, f"it has unknown keys {unknown}")
     try:
@@ -143,6 +203,45 @@ def _contents(path: pathlib.Path, text: bytes) -> _Contents:
         if not valid:
             allowed = allowed or f"an integer in [1, {MOST_TRIALS}]"
             raise _malformed(path, f"its {key} is {_shown(data[key])}, not {allowed}")
+    return space, direction, budget
+
+
+def _contents(path: pathlib.Path, text: bytes) -> _Contents:
+    """Parse and check a ledger's text, version 2 or 1: its header's keys, version, space,
+    search, configuration, direction and budget, and every entry (`read_entry`)."""
+    first, newline, _ = text.partition(b"\n")
+    try:
+        header = _json.loads(first, "its first line")
+    except ValueError:
+        header = None  # a version-1 ledger as dew wrote it: "{" alone on its first line
+    if not isinstance(header, dict) or header.get("version") != LEDGER_VERSION:
+        return _old_contents(path, text)
+    space, direction, budget = _checked_fields(path, header, LEDGER_VERSION)
+    state = _State({}, {}, budget)
+    start = len(first) + len(newline)
+    end, lines = _read_events(path, state, space, text[start:], 1)
+    return _Contents(header, space, direction, state, LEDGER_VERSION, start + end, lines)
+
+
+def _old_contents(path: pathlib.Path, text: bytes) -> _Contents:
+    """A version-1 ledger: one JSON object holding its `"trials"` and `"running"` lists."""
+    try:
+        data = _json.loads(text, "it", "JSON")
+    except ValueError as error:
+        raise _malformed(path, str(error).rstrip(".")) from None
+    if not isinstance(data, dict):
+        raise _malformed(path, f"it holds {type(data).__name__}, not a JSON object")
+    if "version" not in data:
+        raise _malformed(path, "it has no 'version'")
+    version = data["version"]
+    if version == LEDGER_VERSION:
+        raise _malformed(path, "a version-2 ledger holds one JSON object a line")
+    if not _is_int(version) or version != OLD_VERSION:
+        raise ValueError(
+            f"ledger {str(path)!r} has version {version!r}; this dew reads versions "
+            f"{OLD_VERSION} and {LEDGER_VERSION}."
+        )
+    space, direction, budget = _checked_fields(path, data, OLD_VERSION)
     state = _State({}, {}, budget)
     for key, finished in (("trials", True), ("running", False)):
         entries = data.get(key, [])
@@ -163,191 +262,12 @@ def _contents(path: pathlib.Path, text: bytes) -> _Contents:
                 state.finished[trial.index] = trial
             else:
                 state.running[trial.index] = trial.overrides
-    return _Contents(data, space, direction, state)
+    return _Contents(data, space, direction, state, OLD_VERSION)
 
 
 def read_ledger(path: str | os.PathLike[str]) -> _Contents:
     """A ledger read and checked for itself, as `dew runs` reads one: `ValueError` naming
-    the file, the entry and the value when anything in it is not what a sweep writes."""
+    the file, the entry and the value when anything in it is not what a sweep writes. A
+    sweep may be appending to it meanwhile: a last line without its newline is not read."""
     path = pathlib.Path(path)
     return _contents(path, path.read_bytes())
-
-
-class _Ledger:
-    """The ledger file, its lock file `<ledger>.lock` and this process's trial claims.
-
-    Byte 0 of the lock file (a POSIX record lock) guards every read-modify-write of the
-    ledger; byte `index + 1` is held while trial `index` trains, so another process can tell
-    a live trial from one whose process died (the kernel drops a dead process's locks).
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        space: Space,
-        search: str,
-        config: dict[str, Any],
-        direction: str = "minimize",
-        trials: int = 1,
-    ) -> None:
-        self.path = pathlib.Path(path)
-        self.owner = f"{socket.gethostname()}:{self.path.absolute()}"
-        self.fields, self.space = space, _space_json(space)
-        self.search, self.direction, self.trials = search, direction, trials
-        self.config = json.loads(_dumps(config))  # as the ledger's JSON reads back
-        self._header = (
-            f'"version": {LEDGER_VERSION},\n "space": {_dumps(self.space)},\n "search": '
-            f'{_dumps(search)},\n "config": {_dumps(config)},\n "direction": {_dumps(direction)}'
-        )
-        self.descriptor: int | None = None
-        # The bytes last read or written and their state: a ledger no other process changed
-        # is not parsed again, and each finished trial's line is encoded once.
-        self._data: bytes | None = None
-        self._state = _State({}, {})
-        self._lines: dict[int, tuple[Trial, str]] = {}
-
-    def __enter__(self) -> _Ledger:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = self.path.with_name(self.path.name + ".lock")
-        self.descriptor = open_descriptor(lock, os.O_RDWR | os.O_CREAT)
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self.descriptor is not None:
-            os.close(self.descriptor)  # drops this process's claims too
-            self.descriptor = None
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        if fcntl is None:  # pragma: no cover
-            yield
-            return
-        fcntl.lockf(self.descriptor, fcntl.LOCK_EX, 1, 0)
-        try:
-            yield
-        finally:
-            fcntl.lockf(self.descriptor, fcntl.LOCK_UN, 1, 0)
-
-    def claim(self, index: int) -> bool:
-        """Hold trial `index`'s lock; False when a live process holds it."""
-        if fcntl is None:  # pragma: no cover
-            return True
-        try:
-            fcntl.lockf(self.descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, index + 1)
-        except OSError as error:
-            if error.errno in (errno.EACCES, errno.EAGAIN):
-                return False
-            raise
-        return True
-
-    def release(self, index: int) -> None:
-        if fcntl is not None:
-            fcntl.lockf(self.descriptor, fcntl.LOCK_UN, 1, index + 1)
-
-    def clean(self) -> None:
-        """Remove temporary files a process left when it died mid-write (under the lock)."""
-        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
-            middle = stale.name[len(self.path.name) + 2 : -len(".tmp")]
-            if len(middle) == 32 and all(character in _HEX for character in middle):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
-
-    def load(self) -> _State:
-        """Read and check the ledger (call under the lock); an absent ledger is empty."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            data = None
-        if data != self._data:
-            self._state = _State({}, {}) if data is None else self._parse(data)
-            self._data = data
-        state = self._state
-        return _State(dict(state.finished), dict(state.running), state.budget)
-
-    def _parse(self, data: bytes) -> _State:
-        """The ledger's state: its contents checked for themselves (`_contents`), then
-        against this sweep's search, direction, base configuration and space."""
-        contents = _contents(self.path, data)
-        stored = contents.data
-        if stored["search"] != self.search:
-            raise ValueError(
-                f"ledger {str(self.path)!r} was written by search {stored['search']!r}, but "
-                f"this sweep uses {self.search!r}; use another ledger path for another search."
-            )
-        if contents.direction != self.direction:
-            raise ValueError(
-                f"ledger {str(self.path)!r} was written by a sweep to {contents.direction!r} "
-                f"its score, but this sweep would {self.direction!r} it; use another ledger path."
-            )
-        ours, theirs = comparable(self.config), comparable(stored["config"])
-        if stored["config"] != self.config and ours != theirs:  # not where the sweep's folder is
-            sections = sorted(
-                section for section in {*ours, *theirs} if theirs.get(section) != ours.get(section)
-            )
-            raise ValueError(
-                f"ledger {str(self.path)!r} was written for another base configuration (sections "
-                f"that differ: {', '.join(sections)}); its trials would not be comparable. Use "
-                "another ledger path for this configuration."
-            )
-        if list(stored["space"].items()) != list(self.space.items()):
-            raise ValueError(
-                f"ledger {str(self.path)!r} was written for another space: "
-                f"{_space_difference(stored['space'], self.space)}. Use another ledger path "
-                "for this space, or sweep the space the ledger was written for."
-            )
-        return contents.state
-
-    def store(self, state: _State) -> None:
-        """Write the ledger atomically (call under the lock)."""
-        lines = []
-        for index, trial in sorted(state.finished.items()):
-            cached = self._lines.get(index)
-            if cached is None or cached[0] is not trial:
-                entry = {"index": index, "overrides": trial.overrides, "value": trial.value}
-                cached = self._lines[index] = (trial, _dumps(entry))
-            lines.append(cached[1])
-        running = [
-            _dumps({"index": index, "overrides": overrides})
-            for index, overrides in sorted(state.running.items())
-        ]
-        # The largest budget of the ledger's sweeps (an older ledger's, its highest index + 1).
-        taken = (*state.finished, *state.running)
-        budget = max(state.budget or 0, self.trials, *(index + 1 for index in taken))
-        body = (
-            f'{self._header},\n "budget": {budget},\n "trials": {_lines(lines)},\n "running": '
-            f"{_lines(running)}"
-        )
-        data = ("{\n " + body + "\n}\n").encode("utf-8")
-        write_atomic(self.path, data)  # fsynced, folder included
-        self._data = data
-        self._state = _State(dict(state.finished), dict(state.running), budget)
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(encode_json_value(value), allow_nan=False)
-
-
-def _lines(entries: list[str]) -> str:
-    """A JSON list of encoded entries, one per line (`json.dumps(indent=...)` would not use
-    the C encoder)."""
-    if not entries:
-        return "[]"
-    return "[\n  " + ",\n  ".join(entries) + "\n ]"
-
-
-def _space_difference(stored: Any, ours: dict[str, Any]) -> str:
-    if not isinstance(stored, dict):
-        return f"its space is {stored!r}"
-    parts = []
-    removed = [path for path in stored if path not in ours]
-    added = [path for path in ours if path not in stored]
-    if removed:
-        parts.append(f"the ledger has paths {removed} this sweep does not")
-    if added:
-        parts.append(f"this sweep has paths {added} the ledger does not")
-    for path in ours:
-        if path in stored and stored[path] != ours[path]:
-            parts.append(f"{path!r} is {ours[path]} here but {stored[path]} in the ledger")
-    if not parts:
-        parts.append(f"the paths are in another order ({list(stored)} in the ledger)")
-    return "; ".join(parts)

@@ -12,7 +12,8 @@ from typing import Any
 from dew._processes import agreed_phase as _phase
 from dew._processes import broadcast_json, is_multiprocess, is_process_zero
 from dew.config import RunConfig, override
-from dew.config.sweep._ledger import MOST_TRIALS, _EntryError, _Ledger, read_entry
+from dew.config.sweep._ledger import MOST_TRIALS, _EntryError, read_entry
+from dew.config.sweep._ledger_file import _Ledger
 from dew.config.sweep._optuna import OptunaSearch
 from dew.config.sweep._search import Search, SearchRun, Trial, random_search
 from dew.config.sweep._space import _checked_space, _is_int, _is_real
@@ -65,7 +66,7 @@ def sweep(
       infinities are kept as data).
     - `trials`: the trial budget (indices `0 .. trials - 1`; grid search stops earlier when
       the grid is smaller).
-    - `ledger`: the JSON file recording the sweep. A rerun continues where the last call
+    - `ledger`: the JSON-lines file recording the sweep. A rerun continues where the last call
       stopped and never retrains a finished trial; a ledger for another space or search is
       refused. Its folder also gets `<ledger>.lock` (the lock processes sharing it take).
     - `tracker`: receives each trial this call finishes, after it is in the ledger: its
@@ -79,9 +80,9 @@ def sweep(
     **Returns:** the ledger's finished trials in index order (with a shared ledger, other
     workers' trials too), each with `overrides` and `value`.
 
-    **Resuming.** Before a trial trains, the ledger records it under `"running"`; once
-    `train` returns, it moves to `"trials"` (the ledger is rewritten atomically and fsynced
-    each time), then the search is told and the tracker gets it. A rerun first retrains, at
+    **Resuming.** Before a trial trains, the ledger records it as running; once `train`
+    returns, as finished (each one line appended to the ledger and fsynced), then the search
+    is told and the tracker gets it. A rerun first retrains, at
     the same index and point, each running trial whose process is gone (killed, or `train`
     raised), so its own checkpoints resume it; finished trials are neither retrained nor
     reported again. A trial killed after its ledger write but before its report is not
@@ -148,8 +149,7 @@ def sweep(
                     **({"owner": book.owner} if isinstance(search, OptunaSearch) else {}),
                 )
                 stack.callback(run.close)
-                if not book.path.exists():
-                    book.store(state)  # record the space and search before anything trains
+                book.begin()  # the space and search recorded before anything trains
         _run_trials(config, name, book, run, resume, train, tracker)
         with _phase("finishing the sweep"), book.locked():
             finished = book.load().finished
@@ -234,10 +234,8 @@ def _run_trials(
             with _phase(f"recording trial {index}"):
                 trial = Trial(index, point, value)
                 with book.locked():
-                    state = book.load()
-                    state.running.pop(index, None)
-                    state.finished[index] = trial
-                    book.store(state)
+                    book.load()
+                    book.finish(trial)
         finally:
             book.release(index)
         with _phase(f"reporting trial {index}"):
@@ -253,7 +251,7 @@ def _next(book: _Ledger, run: SearchRun) -> tuple[int, dict[str, Any]] | None:
     """Under the lock: ask for the next trial, claim it and record it as running."""
     with book.locked():
         state = book.load()
-        proposal = run.ask(frozenset(state.finished) | frozenset(state.running))
+        proposal = run.ask(state.taken())
         if proposal is None:
             return None
         index, point = proposal
@@ -269,6 +267,5 @@ def _next(book: _Ledger, run: SearchRun) -> tuple[int, dict[str, Any]] | None:
         index, point = trial.index, _canonical(trial.overrides)
         if index in state.finished or index in state.running or not book.claim(index):
             raise RuntimeError(f"the search proposed trial {index}, which is already taken.")
-        state.running[index] = point
-        book.store(state)
+        book.start(index, point)
         return index, point
