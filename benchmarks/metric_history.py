@@ -380,7 +380,7 @@ def main() -> None:
         run_steps = 3_000 if args.run_steps is None else args.run_steps
     else:
         sizes = [1_000, 10_000, 100_000, 1_000_000]
-        append_rounds, fit_steps, fit_rounds = 7, 1000, 7
+        append_rounds, fit_steps, fit_rounds = 7, 500, 5
         run_steps = 30_000 if args.run_steps is None else args.run_steps
     versions = ", ".join(
         f"{package} {_version(package)}" for package in ("dew-ml", "jax", "jaxlib", "equinox")
