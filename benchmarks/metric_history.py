@@ -338,7 +338,7 @@ def measure_fits(fit: Fit, sizes: list[int], steps: int, rounds: int) -> None:
     print()
 
 
-def measure_run(fit: Fit, run_steps: int, chunk: int = 500) -> None:
+def measure_run(fit: Fit, run_steps: int, chunk: int = 250) -> None:
     from dew.steps import MetricHistory
 
     print(f"== run: one fit of {run_steps:,} steps with log_every=1, in chunks of {chunk:,} ==")
