@@ -27,7 +27,7 @@ Parts:
 - `run` (full mode, `--run-steps`): one fit of `--run-steps` steps with `log_every=1` run as
   consecutive `Trainer.fit` calls of 1,000 steps each continuing from the last state (the
   history grows with the run, as a real run's does); ms per step of the chunk at steps
-  1k-2k against the chunks from two thirds of the run on.
+  1k-2k against the chunks from two thirds of the run on (chunks of 250 steps).
 
 Timing: garbage collection paused during each interval (a collection runs before it); the
 sides (sizes, for `fit`) alternate round by round, their order reversed every round. The
@@ -35,9 +35,11 @@ tables show medians over the rounds, the spread (min-max) and the ratios. When t
 average exceeds 2 the process pins itself to one core (`os.sched_setaffinity`), so every
 side runs on the same core.
 
-Run: `python benchmarks/metric_history.py` (full: a few minutes on 2 cores; with main's
-code the 1M rows take longest), `--quick` (smoke: 1k-100k points, a few rounds, about 30 s
-mostly compilation), `--run-steps N` (the `run` part's length; 0 skips it).
+Run: `python benchmarks/metric_history.py` (full: 4 minutes on 2 cores at load 17; with
+main's code 15 minutes, nearly all the 1M rows), `--quick` (smoke: 1k-100k points, a few
+rounds, a 3,000-step run: about 45 s at load 10), `--run-steps N` (the `run` part's length; 0 skips it), `--fit-steps`,
+`--fit-rounds` (the `fit` part's steps a round and rounds), `--part append|fit|run`
+(repeatable: only these parts).
 """
 
 from __future__ import annotations
@@ -316,6 +318,9 @@ def measure_fits(fit: Fit, sizes: list[int], steps: int, rounds: int) -> None:
     rows = []
     for size in sizes:
         wall, cpu = _medians(times[size])
+        paired = statistics.median(
+            mine[1] / first[1] for mine, first in zip(times[size], times[sizes[0]], strict=True)
+        )
         rows.append(
             (
                 f"{size:,}",
@@ -324,16 +329,18 @@ def measure_fits(fit: Fit, sizes: list[int], steps: int, rounds: int) -> None:
                 _spread([cpu for _, cpu in times[size]], 1e3),
                 f"{wall / base_wall:.3f}x",
                 f"{cpu / base_cpu:.3f}x",
+                f"{paired:.3f}x",
                 "<= 1.10x",
                 "yes" if max(wall / base_wall, cpu / base_cpu) <= 1.10 else "NO",
             )
         )
     first = f"N={sizes[0]:,}"
     columns = ("N", "wall ms", "cpu ms", "cpu spread", f"wall/{first}", f"cpu/{first}")
-    _table((*columns, "target", "met"), rows)
+    _table((*columns, "cpu paired", "target", "met"), rows)
     print(
         "wall, cpu = medians over the rounds of wall-clock and process CPU time per step; "
-        "met = both ratios within the target."
+        f"cpu paired = the median over the rounds of each round's cpu at N / at {first}; "
+        "met = the wall and cpu ratios within the target."
     )
     print()
 
@@ -366,6 +373,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 1k-100k, few rounds")
     parser.add_argument("--run-steps", type=int, default=None, help="the run part's steps")
+    parser.add_argument("--fit-steps", type=int, default=None, help="steps a fit round")
+    parser.add_argument("--fit-rounds", type=int, default=None, help="rounds of the fit part")
+    parser.add_argument(
+        "--part",
+        action="append",
+        choices=("append", "fit", "run"),
+        help="run only this part (repeatable; default all)",
+    )
     args = parser.parse_args()
     pinned = os.getloadavg()[0] > 2 and hasattr(os, "sched_setaffinity")
     if pinned:
@@ -382,6 +397,9 @@ def main() -> None:
         sizes = [1_000, 10_000, 100_000, 1_000_000]
         append_rounds, fit_steps, fit_rounds = 7, 500, 5
         run_steps = 30_000 if args.run_steps is None else args.run_steps
+    fit_steps = args.fit_steps or fit_steps
+    fit_rounds = args.fit_rounds or fit_rounds
+    parts = set(args.part or ("append", "fit", "run"))
     versions = ", ".join(
         f"{package} {_version(package)}" for package in ("dew-ml", "jax", "jaxlib", "equinox")
     )
@@ -393,10 +411,12 @@ def main() -> None:
         f"load average {_load()}, mode {'quick' if args.quick else 'full'}"
     )
     print()
-    measure_appends(sizes, append_rounds)
+    if "append" in parts:
+        measure_appends(sizes, append_rounds)
     fit = Fit()
-    measure_fits(fit, sizes, fit_steps, fit_rounds)
-    if run_steps:
+    if "fit" in parts:
+        measure_fits(fit, sizes, fit_steps, fit_rounds)
+    if run_steps and "run" in parts:
         measure_run(fit, run_steps)
     print(f"load average at the end: {_load()}")
 
