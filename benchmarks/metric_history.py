@@ -37,9 +37,9 @@ side runs on the same core.
 
 Run: `python benchmarks/metric_history.py` (full: 4 minutes on 2 cores at load 17; with
 main's code 15 minutes, nearly all the 1M rows), `--quick` (smoke: 1k-100k points, a few
-rounds, a 3,000-step run: about 45 s at load 10), `--run-steps N` (the `run` part's length; 0 skips it), `--fit-steps`,
-`--fit-rounds` (the `fit` part's steps a round and rounds), `--part append|fit|run`
-(repeatable: only these parts).
+rounds, a 3,000-step run: about 45 s at load 10), `--run-steps N` (the `run` part's
+length; 0 skips it), `--fit-steps`, `--fit-rounds` (the `fit` part's steps a round and
+rounds), `--part append|fit|run` (repeatable: only these parts).
 """
 
 from __future__ import annotations
