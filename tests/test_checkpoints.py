@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dew import Trainer, metrics
 from dew.checkpoints import Checkpointer, history_from_json, history_to_json
@@ -26,7 +28,7 @@ from dew.objectives.lm import LMObjective
 from dew.profiling import Profile, profile
 from dew.steps import MetricHistory, TrainState
 from dew.supervised import EarlyStopper
-from dew.telemetry.records import CheckpointRequested, ProfileWindow
+from dew.telemetry.records import CheckpointRequested, ProfileWindow, encode_json_value
 from dew.tracking import InMemoryTracker
 
 HERE = pathlib.Path(__file__).parent
@@ -163,6 +165,30 @@ def test_the_history_json_round_trips_non_finite_values():
     assert back["lm/validation/psnr"][0] == (1, float("inf"))
     assert np.isnan(back["lm/validation/psnr"][1][1])
     assert back == history
+
+
+_POINT_VALUES = st.one_of(  # NumPy's float64 is a float, not written by the fast path
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(allow_nan=True, allow_infinity=True).map(np.float64),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["lm/train/loss", "lm/validation/psnr"]),
+        st.lists(st.tuples(st.integers(0, 10**9), _POINT_VALUES), max_size=5).map(tuple),
+        max_size=2,
+    )
+)
+def test_the_history_json_is_the_generic_encoding_of_every_point(series):
+    # The fast path for an int step and a finite float writes what encoding each point
+    # with encode_json_value (the format checkpoints have always held) writes.
+    history = MetricHistory(series)
+    generic = encode_json_value({tag: [list(point) for point in s] for tag, s in series.items()})
+    written = history_to_json(history)
+    assert json.dumps(written) == json.dumps(generic)
+    assert history_from_json(json.loads(json.dumps(written))) == history
 
 
 def test_the_run_key_survives_a_checkpoint(objective, tmp_path):

@@ -1,5 +1,8 @@
 """dew.steps: train_step against a hand-written optax step, EMA, donation, history."""
 
+import pickle
+import tracemalloc
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -166,6 +169,95 @@ def test_metric_histories_are_equal_exactly_when_their_series_are(a, b):
     assert MetricHistory(a) == MetricHistory(dict(a))
     if expected:
         assert hash(MetricHistory(a)) == hash(MetricHistory(b))
+
+
+def _tuple_copy_append(series, values, step):
+    """The definition of an append before issue 27: copy every series, extend the tuples."""
+    series = dict(series)
+    for tag, value in values.items():
+        series[tag] = (*series.get(tag, ()), (int(step), value))
+    return series
+
+
+def _contents(series):
+    """What two histories are compared by: tags, int steps, values with NaN as "NaN"."""
+    return {
+        tag: tuple((int(step), "NaN" if np.isnan(value) else value) for step, value in points)
+        for tag, points in series.items()
+    }
+
+
+_TAGS = st.sampled_from(["lm/train/loss", "lm/validation/perplexity", "x/test/psnr"])
+_APPENDS = st.lists(
+    st.tuples(
+        st.integers(0, 10**6),  # which history to append to (modulo those built so far)
+        st.dictionaries(_TAGS, st.sampled_from([0.0, -0.0, 1.5, float("nan"), float("inf")])),
+        st.integers(0, 10**6),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_APPENDS)
+def test_appends_build_the_history_the_tuple_copy_definition_builds(appends):
+    # Any sequence of appends, a history often appended to twice (two branches): each
+    # history holds what the old tuple-copy definition holds, its parent never changes,
+    # and equality and hashes agree with the old definition's contents.
+    histories, references = [MetricHistory()], [{}]
+    for parent, values, step in appends:
+        index = parent % len(histories)
+        before = _contents(histories[index])
+        histories.append(histories[index].with_values(values, step))
+        references.append(_tuple_copy_append(references[index], values, step))
+        assert _contents(histories[index]) == before  # the parent is unchanged
+    for history, reference in zip(histories, references, strict=True):
+        assert _contents(history) == _contents(reference)
+        assert list(history) == list(reference)
+        assert history == MetricHistory(reference)
+        assert hash(history) == hash(MetricHistory(reference))
+    for i, first in enumerate(histories):
+        for j, second in enumerate(histories):
+            same = _contents(references[i]) == _contents(references[j])
+            assert (first == second) == same
+            if same:
+                assert hash(first) == hash(second)
+
+
+def test_two_appends_to_one_history_leave_it_and_each_other_alone():
+    parent = MetricHistory().with_values({"lm/train/loss": 1.0}, step=1)
+    left = parent.with_values({"lm/train/loss": 2.0}, step=2)
+    right = parent.with_values({"lm/train/loss": 3.0}, step=2)
+    grandchild = left.with_values({"lm/train/loss": 4.0, "lm/validation/loss": 5.0}, step=3)
+    assert parent["lm/train/loss"] == ((1, 1.0),)
+    assert left["lm/train/loss"] == ((1, 1.0), (2, 2.0))
+    assert right["lm/train/loss"] == ((1, 1.0), (2, 3.0))
+    assert grandchild["lm/train/loss"] == ((1, 1.0), (2, 2.0), (3, 4.0))
+    assert "lm/validation/loss" in grandchild and "lm/validation/loss" not in left
+    assert right.with_values({"lm/train/loss": 2.0}, step=3) != grandchild
+    assert pickle.loads(pickle.dumps(grandchild)) == grandchild
+    assert repr(left) == ("MetricHistory({'lm/train/loss': ((1, 1.0), (2, 2.0))})")
+
+
+def test_histories_built_by_appends_share_their_points():
+    # 200 histories kept alive, each one append after the last, over a 10,000-point
+    # series: they share one list of points (the tuple-copy definition held 200 copies
+    # of the series, 16 MB, and copied it on every append).
+    history = MetricHistory({"lm/train/loss": tuple((step, 0.5) for step in range(10_000))})
+    tracemalloc.start()
+    try:
+        kept = []
+        for step in range(10_000, 10_200):
+            history = history.with_values({"lm/train/loss": 1.0}, step)
+            kept.append(history)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 1_000_000, held
+    assert len(kept[-1]["lm/train/loss"]) == 10_200 and kept[0]["lm/train/loss"][-1] == (
+        10_000,
+        1.0,
+    )
 
 
 def test_an_equal_history_does_not_recompile_a_jitted_step():

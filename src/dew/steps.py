@@ -19,6 +19,7 @@
 
 import functools
 import math
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -43,14 +44,45 @@ __all__ = [
 ]
 
 
+class _Series:
+    """One tag's points in a growable list shared by every history that holds a prefix of
+    it, with the hashes of its prefixes (computed when first asked for)."""
+
+    __slots__ = ("hashes", "points")
+
+    def __init__(self, points: list[tuple[int, float]], hashes: list[int] | None = None):
+        self.points = points
+        self.hashes = hashes if hashes is not None else []
+
+    def prefix_hash(self, length: int) -> int:
+        """The hash of the first `length` points (steps as ints, NaN equal to NaN); each
+        prefix is hashed once, so hashing after every append costs O(1) a point."""
+        hashes = self.hashes
+        if len(hashes) < length:
+            digest = hashes[-1] if hashes else 0
+            for step, value in self.points[len(hashes) : length]:
+                digest = hash((digest, int(step), _comparable(value)))
+                hashes.append(digest)
+        return hashes[length - 1] if length else 0
+
+
+# One lock for every series: an append checks that its series ends where its history does,
+# then appends, and two threads appending to one history must not both pass the check.
+_APPENDING = threading.Lock()
+
+
 class MetricHistory(Mapping[str, tuple[tuple[int, float], ...]]):
     """An immutable record of metric values keyed by metric tag: `tag -> ((step, value), ...)`.
 
     Keys are the tags a tracker receives (`stage/split/metric`). `with_values`
-    returns a new history. Two histories are equal when they hold the same series
-    (a NaN equals a NaN: non-finite values are data); the hash is computed once,
-    so a history kept as a static field costs one comparison per jit call
-    (the Trainer hands its compiled step the empty history only).
+    returns a new history in O(1) amortised time per value, however long the series:
+    a history holds its series as prefixes of growable lists that the histories built
+    from one another share, and an append copies a series only when another history
+    has already appended to the same one (two appends to one history). Two histories
+    are equal when they hold the same series (a NaN equals a NaN: non-finite values are
+    data); the hash grows with each series' prefix hashes, so hashing a history after
+    each append costs O(1) a point, and a history kept as a static field costs one
+    comparison per jit call (the Trainer hands its compiled step the empty history only).
 
     ```python
     >>> MetricHistory({"lm/train/loss": ((1, 2.0),)}) == MetricHistory().with_values(
@@ -60,51 +92,101 @@ class MetricHistory(Mapping[str, tuple[tuple[int, float], ...]]):
     ```
     """
 
-    __slots__ = ("_hash", "_key", "_series")
+    __slots__ = ("_entries", "_hash", "_tuples")
 
     def __init__(self, series: Mapping[str, tuple[tuple[int, float], ...]] | None = None):
-        self._series = dict(series or {})
-        self._key: tuple[Any, ...] | None = None
+        if isinstance(series, MetricHistory):
+            entries = dict(series._entries)
+        else:
+            entries = {
+                tag: (_Series(list(points)), len(points)) for tag, points in (series or {}).items()
+            }
+        self._entries: dict[str, tuple[_Series, int]] = entries
         self._hash: int | None = None
+        self._tuples: dict[str, tuple[tuple[int, float], ...]] = {}
 
-    def _contents(self) -> tuple[Any, ...]:
-        if self._key is None:
-            self._key = tuple(
-                (tag, tuple((int(step), _comparable(value)) for step, value in series))
-                for tag, series in sorted(self._series.items())
-            )
-        return self._key
+    @classmethod
+    def _of(cls, entries: dict[str, tuple[_Series, int]]) -> "MetricHistory":
+        history = cls.__new__(cls)
+        history._entries, history._hash, history._tuples = entries, None, {}
+        return history
 
     def __getitem__(self, tag: str) -> tuple[tuple[int, float], ...]:
-        return self._series[tag]
+        found = self._tuples.get(tag)
+        if found is None:
+            series, length = self._entries[tag]
+            points = series.points
+            found = tuple(points) if len(points) == length else tuple(points[:length])
+            self._tuples[tag] = found
+        return found
+
+    def __contains__(self, tag: object) -> bool:
+        return tag in self._entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._series)
+        return iter(self._entries)
 
     def __len__(self) -> int:
-        return len(self._series)
+        return len(self._entries)
 
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if not isinstance(other, MetricHistory):
             return NotImplemented
-        return self._contents() == other._contents()
+        if self._entries.keys() != other._entries.keys():
+            return False
+        for tag, (series, length) in self._entries.items():
+            theirs, their_length = other._entries[tag]
+            if length != their_length:
+                return False
+            if series is theirs:  # one shares the other's points
+                continue
+            with _APPENDING:
+                if series.prefix_hash(length) != theirs.prefix_hash(length):
+                    return False
+            pairs = zip(series.points[:length], theirs.points[:length], strict=True)
+            if not all(_point(mine) == _point(other) for mine, other in pairs):
+                return False
+        return True
 
     def __hash__(self) -> int:
         if self._hash is None:
-            self._hash = hash(self._contents())
+            with _APPENDING:
+                self._hash = hash(
+                    frozenset(
+                        (tag, length, series.prefix_hash(length))
+                        for tag, (series, length) in self._entries.items()
+                    )
+                )
         return self._hash
 
     def __repr__(self) -> str:
-        return f"MetricHistory({self._series!r})"
+        return f"MetricHistory({dict(self.items())!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MetricHistory, (dict(self.items()),))
 
     def with_values(self, values: Mapping[str, float], step: int) -> "MetricHistory":
-        """A new history with `values` (tag to value) appended at `step`."""
-        series = dict(self._series)
-        for tag, value in values.items():
-            series[tag] = (*series.get(tag, ()), (int(step), value))
-        return MetricHistory(series)
+        """A new history with `values` (tag to value) appended at `step`; this one is
+        unchanged."""
+        entries = dict(self._entries)
+        step = int(step)
+        with _APPENDING:
+            for tag, value in values.items():
+                series, length = entries.get(tag, (None, 0))
+                if series is None:
+                    series = _Series([])
+                elif len(series.points) != length:  # another history appended here first
+                    series = _Series(series.points[:length], series.hashes[:length])
+                series.points.append((step, value))
+                entries[tag] = (series, length + 1)
+        return MetricHistory._of(entries)
+
+
+def _point(point: tuple[int, float]) -> tuple[int, Any]:
+    step, value = point
+    return int(step), _comparable(value)
 
 
 def _comparable(value: float) -> Any:
