@@ -249,7 +249,7 @@ def test_console_script_is_installed(tmp_path):
 
 
 def test_a_space_file_holds_choices_ranges_and_nested_tables(tmp_path):
-    from dew.cli import _space
+    from dew.cli._commands import _space
     from dew.config.sweep import IntUniform, Uniform
 
     path = tmp_path / "space.toml"
@@ -369,7 +369,7 @@ def _run_json_with(section, key, value):
 def _hand_edited_ledger(tmp_path):
     """The ledger `dew sweep run.toml space.toml --search grid` keeps, one trial finished
     (by a stand-in for training), then its learning rate edited by hand to "x"."""
-    from dew.cli import _space
+    from dew.cli._commands import _space
     from dew.config.sweep import grid_search, sweep
 
     config = RunConfig.load(tmp_path / "run.toml")
