@@ -7,7 +7,6 @@ when it is first used (`dew.Trainer`, `from dew import metrics`), so the `dew` c
 `--help` and `dew runs` start without JAX; trackers import their extras when built.
 """
 
-from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
 from dew._lazy import lazy_names
@@ -17,6 +16,7 @@ if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see
     from dew import metrics as metrics
     from dew import naming as naming
     from dew import tracking as tracking
+    from dew._version import __version__ as __version__
     from dew.config._load import LoadedRun as LoadedRun
     from dew.config._load import load_run as load_run
     from dew.evaluation import Evaluation as Evaluation
@@ -31,11 +31,6 @@ if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see
     from dew.tracking import WandbTracker as WandbTracker
     from dew.training import Trainer as Trainer
 
-try:
-    __version__ = _metadata.version("dew-ml")
-except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0"
-
 # Each public name and the module it comes from: a submodule is its own name's module.
 _HOMES: dict[str, str] = {
     "Evaluation": "dew.evaluation",
@@ -48,6 +43,7 @@ _HOMES: dict[str, str] = {
     "Trainer": "dew.training",
     "Trackers": "dew.tracking",
     "WandbTracker": "dew.tracking",
+    "__version__": "dew._version",
     "evaluate": "dew.evaluation",
     "events": "dew.events",
     "load_run": "dew.config._load",
