@@ -32,8 +32,9 @@ with open(report, "w") as file:
 
 
 def _run_folders(root):
-    """A trained run's folder and a sweep's, as `dew train` and `dew sweep` leave them
-    (run.json, a journal of metrics and records, the sweep's ledger), no training."""
+    """A trained run's folder under `runs` and a sweep's under `sweeps`, as `dew train` and
+    `dew sweep` leave them (run.json, a journal of metrics and records, the sweep's ledger),
+    no training."""
     with LocalTracker(root / "runs" / "lm") as tracker:
         record = RunRecord(
             model={"name": "causal_transformer"}, data={}, optim={}, trainer={"name": "lm"}
@@ -44,8 +45,8 @@ def _run_folders(root):
         for step, loss in enumerate([2.0, 1.5, 1.25]):
             tracker.log_metrics({"lm/train/loss": loss}, step=step)
         tracker.log_artifact("fit_ended", FitEnded("completed", 3), step=3)
-    sweep = root / "runs" / "s"
-    sweep.mkdir()
+    sweep = root / "sweeps" / "s"
+    sweep.mkdir(parents=True)
     space = {"optim.learning_rate": {"kind": "choice", "values": [0.1, 0.01]}}
     ledger = {"version": 1, "space": space, "search": "grid", "config": {}, "trials": []}
     (sweep / "ledger.json").write_text(json.dumps({**ledger, "direction": "minimize"}))
@@ -75,16 +76,33 @@ def _dew(tmp_path, *argv):
     return outcome["code"], result.stdout, outcome["loaded"]
 
 
+# What `dew config show` and a sweep's ledger read still import JAX: the configuration schema
+# (dew.config._sections imports Optax for OptimConfig.build, dew.config._config imports the
+# training recipe, the registries import every built-in model and dataset builder to name
+# them). Issue 27 item 4 leaves these for a follow-up; strict, so the fix flips them.
+_SCHEMA = [
+    pytest.mark.xfail(
+        strict=True, reason="the configuration schema imports JAX (dew._registry, dew.config)"
+    ),
+    pytest.mark.slow,  # JAX's import, about 5 s
+]
+
+
 @pytest.mark.parametrize(
     ("argv", "printed"),
     [
         (["--help"], "usage: dew"),
         (["--version"], "dew "),
-        (["runs", "runs"], "s/sweep"),
-        (["config", "show"], "[trainer]"),
-        (["config", "show", "tiny_classifier", "--set", "optim.learning_rate=0.5"], "0.5"),
+        (["runs", "runs"], "1.2500"),
+        pytest.param(["runs", "sweeps"], "s/sweep", marks=_SCHEMA),
+        pytest.param(["config", "show"], "[trainer]", marks=_SCHEMA),
+        pytest.param(
+            ["config", "show", "tiny_classifier", "--set", "optim.learning_rate=0.5"],
+            "0.5",
+            marks=_SCHEMA,
+        ),
     ],
-    ids=["help", "version", "runs", "config-show", "config-show-set"],
+    ids=["help", "version", "runs", "runs-of-a-sweep", "config-show", "config-show-set"],
 )
 def test_a_command_that_computes_nothing_imports_no_jax(tmp_path, argv, printed):
     _run_folders(tmp_path)
@@ -93,6 +111,7 @@ def test_a_command_that_computes_nothing_imports_no_jax(tmp_path, argv, printed)
     assert loaded == [], f"dew {' '.join(argv)} imported {', '.join(loaded)}"
 
 
+@pytest.mark.slow  # Matplotlib's import: 2-10 s
 def test_dew_plot_imports_no_jax(tmp_path):
     pytest.importorskip("matplotlib")
     folder = _run_folders(tmp_path) / "lm"
@@ -101,6 +120,7 @@ def test_dew_plot_imports_no_jax(tmp_path):
     assert loaded == [], f"dew plot imported {', '.join(loaded)}"
 
 
+@pytest.mark.slow  # JAX's import, about 5 s
 def test_the_check_sees_jax_when_a_command_imports_it(tmp_path):
     """The same check on a command that computes (`dew eval` builds the run's model) finds
     JAX: an empty list above is the command's doing, not a blind check."""
