@@ -27,6 +27,7 @@ GROUND = (
     "_integers",
     "_finite_params",
     "_lazy",
+    "_version",
 )  # below the core: import only one another
 SHELL = (
     "training",

@@ -30,6 +30,7 @@ and likewise through a TOML file (`dump_toml` / `load`).
   does not declare raises `UndeclaredPathError` naming the nearest declared paths.
 
 ```python
+>>> from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig, override
 >>> from dew.registry import datasets
 >>> config = RunConfig(
 ...     model=ModelConfig("causal_transformer", {"vocab_size": 4, "emb_features": 16,

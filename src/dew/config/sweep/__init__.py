@@ -35,6 +35,7 @@ A tracker passed to `sweep` receives each trial's score under `VALUE_TAG`
 ```python
 >>> import tempfile
 >>> from dew.config import DataConfig, ModelConfig, RunConfig, TrainerConfig
+>>> from dew.config.sweep import grid_search, sweep
 >>> config = RunConfig(ModelConfig("mlp"), DataConfig("toy"), trainer=TrainerConfig(name="demo"))
 >>> def train(run):
 ...     return abs(run.optim.learning_rate - 0.003) + run.trainer.batch_size / 100
