@@ -464,12 +464,10 @@ def test_a_bad_path_is_one_line_naming_it_and_exit_status_2(tmp_path, make, argu
     ids=lambda error: type(error).__name__,
 )
 def test_a_bug_keeps_its_traceback(error, monkeypatch):
-    import dew.cli
-
     def broken(args):
         raise error
 
-    monkeypatch.setattr(dew.cli, "_train", broken)
+    monkeypatch.setattr("dew.cli._commands._train", broken)
     with pytest.raises(type(error), match=r"a bug|partially"):
         main(["train"])
 
@@ -484,12 +482,10 @@ def test_a_bug_keeps_its_traceback(error, monkeypatch):
     ids=lambda error: type(error).__name__,
 )
 def test_a_user_error_raised_anywhere_is_one_line(error, monkeypatch, capsys):
-    import dew.cli
-
     def failing(args):
         raise error
 
-    monkeypatch.setattr(dew.cli, "_train", failing)
+    monkeypatch.setattr("dew.cli._commands._train", failing)
     assert main(["train"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
@@ -523,12 +519,10 @@ def test_an_error_raised_inside_the_compiled_step_is_one_line_without_jaxs_note(
 
 
 def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
-    import dew.cli
-
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dew.cli, "_train", interrupted)
+    monkeypatch.setattr("dew.cli._commands._train", interrupted)
     assert main(["train"]) == 130
     assert capsys.readouterr().err == (
         "dew train: interrupted; run the same command again to resume\n"
