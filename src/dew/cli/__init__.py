@@ -41,7 +41,9 @@ SLURM, Cloud TPU, Open MPI). Only process zero prints and writes.
 The package: `_parser` (the arguments), `_inputs` (reading the config and its overrides),
 `_commands` (train, sweep, eval), `_runs` (`dew runs`), `_console` (what
 the commands print around a run), `_cluster` (joining a multi-process run), `_errors` (which
-errors are the user's, as one line); `main` here runs a command or launches its processes.
+errors are the user's, as one line); `main` here runs a command or launches its processes,
+importing the command's module (`_COMMANDS`) only when that command runs: the commands that
+compute nothing (`--help`, `--version`, `dew runs`, `dew plot`) never import JAX.
 """
 
 import argparse

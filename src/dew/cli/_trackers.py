@@ -1,5 +1,5 @@
 """`--tracker`, `--mlflow-uri` and `--wandb-offline`: the trackers a `dew train` or `dew sweep`
-run reports to beside its local journal.
+run reports to beside its local journal, built (`_tracker_options` reads the options).
 
 The local journal (`LocalTracker` in the run folder) is always written: `dew runs`, `dew eval`
 and `dew plot` read it, and run.json comes with it. `--tracker` names the trackers added to it
