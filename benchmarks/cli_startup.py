@@ -24,7 +24,9 @@ Timing: one untimed warm-up of every side (the page cache), then `--rounds` roun
 round runs every side once, in an order that reverses every round. When the load average is
 above 2 every process is pinned to CPU 1 (`taskset -c 1`), sides alike. The table shows per
 side the median, the spread (lowest and highest round), the ratio to `python -c pass` and,
-for `dew runs`, to the plain reader of the same folders; then the target (`dew --help` and
+for `dew runs`, to the plain reader of the same folders, and the median CPU time (user and
+system) the process used, which a loaded machine changes far less than the wall time; then
+the target (`dew --help` and
 `dew runs` on one folder under 0.5 s on an idle 2-core machine) and whether this run meets it.
 Asserts nothing and exits 0.
 
@@ -40,6 +42,7 @@ import importlib.metadata
 import os
 import pathlib
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -111,14 +114,18 @@ def _sides(root: pathlib.Path, sizes: tuple[int, ...]) -> list[tuple[str, list[s
     return sides
 
 
-def _time(command: list[str], pin: bool) -> float:
+def _time(command: list[str], pin: bool) -> tuple[float, float]:
+    """The wall time of `command` and the CPU time (user and system) it used."""
     command = ["taskset", "-c", "1", *command] if pin else command
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    done = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr}")
-    return elapsed
+    cpu = done.ru_utime - used.ru_utime + done.ru_stime - used.ru_stime
+    return elapsed, cpu
 
 
 def _version(name: str) -> str:
@@ -153,15 +160,20 @@ def main() -> int:
             _write_runs(root, size)
         sides = _sides(root, sizes)
         times: dict[str, list[float]] = {label: [] for label, _ in sides}
+        cpu: dict[str, list[float]] = {label: [] for label, _ in sides}
         for _, command in sides:  # warm-up: the page cache, compiled bytecode
             _time(command, pin)
         for index in range(rounds):
             for label, command in sides if index % 2 == 0 else reversed(sides):
-                times[label].append(_time(command, pin))
+                wall, used = _time(command, pin)
+                times[label].append(wall)
+                cpu[label].append(used)
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
     floor = statistics.median(times["python -c pass"])
-    print(f"{'side':36} {'median s':>9} {'spread s':>15} {'x pass':>8} {'x reader':>9}")
+    print(
+        f"{'side':36} {'median s':>9} {'spread s':>15} {'x pass':>8} {'x reader':>9} {'CPU s':>7}"
+    )
     for label, _ in sides:
         median = statistics.median(times[label])
         spread = f"{min(times[label]):.3f}-{max(times[label]):.3f}"
@@ -169,7 +181,10 @@ def main() -> int:
         if label.startswith("dew runs"):
             size = label.split(", ")[1]
             reader = f"{median / statistics.median(times[f'plain reader, {size}']):.1f}"
-        print(f"{label:36} {median:9.3f} {spread:>15} {median / floor:8.1f} {reader:>9}")
+        used = statistics.median(cpu[label])
+        print(
+            f"{label:36} {median:9.3f} {spread:>15} {median / floor:8.1f} {reader:>9} {used:7.3f}"
+        )
     print(f"\ntarget: dew --help and dew runs on one folder under {TARGET_S} s, idle 2 cores")
     for label in ("dew --help", "dew runs, 1 runs"):
         median = statistics.median(times[label])
