@@ -8,15 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dew._checks import (
-    NotAnIntegerError,
-    batch_error,
-    check_ids,
-    check_integer,
-    error_if,
-    explain_failure,
-    failed_check,
-)
+from dew._checks import batch_error, check_ids, error_if, explain_failure, failed_check
+from dew._integers import NotAnIntegerError, check_integer
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
 

@@ -250,7 +250,7 @@ def test_console_script_is_installed(tmp_path):
 
 
 def test_a_space_file_holds_choices_ranges_and_nested_tables(tmp_path):
-    from dew.cli import _space
+    from dew.cli._commands import _space
     from dew.config.sweep import IntUniform, Uniform
 
     path = tmp_path / "space.toml"
@@ -370,7 +370,7 @@ def _run_json_with(section, key, value):
 def _hand_edited_ledger(tmp_path):
     """The ledger `dew sweep run.toml space.toml --search grid` keeps, one trial finished
     (by a stand-in for training), then its learning rate edited by hand to "x"."""
-    from dew.cli import _space
+    from dew.cli._commands import _space
     from dew.config.sweep import grid_search, sweep
 
     config = RunConfig.load(tmp_path / "run.toml")
@@ -465,12 +465,10 @@ def test_a_bad_path_is_one_line_naming_it_and_exit_status_2(tmp_path, make, argu
     ids=lambda error: type(error).__name__,
 )
 def test_a_bug_keeps_its_traceback(error, monkeypatch):
-    import dew.cli
-
     def broken(args):
         raise error
 
-    monkeypatch.setattr(dew.cli, "_train", broken)
+    monkeypatch.setattr("dew.cli._commands._train", broken)
     with pytest.raises(type(error), match=r"a bug|partially"):
         main(["train"])
 
@@ -485,12 +483,10 @@ def test_a_bug_keeps_its_traceback(error, monkeypatch):
     ids=lambda error: type(error).__name__,
 )
 def test_a_user_error_raised_anywhere_is_one_line(error, monkeypatch, capsys):
-    import dew.cli
-
     def failing(args):
         raise error
 
-    monkeypatch.setattr(dew.cli, "_train", failing)
+    monkeypatch.setattr("dew.cli._commands._train", failing)
     assert main(["train"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
@@ -524,12 +520,10 @@ def test_an_error_raised_inside_the_compiled_step_is_one_line_without_jaxs_note(
 
 
 def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
-    import dew.cli
-
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dew.cli, "_train", interrupted)
+    monkeypatch.setattr("dew.cli._commands._train", interrupted)
     assert main(["train"]) == 130
     assert capsys.readouterr().err == (
         "dew train: interrupted; run the same command again to resume\n"

@@ -409,12 +409,10 @@ def test_a_run_name_with_a_newline_stays_one_row(tmp_path, capsys):
 
 
 def test_a_broken_pipe_that_is_not_standard_output_is_still_an_error(journals, monkeypatch, capsys):
-    import dew.cli
-
     def failing(args):
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(dew.cli, "_runs", failing)
+    monkeypatch.setattr("dew.cli._runs._runs", failing)
     assert main(["runs", str(journals)]) == 2  # captured output is no pipe: not ours
     assert capsys.readouterr().err == "dew runs: [Errno 32] Broken pipe\n"
 

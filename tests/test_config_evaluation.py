@@ -8,8 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from dew import cli, metrics
+from dew import metrics
 from dew._domains import evaluation_key, run_key
+from dew.cli._commands import _eval
 from dew.config import (
     ModelConfig,
     ObjectiveConfig,
@@ -100,7 +101,7 @@ def test_evaluate_run_names_a_folder_without_checkpoints(tmp_path):
 def test_dew_eval_imports_no_private_module():
     imported = [
         node.module
-        for node in ast.walk(ast.parse(inspect.getsource(cli._eval).strip()))
+        for node in ast.walk(ast.parse(inspect.getsource(_eval).strip()))
         if isinstance(node, ast.ImportFrom) and node.module
     ]
     assert imported and not [name for name in imported if "._" in name or "dew._" in name]

@@ -13,7 +13,8 @@ import optax
 import pytest
 
 from dew import Trainer
-from dew._nonfinite import check_loss, check_params, nonfinite_advice
+from dew._finite_params import check_params
+from dew._nonfinite import check_loss, nonfinite_advice
 from dew.checkpoints import Checkpointer
 from dew.data import Dataset
 from dew.nn.backbones.causal_transformer import CausalTransformer

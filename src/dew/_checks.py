@@ -1,11 +1,10 @@
-"""Checks of user input shared by the whole package: integers, host-or-traced
-conditions on arrays, and the translation of a compiled call's failure into the
-host-side `ValueError` of the batch that caused it."""
+"""Checks of user input shared by the whole package: host-or-traced conditions on arrays,
+and the translation of a compiled call's failure into the host-side `ValueError` of the
+batch that caused it (the integer check, which needs no JAX, is `dew._integers`)."""
 
 import contextlib
 import contextvars
 import logging
-import numbers
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -17,10 +16,8 @@ import numpy as np
 
 __all__ = [
     "MissingBatchKeyError",
-    "NotAnIntegerError",
     "batch_error",
     "check_ids",
-    "check_integer",
     "check_unit_interval",
     "error_if",
     "explain_failure",
@@ -41,11 +38,6 @@ def _not_a_failed_check(record: logging.LogRecord) -> bool:
 logging.getLogger("jax._src.callback").addFilter(_not_a_failed_check)
 
 
-class NotAnIntegerError(TypeError, ValueError):
-    """A value that should be an integer is not one: a `TypeError` by kind and a
-    `ValueError` as bad input, so either `except` clause catches it."""
-
-
 class MissingBatchKeyError(KeyError, ValueError):
     """A batch lacks a key its objective reads: a `KeyError` by kind and a `ValueError` as
     bad input (either `except` clause catches it, and `batch_error` explains a failed call
@@ -55,66 +47,6 @@ class MissingBatchKeyError(KeyError, ValueError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
-
-
-def check_integer(
-    name: str,
-    value: Any,
-    *,
-    minimum: int | None = None,
-    maximum: int | None = None,
-    optional: bool = False,
-) -> Any:
-    """Check that `value` is an integer in `[minimum, maximum]` and return it as a Python `int`.
-
-    Python ints and NumPy/JAX integer scalars are integers alike; `bool`, floats
-    (even `3.0`), strings and arrays with axes are not. With `optional=True`,
-    `None` passes (and is returned).
-
-    **Raises:** one message form, `"<name> must be <allowed>, got <value>."`: a
-    `NotAnIntegerError` (both a `TypeError` and a `ValueError`) for a value of the wrong
-    type, a `ValueError` for an integer out of range.
-
-    ```python
-    >>> import numpy as np
-    >>> check_integer("steps", np.int64(3), minimum=1)
-    3
-    >>> check_integer("steps", True, minimum=1)
-    Traceback (most recent call last):
-    ...
-    dew._checks.NotAnIntegerError: steps must be an integer >= 1, got True.
-
-    ```
-    """
-    if optional and value is None:
-        return None
-    integral = not isinstance(value, bool | np.bool_) and (
-        isinstance(value, numbers.Integral)
-        or (
-            isinstance(value, np.ndarray | jax.Array)
-            and value.shape == ()
-            and jnp.issubdtype(value.dtype, jnp.integer)
-            and not isinstance(value, jax.core.Tracer)
-        )
-    )
-    message = f"{name} must be {_allowed(minimum, maximum, optional)}, got {value!r}."
-    if not integral:
-        raise NotAnIntegerError(message)
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise ValueError(message)
-    return int(value)
-
-
-def _allowed(minimum: int | None, maximum: int | None, optional: bool) -> str:
-    if minimum is not None and maximum is not None:
-        allowed = f"an integer between {minimum} and {maximum}"
-    elif minimum is not None:
-        allowed = f"an integer >= {minimum}"
-    elif maximum is not None:
-        allowed = f"an integer <= {maximum}"
-    else:
-        allowed = "an integer"
-    return f"None or {allowed}" if optional else allowed
 
 
 def error_if(

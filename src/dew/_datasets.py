@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.data import Dataset, Subset, arrays, indexed_dataset, tokens
 from dew.data._indexed import check_fraction, fingerprint_of
 from dew.data._tokens import check_vocabulary, load_token_file, token_dataset

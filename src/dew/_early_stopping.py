@@ -7,7 +7,7 @@ import math
 import numbers
 from typing import SupportsFloat
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.naming import Split, check_metric_name
 
 __all__ = ["EarlyStopper", "EarlyStoppingState"]

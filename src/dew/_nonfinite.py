@@ -2,27 +2,23 @@
 
 Both runners look at the training loss only where they fetch it anyway (`Trainer.fit` at
 its log steps, `run_supervised` at the end of each epoch) and at the params once before they save or
-return a state, so a run that diverged stops with an error naming the step and the value
-instead of training on and checkpointing NaN params (Keras calls this TerminateOnNaN).
+return a state (`dew._finite_params`, the guard's one part that computes), so a run that
+diverged stops with an error naming the step and the value instead of training on and
+checkpointing NaN params (Keras calls this TerminateOnNaN).
 """
 
 import contextlib
 import contextvars
 import math
 from collections.abc import Iterator
-from typing import Any
-
-import equinox as eqx
-import jax
-import jax.numpy as jnp
 
 __all__ = [
     "ON_NONFINITE",
     "NonFiniteTrainingError",
     "check_loss",
-    "check_params",
     "nonfinite_advice",
     "raises_on_nonfinite",
+    "stopped",
 ]
 
 ON_NONFINITE: tuple[str, ...] = ("raise", "continue")
@@ -41,10 +37,6 @@ def nonfinite_advice(switch: str) -> Iterator[None]:
         _ADVICE.reset(token)
 
 
-def _advice() -> str:
-    return f"pass {_ADVICE.get()} to train on"
-
-
 class NonFiniteTrainingError(ValueError):
     """Training turned non-finite (a NaN or infinite loss, or parameters) and the run
     stopped (`on_nonfinite="raise"`). A sweep's trial function can catch it to score
@@ -59,27 +51,16 @@ def raises_on_nonfinite(on_nonfinite: object) -> bool:
     return on_nonfinite == "raise"
 
 
+def stopped(what: str) -> NonFiniteTrainingError:
+    """The error of a run that stopped because `what` turned non-finite (`"training loss is
+    nan at step 3"`): it says the state was neither saved nor returned, and how to train on."""
+    return NonFiniteTrainingError(
+        f"{what}; the run stopped there, before saving or returning that state; "
+        f"pass {_ADVICE.get()} to train on."
+    )
+
+
 def check_loss(loss: float, step: int, *, note: str = "") -> None:
     """Raise a `ValueError` naming `step` and `loss` when the training loss is not finite."""
     if not math.isfinite(loss):
-        raise NonFiniteTrainingError(
-            f"training loss is {loss} at step {step}{note}; the run stopped there, "
-            f"before saving or returning that state; {_advice()}."
-        )
-
-
-@jax.jit
-def _all_finite(leaves: list[jax.Array]) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
-
-
-def check_params(params: Any, step: int, *, loss: float | None = None) -> None:
-    """Raise a `ValueError` naming `step` when a floating-point leaf of `params` is not
-    finite (one compiled reduction and one fetch: for save and return points only)."""
-    leaves = jax.tree.leaves(eqx.filter(params, eqx.is_inexact_array))
-    if leaves and not bool(_all_finite(leaves)):
-        seen = "" if loss is None else f" (the step's loss, taken before its update, was {loss})"
-        raise NonFiniteTrainingError(
-            f"training params are not finite at step {step}{seen}; the run stopped "
-            f"there, before saving or returning that state; {_advice()}."
-        )
+        raise stopped(f"training loss is {loss} at step {step}{note}")

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.config._load import LoadedRun, example_batch
 from dew.objectives.classifier import ClassifierObjective
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.naming import Split, metric_tag
 from dew.tracking._protocol import takes_artifacts
 

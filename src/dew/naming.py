@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 
 __all__ = [
     "SEPARATOR",

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import jax
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 
 __all__ = ["Profile", "profile"]
 

@@ -41,10 +41,13 @@ SLURM, Cloud TPU, Open MPI). Only process zero prints and writes.
 The package: `_parser` (the arguments), `_inputs` (reading the config and its overrides),
 `_commands` (train, sweep, eval), `_runs` (`dew runs`), `_console` (what
 the commands print around a run), `_cluster` (joining a multi-process run), `_errors` (which
-errors are the user's, as one line); `main` here runs a command or launches its processes.
+errors are the user's, as one line); `main` here runs a command or launches its processes,
+importing the command's module (`_COMMANDS`) only when that command runs: the commands that
+compute nothing (`--help`, `--version`, `dew runs`, `dew plot`) never import JAX.
 """
 
 import argparse
+import importlib
 import os
 import pathlib
 import sys
@@ -54,10 +57,6 @@ from typing import NoReturn
 
 from dew._nonfinite import nonfinite_advice
 from dew.cli._cluster import _check_processes, _join, cluster_settings
-from dew.cli._commands import _eval, _sweep, _sweep_inputs, _train, _train_config
-from dew.cli._commands import _space as _space  # tests read a space file with it
-from dew.cli._config_command import _config
-from dew.cli._data_command import _data
 from dew.cli._errors import (
     _caused_by_user,
     _message,
@@ -66,18 +65,34 @@ from dew.cli._errors import (
     reader_gone,
     stop_writing,
 )
-from dew.cli._export import _export
 from dew.cli._inputs import _config_arguments, _register
 from dew.cli._parser import PROCESS_TIMEOUT as PROCESS_TIMEOUT
 from dew.cli._parser import _parser
-from dew.cli._plot import _plot
-from dew.cli._predict import _predict
-from dew.cli._runs import _runs
-from dew.cli._sample import _sample
 
 __all__ = ["main"]
 
 _RESUMABLE = ("train", "sweep")  # a run or sweep Ctrl-C stops resumes when run again
+
+# Each command and the function that runs it, imported when that command runs: `dew --help`,
+# `dew runs`, `dew config show` and `dew plot` never import what `dew train` computes with.
+_COMMANDS = {
+    "train": ("dew.cli._commands", "_train"),
+    "sweep": ("dew.cli._commands", "_sweep"),
+    "eval": ("dew.cli._commands", "_eval"),
+    "runs": ("dew.cli._runs", "_runs"),
+    "plot": ("dew.cli._plot", "_plot"),
+    "config": ("dew.cli._config_command", "_config"),
+    "data": ("dew.cli._data_command", "_data"),
+    "sample": ("dew.cli._sample", "_sample"),
+    "predict": ("dew.cli._predict", "_predict"),
+    "export": ("dew.cli._export", "_export"),
+}
+
+
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The function that runs the command `name` (a key of `_COMMANDS`)."""
+    module, function = _COMMANDS[name]
+    return getattr(importlib.import_module(module), function)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,14 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 joined = True
         if getattr(args, "registers", False):  # before any configuration is read
             _register(args)
-        commands = {"train": _train, "sweep": _sweep, "eval": _eval, "runs": _runs, "plot": _plot}
-        commands["config"] = _config
-        commands["data"] = _data
-        commands["sample"] = _sample
-        commands["predict"] = _predict
-        commands["export"] = _export
+        command = _command(args.command)
         with nonfinite_advice("--on-nonfinite continue"):  # the command's switch, not Python's
-            return commands[args.command](args)
+            return command(args)
 
     try:
         code = _outcome(args, launched, run)
@@ -164,6 +174,8 @@ def _preflight(args: argparse.Namespace) -> int:
     """Before starting local processes, the checks of the user's input that need no JAX
     (the config, the sweep's space, the run folder's run.json, that no other run holds the
     run folder); 0 when they pass."""
+    from dew.cli._commands import _sweep_inputs, _train_config
+
     _register(args)
     if args.command == "train":
         from dew._lock import check_unlocked

@@ -208,7 +208,8 @@ def _sweep_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 def _sweep(args: argparse.Namespace) -> int:
     from dew._processes import is_process_zero
-    from dew.cli._trackers import checked_trackers, open_trackers, tensorboard_hint
+    from dew.cli._tracker_options import checked_trackers
+    from dew.cli._trackers import open_trackers, tensorboard_hint
     from dew.config._recipe import run_folder
     from dew.config.sweep import sweep
     from dew.tracking import LocalTracker

@@ -4,6 +4,7 @@ from, and printing on process zero alone."""
 import argparse
 import contextlib
 import os
+import sys
 import tomllib
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,12 @@ from dew.cli._errors import _message
 
 
 def _say(*values: Any, **options: Any) -> None:
-    """`print` on process zero only: the other processes of a run stay quiet."""
+    """`print` on process zero only: the other processes of a run stay quiet. A process
+    that has not imported JAX has joined no multi-process run (joining imports it), so it
+    is process zero, and a command that computes nothing (`dew plot`) prints without JAX."""
+    if "jax" not in sys.modules:
+        print(*values, **options)
+        return
     from dew._processes import is_process_zero
 
     if is_process_zero():

@@ -336,7 +336,7 @@ def _add_examples(parser: argparse.ArgumentParser, words: str = "") -> None:
 
 
 def _tracker_options(parser: argparse.ArgumentParser) -> None:
-    from dew.cli._trackers import TRACKERS, tracker_names
+    from dew.cli._tracker_options import TRACKERS, tracker_names
 
     group = parser.add_argument_group(
         "trackers",

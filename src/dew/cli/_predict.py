@@ -59,7 +59,7 @@ def add_predict(commands: Any) -> argparse.ArgumentParser:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from dew._checks import check_integer
+    from dew._integers import check_integer
     from dew._predict import input_rows, predict_classes, prediction_rows, read_rows
     from dew.config import load_run
 

@@ -126,7 +126,7 @@ def add_sample(commands: Any) -> argparse.ArgumentParser:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from dew._checks import check_integer
+    from dew._integers import check_integer
     from dew._sample import sampler_kind
     from dew.config import load_run
 

@@ -1,5 +1,5 @@
 """`--tracker`, `--mlflow-uri` and `--wandb-offline`: the trackers a `dew train` or `dew sweep`
-run reports to beside its local journal.
+run reports to beside its local journal, built (`_tracker_options` reads the options).
 
 The local journal (`LocalTracker` in the run folder) is always written: `dew runs`, `dew eval`
 and `dew plot` read it, and run.json comes with it. `--tracker` names the trackers added to it
@@ -20,7 +20,6 @@ process zero of a multi-process run builds them, the others report to none.
 
 import argparse
 import contextlib
-import importlib
 import logging
 import os
 import pathlib
@@ -28,74 +27,15 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from dew.cli._errors import _message
+from dew.cli._tracker_options import checked_trackers
 from dew.tracking import Tracker
 from dew.tracking._base import AbstractRunTracker
 
-__all__ = [
-    "TRACKERS",
-    "checked_trackers",
-    "open_trackers",
-    "tensorboard_hint",
-    "tracker_names",
-]
+__all__ = ["open_trackers", "tensorboard_hint"]
 
-TRACKERS = ("local", "tensorboard", "mlflow", "wandb")
-"""The names `--tracker` takes."""
-
-_PACKAGES = {  # a tracker's module, the library's name and the extra that installs it
-    "tensorboard": ("tensorboard", "TensorBoard", "tensorboard"),
-    "mlflow": ("mlflow", "MLflow", "mlflow"),
-    "wandb": ("wandb", "W&B", "wandb"),
-}
 TENSORBOARD_FOLDER = "tensorboard"
 """The folder of a run's TensorBoard event files, inside its run folder."""
 MLFLOW_DATABASE = "mlflow.db"
-
-
-def tracker_names(text: str) -> tuple[str, ...]:
-    """`--tracker`'s value: a comma-separated list of `TRACKERS`, each once, in order.
-
-    An unknown name, or a tracker whose library is not installed, is an argument error
-    (exit status 2) naming it and what is allowed or which extra installs it.
-    """
-    names: list[str] = []
-    for name in (part.strip() for part in text.split(",")):
-        if name not in TRACKERS:
-            shown = f"unknown tracker {name!r}" if name else "an empty tracker name"
-            raise argparse.ArgumentTypeError(
-                f"{shown} in {text!r}; choose from {', '.join(TRACKERS)} "
-                "(a comma-separated list, e.g. local,tensorboard)"
-            )
-        if name not in names:
-            names.append(name)
-    for name in names:
-        if name in _PACKAGES:
-            module, library, extra = _PACKAGES[name]
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                raise argparse.ArgumentTypeError(
-                    f"--tracker {name} needs {library}, which is not installed: install "
-                    f"dew-ml[{extra}] (pip install 'dew-ml[{extra}]')"
-                ) from None
-    return tuple(names)
-
-
-def checked_trackers(args: argparse.Namespace) -> tuple[str, ...]:
-    """The trackers `args` add to the local journal; an option for a tracker not asked
-    for raises `ValueError`."""
-    names = tuple(getattr(args, "tracker", None) or ("local",))
-    if getattr(args, "mlflow_uri", None) is not None and "mlflow" not in names:
-        raise ValueError(
-            f"--mlflow-uri is for the MLflow tracker; add mlflow to --tracker (got "
-            f"--tracker {','.join(names)})."
-        )
-    if getattr(args, "wandb_offline", False) and "wandb" not in names:
-        raise ValueError(
-            f"--wandb-offline is for the W&B tracker; add wandb to --tracker (got "
-            f"--tracker {','.join(names)})."
-        )
-    return tuple(name for name in names if name != "local")
 
 
 def _store(args: argparse.Namespace, config: Any) -> str:

@@ -30,6 +30,7 @@ and likewise through a TOML file (`dump_toml` / `load`).
   does not declare raises `UndeclaredPathError` naming the nearest declared paths.
 
 ```python
+>>> from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig, override
 >>> from dew.registry import datasets
 >>> config = RunConfig(
 ...     model=ModelConfig("causal_transformer", {"vocab_size": 4, "emb_features": 16,
@@ -51,23 +52,28 @@ ValueError: trainer.steps must be an integer >= 1, got 0.
 ```
 """
 
-from dew.config._builtin import BUILTIN_CONFIGS as BUILTIN_CONFIGS
-from dew.config._builtin import builtin as builtin
-from dew.config._config import RunConfig as RunConfig
-from dew.config._config import UndeclaredPathError as UndeclaredPathError
-from dew.config._data import DataConfig as DataConfig
-from dew.config._evaluation import default_metrics as default_metrics
-from dew.config._evaluation import evaluate_run as evaluate_run
-from dew.config._evaluation import objective_shapes as objective_shapes
-from dew.config._fields import SCHEDULES as SCHEDULES
-from dew.config._load import LoadedRun as LoadedRun
-from dew.config._load import load_run as load_run
-from dew.config._overrides import declared_paths as declared_paths
-from dew.config._overrides import override as override
-from dew.config._sections import ModelConfig as ModelConfig
-from dew.config._sections import ObjectiveConfig as ObjectiveConfig
-from dew.config._sections import OptimConfig as OptimConfig
-from dew.config._sections import TrainerConfig as TrainerConfig
+from typing import TYPE_CHECKING
+
+from dew._lazy import lazy_names
+
+if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see them
+    from dew.config._builtin import BUILTIN_CONFIGS as BUILTIN_CONFIGS
+    from dew.config._builtin import builtin as builtin
+    from dew.config._config import RunConfig as RunConfig
+    from dew.config._config import UndeclaredPathError as UndeclaredPathError
+    from dew.config._data import DataConfig as DataConfig
+    from dew.config._evaluation import default_metrics as default_metrics
+    from dew.config._evaluation import evaluate_run as evaluate_run
+    from dew.config._evaluation import objective_shapes as objective_shapes
+    from dew.config._fields import SCHEDULES as SCHEDULES
+    from dew.config._load import LoadedRun as LoadedRun
+    from dew.config._load import load_run as load_run
+    from dew.config._overrides import declared_paths as declared_paths
+    from dew.config._overrides import override as override
+    from dew.config._sections import ModelConfig as ModelConfig
+    from dew.config._sections import ObjectiveConfig as ObjectiveConfig
+    from dew.config._sections import OptimConfig as OptimConfig
+    from dew.config._sections import TrainerConfig as TrainerConfig
 
 __all__ = [
     "BUILTIN_CONFIGS",
@@ -88,3 +94,25 @@ __all__ = [
     "objective_shapes",
     "override",
 ]
+
+# Each public name and the module it comes from, imported when the name is first used.
+_HOMES = {
+    "BUILTIN_CONFIGS": "dew.config._builtin",
+    "builtin": "dew.config._builtin",
+    "RunConfig": "dew.config._config",
+    "UndeclaredPathError": "dew.config._config",
+    "DataConfig": "dew.config._data",
+    "default_metrics": "dew.config._evaluation",
+    "evaluate_run": "dew.config._evaluation",
+    "objective_shapes": "dew.config._evaluation",
+    "SCHEDULES": "dew.config._fields",
+    "LoadedRun": "dew.config._load",
+    "load_run": "dew.config._load",
+    "declared_paths": "dew.config._overrides",
+    "override": "dew.config._overrides",
+    "ModelConfig": "dew.config._sections",
+    "ObjectiveConfig": "dew.config._sections",
+    "OptimConfig": "dew.config._sections",
+    "TrainerConfig": "dew.config._sections",
+}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

@@ -11,8 +11,8 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from dew._checks import check_integer
 from dew._domains import evaluation_key, run_key
+from dew._integers import check_integer
 from dew._plugins import import_modules
 from dew._processes import is_process_zero
 from dew.config._config import RunConfig

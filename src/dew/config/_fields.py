@@ -9,7 +9,7 @@ import numbers
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew._json import VALUE_DEPTH, check_depth, python_scalar
 
 SCHEDULES = ("constant", "cosine", "linear", "warmup_cosine")

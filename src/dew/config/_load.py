@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
-from dew._checks import check_integer
 from dew._data_record import read_data_record
+from dew._integers import check_integer
 from dew._plugins import import_modules
 from dew.checkpoints import Checkpointer
 from dew.checkpoints._location import is_remote

@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.data.tokenizers._protocol import Tokenizer
 
 __all__ = ["Batches", "Dataset", "Partition"]

@@ -13,7 +13,7 @@ import pathlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.data._arrow_columns import ColumnRows, column_dtype, text_column
 from dew.data._dataset import Dataset
 from dew.data._documents import resolve_files

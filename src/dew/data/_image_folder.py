@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.data._dataset import Dataset
 from dew.data._image_cache import image_cache
 from dew.data._indexed import check_fraction, fingerprint_of, indexed_dataset

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.data._dataset import Dataset, Partition
 
 __all__ = [

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.data._dataset import Dataset
 from dew.data._documents import resolve_files
 from dew.data._indexed import InOrder, StepBatches, check_fraction, fingerprint_of, hold_out

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.data._dataset import Dataset
 from dew.data._files import local_path
 from dew.data._indexed import InOrder, StepBatches, array_digest, check_fraction, fingerprint_of

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from jaxtyping import Array
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.metrics._base import MeanState as MeanState
 from dew.metrics._base import Metric as Metric
 from dew.metrics._base import raise_if as raise_if

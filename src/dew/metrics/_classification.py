@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from dew._checks import check_ids, check_integer
+from dew._checks import check_ids
+from dew._integers import check_integer
 from dew.artifacts import Artifact, ClassScores
 from dew.metrics._base import Metric, raise_if
 from dew.metrics._regression import RowMeanState

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from dew._checks import check_ids, check_integer
+from dew._checks import check_ids
+from dew._integers import check_integer
 from dew.artifacts import Artifact, Representations
 from dew.metrics._base import MeanState, Metric
 

@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.artifacts import Artifact
 from dew.metrics._base import Metric
 

@@ -31,7 +31,7 @@ import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from dew._cache_dir import default_cache_dir
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew._shape_drawing import MIN_IMAGE_SIZE, SHAPE_KINDS, draw_shapes, sample_shapes
 
 __all__ = ["RECIPE", "ShapeClassifier", "ShapeClassifierRecipe", "shape_classifier"]

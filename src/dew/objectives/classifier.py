@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.artifacts import ClassScores
 from dew.metrics import Metric, accuracy, cross_entropy, expected_calibration_error, f1
 from dew.naming import Split

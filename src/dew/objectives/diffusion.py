@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from dew._checks import check_integer
 from dew._domains import PREVIEW_DOMAIN, derive
+from dew._integers import check_integer
 from dew._shape_drawing import SHAPE_KINDS
 from dew.artifacts import Clips, Images
 from dew.metrics import Metric, fid, shape_scores

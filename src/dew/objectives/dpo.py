@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from dew._checks import MissingBatchKeyError, check_integer, error_if
+from dew._checks import MissingBatchKeyError, error_if
+from dew._integers import check_integer
 from dew.artifacts import TokenRows, TokenScores
 from dew.metrics import Metric
 from dew.naming import Split

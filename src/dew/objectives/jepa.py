@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.artifacts import Representations
 from dew.metrics import Metric, knn_probe, linear_probe
 from dew.naming import Split

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.artifacts import TokenRows, TokenScores
 from dew.metrics import Metric, perplexity, token_accuracy
 from dew.naming import Split

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.artifacts import TokenRows
 from dew.metrics import Metric
 from dew.naming import Split

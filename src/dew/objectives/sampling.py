@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PRNGKeyArray
 
-from dew._checks import check_ids, check_integer, error_if
+from dew._checks import check_ids, error_if
+from dew._integers import check_integer
 from dew.nn.backbones.causal_transformer import CausalTransformer
 
 __all__ = ["Generation", "Samples", "filter_logits", "generate", "sample_continuations"]

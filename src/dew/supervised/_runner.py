@@ -19,11 +19,12 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from dew._checks import check_integer
 from dew._domains import supervised_step_key, supervised_validation_key
 from dew._early_stopping import EarlyStopper
+from dew._finite_params import check_params
+from dew._integers import check_integer
 from dew._loop import LoopEngine, with_history
-from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
+from dew._nonfinite import check_loss, raises_on_nonfinite
 from dew._pass import run_pass
 from dew.artifacts import RegressionScores
 from dew.events import EPOCH_END, VALIDATION_END, EventSink

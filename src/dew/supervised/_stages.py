@@ -21,8 +21,8 @@ import optax
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from dew import metrics
-from dew._checks import check_integer
 from dew._domains import stage_key
+from dew._integers import check_integer
 from dew._pass import run_pass
 from dew.events import EventSink
 from dew.metrics import MetricSet, gaussian_crps

@@ -1,6 +1,6 @@
 """A fit's cadence arguments, checked before any work."""
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 
 __all__ = ["check_cadence"]
 

@@ -14,9 +14,10 @@ from jaxtyping import PRNGKeyArray
 
 from dew._checks import batch_error, failed_check
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
+from dew._finite_params import check_params
 from dew._interrupts import FitInterrupted
 from dew._loop import LoopEngine, with_history
-from dew._nonfinite import check_loss, check_params, raises_on_nonfinite
+from dew._nonfinite import check_loss, raises_on_nonfinite
 from dew._processes import is_multiprocess, replicated
 from dew.checkpoints._location import checkpoint_location
 from dew.data import Dataset, Partition

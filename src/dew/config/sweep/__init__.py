@@ -37,6 +37,7 @@ A tracker passed to `sweep` receives each trial's score under `VALUE_TAG`
 ```python
 >>> import tempfile
 >>> from dew.config import DataConfig, ModelConfig, RunConfig, TrainerConfig
+>>> from dew.config.sweep import grid_search, sweep
 >>> config = RunConfig(ModelConfig("mlp"), DataConfig("toy"), trainer=TrainerConfig(name="demo"))
 >>> def train(run):
 ...     return abs(run.optim.learning_rate - 0.003) + run.trainer.batch_size / 100
@@ -55,28 +56,33 @@ A tracker passed to `sweep` receives each trial's score under `VALUE_TAG`
 ```
 """
 
-from dew.config.sweep._ledger import LEDGER_VERSION as LEDGER_VERSION
-from dew.config.sweep._optuna import OWNER_ATTR as OWNER_ATTR
-from dew.config.sweep._optuna import OptunaSearch as OptunaSearch
-from dew.config.sweep._optuna import _OptunaRun as _OptunaRun
-from dew.config.sweep._optuna import optuna_search as optuna_search
-from dew.config.sweep._search import GridSearch as GridSearch
-from dew.config.sweep._search import IndexedSearch as IndexedSearch
-from dew.config.sweep._search import RandomSearch as RandomSearch
-from dew.config.sweep._search import Search as Search
-from dew.config.sweep._search import SearchRun as SearchRun
-from dew.config.sweep._search import Trial as Trial
-from dew.config.sweep._search import grid_search as grid_search
-from dew.config.sweep._search import random_search as random_search
-from dew.config.sweep._space import Choice as Choice
-from dew.config.sweep._space import Field as Field
-from dew.config.sweep._space import IntUniform as IntUniform
-from dew.config.sweep._space import Space as Space
-from dew.config.sweep._space import Uniform as Uniform
-from dew.config.sweep._space import _checked_space as _checked_space
-from dew.config.sweep._sweep import TRIAL_FINISHED as TRIAL_FINISHED
-from dew.config.sweep._sweep import VALUE_TAG as VALUE_TAG
-from dew.config.sweep._sweep import sweep as sweep
+from typing import TYPE_CHECKING
+
+from dew._lazy import lazy_names
+
+if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see them
+    from dew.config.sweep._ledger import LEDGER_VERSION as LEDGER_VERSION
+    from dew.config.sweep._optuna import OWNER_ATTR as OWNER_ATTR
+    from dew.config.sweep._optuna import OptunaSearch as OptunaSearch
+    from dew.config.sweep._optuna import _OptunaRun as _OptunaRun
+    from dew.config.sweep._optuna import optuna_search as optuna_search
+    from dew.config.sweep._search import GridSearch as GridSearch
+    from dew.config.sweep._search import IndexedSearch as IndexedSearch
+    from dew.config.sweep._search import RandomSearch as RandomSearch
+    from dew.config.sweep._search import Search as Search
+    from dew.config.sweep._search import SearchRun as SearchRun
+    from dew.config.sweep._search import Trial as Trial
+    from dew.config.sweep._search import grid_search as grid_search
+    from dew.config.sweep._search import random_search as random_search
+    from dew.config.sweep._space import Choice as Choice
+    from dew.config.sweep._space import Field as Field
+    from dew.config.sweep._space import IntUniform as IntUniform
+    from dew.config.sweep._space import Space as Space
+    from dew.config.sweep._space import Uniform as Uniform
+    from dew.config.sweep._space import _checked_space as _checked_space
+    from dew.config.sweep._sweep import TRIAL_FINISHED as TRIAL_FINISHED
+    from dew.config.sweep._sweep import VALUE_TAG as VALUE_TAG
+    from dew.config.sweep._sweep import sweep as sweep
 
 __all__ = [
     "LEDGER_VERSION",
@@ -97,3 +103,30 @@ __all__ = [
     "random_search",
     "sweep",
 ]
+
+# Each public name and the module it comes from, imported when the name is first used.
+_HOMES = {
+    "LEDGER_VERSION": "dew.config.sweep._ledger",
+    "OWNER_ATTR": "dew.config.sweep._optuna",
+    "OptunaSearch": "dew.config.sweep._optuna",
+    "_OptunaRun": "dew.config.sweep._optuna",
+    "optuna_search": "dew.config.sweep._optuna",
+    "GridSearch": "dew.config.sweep._search",
+    "IndexedSearch": "dew.config.sweep._search",
+    "RandomSearch": "dew.config.sweep._search",
+    "Search": "dew.config.sweep._search",
+    "SearchRun": "dew.config.sweep._search",
+    "Trial": "dew.config.sweep._search",
+    "grid_search": "dew.config.sweep._search",
+    "random_search": "dew.config.sweep._search",
+    "Choice": "dew.config.sweep._space",
+    "Field": "dew.config.sweep._space",
+    "IntUniform": "dew.config.sweep._space",
+    "Space": "dew.config.sweep._space",
+    "Uniform": "dew.config.sweep._space",
+    "_checked_space": "dew.config.sweep._space",
+    "TRIAL_FINISHED": "dew.config.sweep._sweep",
+    "VALUE_TAG": "dew.config.sweep._sweep",
+    "sweep": "dew.config.sweep._sweep",
+}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

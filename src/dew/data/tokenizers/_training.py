@@ -8,7 +8,7 @@ import sys
 import uuid
 from collections.abc import Iterator, Sequence
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.data._documents import file_documents, resolve_files
 from dew.data._optional import optional
 from dew.data.tokenizers._huggingface import HFTokenizer

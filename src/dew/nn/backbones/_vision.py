@@ -5,7 +5,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from dew._checks import check_integer
+from dew._integers import check_integer
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 
 __all__ = [
