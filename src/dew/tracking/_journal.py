@@ -7,19 +7,28 @@ import json
 import os
 import pathlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dew import _json
 from dew._files import open_for_writing
 from dew.telemetry.records import Record, decode_json_value, record_from_dict
 
-__all__ = ["Journal", "append_line", "read_journal"]
+__all__ = [
+    "Journal",
+    "append_line",
+    "entries",
+    "read_journal",
+    "read_params",
+    "read_records",
+    "repair_tail",
+]
 
 SCALARS = "scalars.jsonl"
 RECORDS = "records.jsonl"
 PARAMS = "params.json"
 RUN_RECORD = "run.json"
+SUMMARY = "summary.json"
 RESUME = "resume"
 """The key marking a resume boundary line: `{"step": 4, "values": {}, "resume": true}`."""
 
@@ -68,12 +77,12 @@ def _parse_line(path: pathlib.Path, number: int, line: bytes) -> Any:
     return entry
 
 
-def append_line(journal: Any, path: pathlib.Path, line: str) -> None:
+def append_line(journal: Any, path: pathlib.Path, line: str) -> bytes:
     """Append `line` (its newline included) to the open journal `journal` at `path`:
     whole, or not at all. A write that fails part-way (a full disk) is cut back, so the
     lines before it stay the journal's last; the `OSError` names `path`. The bytes go to
     the file descriptor at once, past the file object's buffer, which would otherwise
-    write a failed line's rest on a later flush."""
+    write a failed line's rest on a later flush. Returns the bytes appended."""
     data = line.encode("utf-8")
     descriptor = journal.fileno()
     written = 0
@@ -85,55 +94,75 @@ def append_line(journal: Any, path: pathlib.Path, line: str) -> None:
             with contextlib.suppress(OSError):
                 os.ftruncate(descriptor, os.fstat(descriptor).st_size - written)
         raise OSError(error.errno, error.strerror, str(path)) from error
+    return data
 
 
-def _lines(path: pathlib.Path) -> tuple[list[bytes], bytes]:
-    """The complete lines of a journal and its tail (empty when it ends in a newline)."""
-    pieces = path.read_bytes().split(b"\n")
-    return pieces[:-1], pieces[-1]
+_BLOCK = 1 << 16
 
 
-def _reopen_journal(path: pathlib.Path) -> list[Any]:
-    """Prepare a journal for appending, and return its entries.
+def _tail(journal: Any) -> bytes:
+    """The bytes after the last newline of the open binary `journal` (empty when it ends in
+    one), read backward from its end: a journal's length never costs a reopen."""
+    end = journal.seek(0, os.SEEK_END)
+    tail, position = b"", end
+    while position > 0:
+        step = min(_BLOCK, position)
+        position -= step
+        journal.seek(position)
+        tail = journal.read(step) + tail
+        newline = tail.rfind(b"\n")
+        if newline >= 0:
+            return tail[newline + 1 :]
+    return tail
+
+
+def repair_tail(path: pathlib.Path) -> None:
+    """Prepare a journal for appending, reading only its last line.
 
     A tail without its newline is finished with one when it is a whole line, and cut
     back to the last complete line (with a warning) when it is torn, so appending never
-    glues a new line onto a half-written one. A malformed complete line is kept and
-    warned about, naming it: `read_journal` refuses the journal until it is repaired.
+    glues a new line onto a half-written one.
     """
     if not path.exists() or path.stat().st_size == 0:
-        return []
-    lines, tail = _lines(path)
-    entries, malformed = [], []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            entries.append(_parse_line(path, number, line))
-        except ValueError as error:
-            malformed.append(str(error))
-    if tail:
-        try:
-            entries.append(_parse_line(path, len(lines) + 1, tail))
-        except ValueError:
-            with open_for_writing(path, "r+b") as journal:
-                journal.truncate(path.stat().st_size - len(tail))
-            warnings.warn(
-                f"{path} ended in a torn line (a crash mid-write?); cut it back to its last "
-                f"complete line ({len(tail)} bytes dropped).",
-                stacklevel=3,
-            )
-        else:
-            with open_for_writing(path, "ab") as journal:
-                journal.write(b"\n")  # a whole line whose newline was never written
+        return
+    with open(path, "rb") as journal:
+        tail = _tail(journal)
+    if not tail:
+        return
+    try:
+        _parse_line(path, 0, tail)
+    except ValueError:
+        with open_for_writing(path, "r+b") as journal:
+            journal.truncate(path.stat().st_size - len(tail))
+        warnings.warn(
+            f"{path} ended in a torn line (a crash mid-write?); cut it back to its last "
+            f"complete line ({len(tail)} bytes dropped).",
+            stacklevel=4,
+        )
+    else:
+        with open_for_writing(path, "ab") as journal:
+            journal.write(b"\n")  # a whole line whose newline was never written
+
+
+def warn_malformed(malformed: list[str]) -> None:
+    """Warn, naming the first, of the malformed complete lines a reopened journal keeps."""
     if malformed:
         more = f" (and {len(malformed) - 1} more malformed lines)" if len(malformed) > 1 else ""
         warnings.warn(
             f"{malformed[0]}{more} LocalTracker keeps it and appends after it, but "
             "read_journal refuses this journal until the line is repaired or removed.",
-            stacklevel=3,
+            stacklevel=4,
         )
-    return entries
+
+
+def _reopen_journal(path: pathlib.Path) -> None:
+    """Prepare a journal for appending (`repair_tail`), and warn of its malformed lines
+    (kept: `read_journal` refuses the journal until they are repaired), streaming it."""
+    repair_tail(path)
+    malformed: list[str] = []
+    for _ in entries(path, malformed=malformed):
+        pass
+    warn_malformed(malformed)
 
 
 def _read_params(path: pathlib.Path) -> dict[str, Any]:
@@ -142,6 +171,13 @@ def _read_params(path: pathlib.Path) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise ValueError(f"{path} holds {type(params).__name__}, not a JSON object of parameters.")
     return params
+
+
+def read_params(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A `LocalTracker` folder's parameters (`params.json`, non-finite values decoded; none:
+    `{}`); a file that is not a JSON object raises naming it."""
+    params_file = pathlib.Path(path) / PARAMS
+    return decode_json_value(_read_params(params_file)) if params_file.exists() else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,29 +199,65 @@ class Journal:
     resumes: list[int] = dataclasses.field(default_factory=list)
 
 
-def _read_lines(path: pathlib.Path) -> list[tuple[int, Any]]:
-    """A journal's entries with their line numbers."""
+def entries(
+    path: pathlib.Path, *, start: int = 0, first: int = 1, malformed: list[str] | None = None
+) -> Iterator[tuple[int, int, bytes, Any]]:
+    """A journal's entries, one line at a time: `(line number, the byte just past the line,
+    line, entry)` from byte
+    `start` on (`first`: the number of the line there). A torn last line (not JSON, no
+    newline) is skipped with a warning. A malformed line raises `ValueError` naming it, or,
+    given a `malformed` list, is noted there and skipped."""
     if not path.exists():
-        return []
-    lines, tail = _lines(path)
-    entries = [
-        (number, _parse_line(path, number, line))
-        for number, line in enumerate(lines, start=1)
-        if line.strip()
-    ]
-    if tail.strip():
-        try:
-            entries.append((len(lines) + 1, _parse_line(path, len(lines) + 1, tail)))
-        except ValueError as error:
-            if isinstance(error.__cause__, json.JSONDecodeError | UnicodeDecodeError):
-                warnings.warn(
-                    f"{path}: skipped a torn last line (a crash mid-write?); every line "
-                    "before it was read.",
-                    stacklevel=3,
-                )
-            else:
-                raise  # a whole line of the wrong shape
-    return entries
+        return
+    with open(path, "rb") as journal:
+        journal.seek(start)
+        end = start
+        for number, line in enumerate(journal, start=first):
+            end += len(line)
+            if not line.strip():
+                continue
+            try:
+                entry = _parse_line(path, number, line)
+            except ValueError as error:
+                if not line.endswith(b"\n") and isinstance(
+                    error.__cause__, json.JSONDecodeError | UnicodeDecodeError
+                ):
+                    warnings.warn(
+                        f"{path}: skipped a torn last line (a crash mid-write?); every line "
+                        "before it was read.",
+                        stacklevel=3,
+                    )
+                    return
+                if malformed is None:
+                    raise  # not the last line, or a whole line of the wrong shape
+                malformed.append(str(error))
+                continue
+            yield number, end, line, entry
+
+
+def read_records(
+    path: str | os.PathLike[str],
+) -> tuple[list[tuple[str, int | None, Record]], list[tuple[str, int | None, Any]]]:
+    """A `LocalTracker` folder's records journal, streamed: its typed records and its other
+    artifacts, as `read_journal` returns them (`Journal.records`, `Journal.artifacts`),
+    without reading its scalars."""
+    records: list[tuple[str, int | None, Record]] = []
+    artifacts: list[tuple[str, int | None, Any]] = []
+    records_path = pathlib.Path(path) / RECORDS
+    for number, _, _, entry in entries(records_path):
+        if "record" in entry:
+            try:
+                record = record_from_dict(entry["record"])
+            except (TypeError, ValueError) as error:
+                raise ValueError(
+                    f"{records_path}: line {number} holds no record: {error}"
+                ) from error
+            records.append((entry["name"], entry["step"], record))
+        elif "files" in entry:
+            artifacts.append((entry["name"], entry["step"], entry["files"]))
+        else:
+            artifacts.append((entry["name"], entry["step"], decode_json_value(entry["value"])))
+    return records, artifacts
 
 
 def read_journal(path: str | os.PathLike[str]) -> Journal:
@@ -200,31 +272,30 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     path = pathlib.Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"no LocalTracker folder at {str(path)!r}.")
-    by_step: dict[str, dict[int, float]] = {}
+    series: dict[str, list[tuple[int, float]]] = {}
+    latest: dict[str, int] = {}  # a series' last step
+    places: dict[str, dict[int, int]] = {}  # a series' steps, built once a step repeats
     resumes = []
-    for _, entry in _read_lines(path / SCALARS):
+    for _, _, _, entry in entries(path / SCALARS):
         step = entry["step"]
         if entry.get(RESUME):
             resumes.append(step)
         for tag, value in entry["values"].items():
-            by_step.setdefault(tag, {})[step] = float(decode_json_value(value))
-    scalars = {tag: list(series.items()) for tag, series in by_step.items()}
-    records: list[tuple[str, int | None, Record]] = []
-    artifacts: list[tuple[str, int | None, Any]] = []
-    records_path = path / RECORDS
-    for number, entry in _read_lines(records_path):
-        if "record" in entry:
-            try:
-                record = record_from_dict(entry["record"])
-            except (TypeError, ValueError) as error:
-                raise ValueError(
-                    f"{records_path}: line {number} holds no record: {error}"
-                ) from error
-            records.append((entry["name"], entry["step"], record))
-        elif "files" in entry:
-            artifacts.append((entry["name"], entry["step"], entry["files"]))
-        else:
-            artifacts.append((entry["name"], entry["step"], decode_json_value(entry["value"])))
-    params_file = path / PARAMS
-    params = decode_json_value(_read_params(params_file)) if params_file.exists() else {}
-    return Journal(scalars, records, artifacts, params, resumes)
+            value = float(_json.NON_FINITE.get(value, value))
+            last = latest.get(tag)
+            if last is None or step > last:  # the common case: a new, later step
+                series.setdefault(tag, []).append((step, value))
+                latest[tag] = step
+                if tag in places:
+                    places[tag][step] = len(series[tag]) - 1
+                continue
+            place = places.get(tag)
+            if place is None:
+                place = places[tag] = {s: i for i, (s, _) in enumerate(series[tag])}
+            if step in place:  # logged again (a resumed fit): the last value stands
+                series[tag][place[step]] = (step, value)
+            else:
+                place[step] = len(series[tag])
+                series[tag].append((step, value))
+    records, artifacts = read_records(path)
+    return Journal(series, records, artifacts, read_params(path), resumes)
