@@ -35,6 +35,17 @@ RESUME = "resume"
 
 def _scalars_entry(entry: Any) -> str | None:
     """Why `entry` is not a scalars line, or None when it is one."""
+    if type(entry) is dict and len(entry) == 2:  # the common line, checked at once
+        step, values = entry.get("step"), entry.get("values")
+        if type(step) is int and step >= 0 and type(values) is dict:
+            for value in values.values():
+                kind = type(value)
+                if kind is not float and kind is not int and kind is not str:
+                    break
+                if kind is str and value not in _json.NON_FINITE:
+                    break
+            else:
+                return None
     if not isinstance(entry, dict) or set(entry) - {"step", "values", RESUME}:
         return 'it is not {"step": ..., "values": {...}}'
     step, values = entry.get("step"), entry.get("values")
@@ -65,6 +76,7 @@ def _records_entry(entry: Any) -> str | None:
     return None
 
 
+_UNREAD = object()
 _SHAPES: dict[str, Callable[[Any], str | None]] = {SCALARS: _scalars_entry, RECORDS: _records_entry}
 
 
@@ -202,18 +214,26 @@ class Journal:
 def entries(
     path: pathlib.Path, *, start: int = 0, first: int = 1, malformed: list[str] | None = None
 ) -> Iterator[tuple[int, int, bytes, Any]]:
-    """A journal's entries, one line at a time: `(line number, the byte just past the line,
-    line, entry)` from byte
-    `start` on (`first`: the number of the line there). A torn last line (not JSON, no
-    newline) is skipped with a warning. A malformed line raises `ValueError` naming it, or,
-    given a `malformed` list, is noted there and skipped."""
+    """A journal's entries, one line at a time: `(line number, the byte just past the
+    line, line, entry)` from byte `start` on (`first`: the number of the line there). A
+    torn last line (not JSON, no newline) is skipped with a warning. A malformed line
+    raises `ValueError` naming it, or, given a `malformed` list, is noted there and
+    skipped."""
     if not path.exists():
         return
+    shape = _SHAPES[path.name]
     with open(path, "rb") as journal:
         journal.seek(start)
         end = start
         for number, line in enumerate(journal, start=first):
             end += len(line)
+            try:  # the common line, parsed at once; any other, again, to name what is wrong
+                entry = json.loads(line.decode("utf-8"))
+            except (ValueError, RecursionError):
+                entry = _UNREAD
+            if entry is not _UNREAD and shape(entry) is None:
+                yield number, end, line, entry
+                continue
             if not line.strip():
                 continue
             try:
@@ -274,20 +294,22 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
         raise FileNotFoundError(f"no LocalTracker folder at {str(path)!r}.")
     series: dict[str, list[tuple[int, float]]] = {}
     latest: dict[str, int] = {}  # a series' last step
-    places: dict[str, dict[int, int]] = {}  # a series' steps, built once a step repeats
+    places: dict[str, dict[int, int]] = {}  # a series' steps, built once a step comes again
     resumes = []
+    non_finite = _json.NON_FINITE
     for _, _, _, entry in entries(path / SCALARS):
         step = entry["step"]
-        if entry.get(RESUME):
+        if len(entry) == 3 and entry[RESUME]:
             resumes.append(step)
         for tag, value in entry["values"].items():
-            value = float(_json.NON_FINITE.get(value, value))
-            last = latest.get(tag)
-            if last is None or step > last:  # the common case: a new, later step
-                series.setdefault(tag, []).append((step, value))
+            value = non_finite[value] if type(value) is str else float(value)
+            if step > latest.get(tag, -1):  # the common value: a new, later step
                 latest[tag] = step
                 if tag in places:
-                    places[tag][step] = len(series[tag]) - 1
+                    places[tag][step] = len(series[tag])
+                    series[tag].append((step, value))
+                else:
+                    series.setdefault(tag, []).append((step, value))
                 continue
             place = places.get(tag)
             if place is None:
