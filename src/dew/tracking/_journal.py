@@ -1,6 +1,7 @@
 """The journals of a `LocalTracker` folder: their files, their line shapes, reopening one
 for appending, and reading a folder back (`read_journal`)."""
 
+import bisect
 import contextlib
 import dataclasses
 import json
@@ -280,6 +281,10 @@ def read_records(
     return records, artifacts
 
 
+def _step(point: tuple[int, float]) -> int:
+    return point[0]
+
+
 def read_journal(path: str | os.PathLike[str]) -> Journal:
     """Read a `LocalTracker` folder back: scalars by tag, records, artifacts, params.
 
@@ -293,8 +298,8 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     if not path.is_dir():
         raise FileNotFoundError(f"no LocalTracker folder at {str(path)!r}.")
     series: dict[str, list[tuple[int, float]]] = {}
-    latest: dict[str, int] = {}  # a series' last step
-    places: dict[str, dict[int, int]] = {}  # a series' steps, built once a step comes again
+    latest: dict[str, int] = {}  # a series' greatest step
+    places: dict[str, dict[int, int]] = {}  # the steps of a series out of step order
     resumes = []
     non_finite = _json.NON_FINITE
     for _, _, _, entry in entries(path / SCALARS):
@@ -305,19 +310,23 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
             value = non_finite[value] if type(value) is str else float(value)
             if step > latest.get(tag, -1):  # the common value: a new, later step
                 latest[tag] = step
-                if tag in places:
-                    places[tag][step] = len(series[tag])
-                    series[tag].append((step, value))
-                else:
-                    series.setdefault(tag, []).append((step, value))
+                place = places.get(tag)
+                if place is not None:
+                    place[step] = len(series[tag])
+                series.setdefault(tag, []).append((step, value))
                 continue
+            points = series[tag]
             place = places.get(tag)
-            if place is None:
-                place = places[tag] = {s: i for i, (s, _) in enumerate(series[tag])}
-            if step in place:  # logged again (a resumed fit): the last value stands
-                series[tag][place[step]] = (step, value)
-            else:
-                place[step] = len(series[tag])
-                series[tag].append((step, value))
+            if place is None:  # in step order so far: a resumed fit's step is found by bisection
+                index = bisect.bisect_left(points, step, key=_step)
+                if index < len(points) and points[index][0] == step:
+                    points[index] = (step, value)  # logged again: the last value stands
+                    continue
+                place = places[tag] = {known: i for i, (known, _) in enumerate(points)}
+            if step in place:
+                points[place[step]] = (step, value)
+            else:  # a step not logged before, below the greatest: listed last, as logged
+                place[step] = len(points)
+                points.append((step, value))
     records, artifacts = read_records(path)
     return Journal(series, records, artifacts, read_params(path), resumes)
