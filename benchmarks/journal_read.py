@@ -33,7 +33,8 @@ above 2, every process is pinned to one core (`taskset -c 1`). The tables show t
 and spread (min-max) per side, and the ratios against the floor/peer.
 
 Run: `python benchmarks/journal_read.py --before /work/main/src` (a few minutes at load 10),
-`--quick` (1e4 lines and 1 and 20 folders, one round: seconds).
+`--quick` (1e4 lines and 1 and 20 folders, one round: seconds), `--only read_journal` or
+`--only runs` for one group.
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: seconds")
     parser.add_argument("--before", help="the src folder of the code to compare (main's)")
+    parser.add_argument("--only", choices=["read_journal", "runs"], help="one group alone")
     args = parser.parse_args()
     pin = _pin()
     src_now = os.environ.get("PYTHONPATH")
@@ -189,6 +191,7 @@ def main() -> None:
     print(f"before: {args.before or '(not measured)'}")
     print(f"cores {os.cpu_count()}, load average {os.getloadavg()}, pinned: {bool(pin)}")
     sizes = [10_000] if args.quick else [10_000, 100_000, 1_000_000]
+    sizes = [] if args.only == "runs" else sizes
     rounds = {10_000: 1 if args.quick else 5, 100_000: 3, 1_000_000: 2}
     sides: dict[str, str | None] = {"floor": src_now, "dew": src_now}
     if args.before:
@@ -227,6 +230,7 @@ def main() -> None:
         template = base / "template"
         _template(template, src_now)
         counts = [1, 20] if args.quick else [1, 200, 2000]
+        counts = [] if args.only == "read_journal" else counts
         empty = base / "empty"
         empty.mkdir()
         commands = {
@@ -264,7 +268,8 @@ def main() -> None:
                 )
             shutil.rmtree(root)
         for side, values in startup.items():
-            print(f"start-up (an empty folder), {side}: {_spread(values)} s")
+            if values:
+                print(f"start-up (an empty folder), {side}: {_spread(values)} s")
         print("target: dew runs on 200 folders under 2 s")
 
 

@@ -308,12 +308,16 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
             resumes.append(step)
         for tag, value in entry["values"].items():
             value = non_finite[value] if type(value) is str else float(value)
-            if step > latest.get(tag, -1):  # the common value: a new, later step
+            last = latest.get(tag)
+            if last is None:
                 latest[tag] = step
-                place = places.get(tag)
-                if place is not None:
-                    place[step] = len(series[tag])
-                series.setdefault(tag, []).append((step, value))
+                series[tag] = [(step, value)]
+                continue
+            if step > last:  # the common value: a new, later step
+                latest[tag] = step
+                if places and tag in places:
+                    places[tag][step] = len(series[tag])
+                series[tag].append((step, value))
                 continue
             points = series[tag]
             place = places.get(tag)
