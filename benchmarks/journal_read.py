@@ -20,10 +20,11 @@ Groups, and what each side runs:
     pairs: the same `scalars` result, with no checks and no records.
 - `dew runs`, over 1, 200 and 2,000 run folders (each the journal of a 2,000-step fit logged
   every 10 steps, three tags, its records and parameters, as `LocalTracker` writes them, so
-  with its `summary.json`): each measurement is the command as a user runs it, `python -m
-  dew.cli runs ROOT` in a fresh process, its output to a pipe, timed from outside end to
-  end. `dew runs` on an empty folder is timed too: the start-up and import cost, which is
-  subtracted in the `less start-up` column. The peer, `plain reader`, is a fresh Python
+  with its `summary.json`): each measurement is the command as a user runs it in a fresh
+  process (`from dew.cli import main; main(["runs", ROOT])`, what `python -m dew.cli` and
+  the `dew` script do), its output to /dev/null, timed from outside end to end; the process
+  also reports its time after its imports (`after imports`: the import cost is another
+  item's, issue 27 item 4). The peer, `plain reader`, is a fresh Python
   process that, for every `scalars.jsonl` under the root, streams it keeping each tag's
   value at its greatest step, reads `records.jsonl` and `params.json`, and prints one line a
   run: what a user would write without dew.
@@ -109,6 +110,19 @@ for journal in sorted(root.rglob("scalars.jsonl")):
 """
 
 
+_DEW_RUNS = r"""
+import json, sys, time
+start = time.perf_counter()
+from dew.cli import main  # what `python -m dew.cli` and the `dew` script import
+imported = time.perf_counter()
+try:
+    main(["runs", *sys.argv[1:]])
+except SystemExit:
+    pass
+sys.stderr.write(json.dumps({"import": imported - start, "rest": time.perf_counter() - imported}))
+"""
+
+
 def _pin() -> list[str]:
     return ["taskset", "-c", "1"] if os.getloadavg()[0] > 2 and shutil.which("taskset") else []
 
@@ -165,10 +179,15 @@ with LocalTracker(sys.argv[1]) as tracker:
     subprocess.run([sys.executable, "-c", code, str(path), *TAGS], check=True, env=_env(src))
 
 
-def _time(command: list[str], env: dict[str, str]) -> float:
+def _time(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """The command's wall time from outside, and (for dew) its time after its imports."""
     start = time.perf_counter()
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    done = subprocess.run(
+        command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    elapsed = time.perf_counter() - start
+    inner = json.loads(done.stderr) if done.stderr.startswith(b"{") else {"rest": elapsed}
+    return elapsed, inner["rest"]
 
 
 def _spread(values: list[float], scale: float = 1.0) -> str:
@@ -181,6 +200,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: seconds")
     parser.add_argument("--before", help="the src folder of the code to compare (main's)")
     parser.add_argument("--only", choices=["read_journal", "runs"], help="one group alone")
+    parser.add_argument("--lines", type=int, action="append", help="journal sizes (repeatable)")
+    parser.add_argument("--rounds", type=int, help="rounds per size, in place of the defaults")
     args = parser.parse_args()
     pin = _pin()
     src_now = os.environ.get("PYTHONPATH")
@@ -191,7 +212,7 @@ def main() -> None:
     print(f"before: {args.before or '(not measured)'}")
     print(f"cores {os.cpu_count()}, load average {os.getloadavg()}, pinned: {bool(pin)}")
     sizes = [10_000] if args.quick else [10_000, 100_000, 1_000_000]
-    sizes = [] if args.only == "runs" else sizes
+    sizes = [] if args.only == "runs" else (args.lines or sizes)
     rounds = {10_000: 1 if args.quick else 5, 100_000: 3, 1_000_000: 2}
     sides: dict[str, str | None] = {"floor": src_now, "dew": src_now}
     if args.before:
@@ -206,7 +227,7 @@ def main() -> None:
             folder = base / f"journal-{size}"
             _write_journal(folder, size)
             results: dict[str, list[dict]] = {side: [] for side in sides}
-            for round_ in range(rounds[size]):
+            for round_ in range(args.rounds or rounds.get(size, 1)):
                 order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
                 for side in order:
                     command = [*pin, sys.executable, "-c", _READ, str(folder), side]
@@ -231,45 +252,35 @@ def main() -> None:
         _template(template, src_now)
         counts = [1, 20] if args.quick else [1, 200, 2000]
         counts = [] if args.only == "read_journal" else counts
-        empty = base / "empty"
-        empty.mkdir()
         commands = {
             "plain reader": ([sys.executable, "-c", _PLAIN_RUNS], src_now),
             **{
-                side: ([sys.executable, "-m", "dew.cli", "runs"], src)
+                side: ([sys.executable, "-c", _DEW_RUNS], src)
                 for side, src in sides.items()
                 if side != "floor"
             },
         }
-        startup: dict[str, list[float]] = {side: [] for side in commands}
         header = (
-            f"{'folders':>7}  {'side':<13} {'seconds':>28} {'less start-up':>13} {'x plain':>8}"
+            f"{'folders':>7}  {'side':<13} {'seconds':>28} {'after imports':>28} {'x plain':>8}"
         )
         print(header)
         for count in counts:
             root = base / f"runs-{count}"
             _write_runs(root, count, template)
-            times: dict[str, list[float]] = {side: [] for side in commands}
-            runs = 1 if args.quick else (2 if count >= 2000 else 3)
+            times: dict[str, list[tuple[float, float]]] = {side: [] for side in commands}
+            runs = args.rounds or (1 if args.quick else (2 if count >= 2000 else 3))
             for round_ in range(runs):
                 order = list(commands) if round_ % 2 == 0 else list(reversed(commands))
                 for side in order:
                     command, src = commands[side]
                     times[side].append(_time([*pin, *command, str(root)], _env(src)))
-                    if count == counts[0]:
-                        startup[side].append(_time([*pin, *command, str(empty)], _env(src)))
-            plain = statistics.median(times["plain reader"])
-            for side, values in times.items():
-                fixed = statistics.median(startup[side])
-                less = statistics.median(values) - fixed
-                print(
-                    f"{count:>7}  {side:<13} {_spread(values)} {less:13.3f} "
-                    f"{statistics.median(values) / plain:8.2f}"
-                )
+            plain = statistics.median(outer for outer, _ in times["plain reader"])
+            for side, pairs in times.items():
+                outer = [pair[0] for pair in pairs]
+                inner = [pair[1] for pair in pairs]
+                ratio = statistics.median(outer) / plain
+                print(f"{count:>7}  {side:<13} {_spread(outer)} {_spread(inner)} {ratio:8.2f}")
             shutil.rmtree(root)
-        for side, values in startup.items():
-            if values:
-                print(f"start-up (an empty folder), {side}: {_spread(values)} s")
         print("target: dew runs on 200 folders under 2 s")
 
 
