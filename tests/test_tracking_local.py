@@ -3,17 +3,20 @@
 import io
 import json
 import re
+import tempfile
 import warnings
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from _grids import check_gif_grid, check_png_grid, uint8
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
 from dew.data.tokenizers import BytesTokenizer
 from dew.naming import Split, preview_name
-from dew.telemetry.records import FitEnded, FitStarted, RunRecord
+from dew.telemetry.records import FitEnded, FitStarted, RunRecord, encode_json_value
 from dew.tracking import LocalTracker, Preview, read_journal
 from dew.tracking._render import histogram
 
@@ -552,3 +555,36 @@ def test_a_truncated_params_json_is_set_aside_and_the_folder_reopens(tmp_path):
     assert (tmp_path / "params.json.unreadable").read_text() == '{\n  "seed": '
     journal = read_journal(tmp_path)
     assert journal.params == {"seed": 2} and journal.scalars == {"lm/train/loss": [(0, 1.0)]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(
+        st.tuples(
+            st.integers(0, 30),
+            st.dictionaries(
+                st.sampled_from(["lm/train/loss", "lm/validation/psnr"]),
+                st.floats(allow_nan=True, allow_infinity=True) | st.integers(-5, 5),
+                max_size=2,
+            ),
+            st.booleans(),
+        ),
+        max_size=40,
+    )
+)
+def test_read_journal_keeps_the_last_value_per_step_in_first_logged_order(lines):
+    """Any order of steps, repeated steps, resume boundaries, non-finite values: the series
+    `read_journal` streams are a plain reducer's (a dict per tag, keyed by step)."""
+    expected: dict[str, dict[int, float]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        with open(f"{folder}/scalars.jsonl", "w") as journal:
+            for step, values, boundary in lines:
+                if boundary:
+                    journal.write(json.dumps({"step": step, "values": {}, "resume": True}) + "\n")
+                encoded = {tag: encode_json_value(float(value)) for tag, value in values.items()}
+                journal.write(json.dumps({"step": step, "values": encoded}) + "\n")
+                for tag, value in values.items():
+                    expected.setdefault(tag, {})[step] = float(value)
+        journal = read_journal(folder)
+    assert repr(journal.scalars) == repr({tag: list(s.items()) for tag, s in expected.items()})
+    assert journal.resumes == [step for step, _, boundary in lines if boundary]

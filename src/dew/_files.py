@@ -79,13 +79,14 @@ def open_for_writing(
         raise
 
 
-def append_line(journal: Any, path: str | os.PathLike[str], line: str) -> None:
+def append_line(journal: Any, path: str | os.PathLike[str], line: str) -> bytes:
     """Append `line` (its newline included) to `journal` (an open file, or a descriptor,
     opened for appending) at `path`: whole, or not at all. A write that fails part-way (a
     full disk) is cut back, so the lines before it stay the file's last; the `OSError` names
     `path`. The bytes go to the file descriptor at once, past a file object's buffer, which
     would otherwise write a failed line's rest on a later flush. The journals of a
-    `LocalTracker` folder and a sweep's ledger append through it."""
+    `LocalTracker` folder and a sweep's ledger append through it. Returns the bytes
+    appended."""
     data = line.encode("utf-8")
     descriptor = journal if isinstance(journal, int) else journal.fileno()
     written = 0
@@ -97,3 +98,4 @@ def append_line(journal: Any, path: str | os.PathLike[str], line: str) -> None:
             with contextlib.suppress(OSError):
                 os.ftruncate(descriptor, os.fstat(descriptor).st_size - written)
         raise OSError(error.errno, error.strerror, str(path)) from error
+    return data

@@ -52,12 +52,12 @@ def _start_step(folder: pathlib.Path) -> int:
     """The step the run folder's latest fit started from (its journal's last `FitStarted`);
     0 when the journal cannot tell."""
     from dew._processes import is_process_zero
-    from dew.tracking import read_journal
+    from dew.tracking._journal import read_records
 
     if not is_process_zero():  # only process zero writes the journal
         return 0
     try:
-        records = read_journal(folder).records
+        records, _ = read_records(folder)
     except (OSError, ValueError):
         return 0
     starts = [record.start_step for _, _, record in records if record.type == "fit_started"]

@@ -75,22 +75,29 @@ def _configured_kind(config: Any) -> tuple[Any, Any] | None:
     )
 
 
-def _row(name: str, folder: pathlib.Path, journal: Any) -> _Row:
+def _row(
+    name: str,
+    folder: pathlib.Path,
+    metrics: dict[str, tuple[int, float]],
+    records: list[tuple[str, int | None, Any]],
+    params: dict[str, Any],
+) -> _Row:
+    """A run's row from its `metrics` (each tag's greatest step and its value there: the
+    journal's summary, decision 0046), its `records` and its `params`."""
     status, ended = "-", None
     trials = []
-    for _, _, record in journal.records:  # the latest fit decides: a resumed one runs
+    for _, _, record in records:  # the latest fit decides: a resumed one runs
         if record.type == "fit_started":
             status, ended = "running or killed", None
         elif record.type == "fit_ended":
             status, ended = record.status, record.step
         elif record.type == "trial_finished":
             trials.append(record)
-    named = ((_param_name(key), value) for key, value in journal.params.items())
+    named = ((_param_name(key), value) for key, value in params.items())
     params = {
         name: value for name, value in named if name is not None and name not in _HIDDEN_PARAMS
     }
-    metrics = {tag: series[-1] for tag, series in journal.scalars.items() if series}
-    last = max((step for series in journal.scalars.values() for step, _ in series), default=None)
+    last = max((step for step, _ in metrics.values()), default=None)
     if ended is not None:  # the step the fit ended at, logged or not
         last = ended if last is None else max(last, ended)
     row = _Row(name, status, last, metrics, params, kind=_kind(params))
@@ -117,14 +124,19 @@ def _row(name: str, folder: pathlib.Path, journal: Any) -> _Row:
 
 
 def _collect(root: pathlib.Path) -> tuple[list[_Row], int]:
-    from dew.tracking import read_journal
+    """Each run's row, read from its journal's summary (and the scalars past it), its
+    records journal and its parameters: never its whole scalars journal (decision 0046)."""
+    from dew.tracking._journal import read_params, read_records
+    from dew.tracking._summary import summarize
 
     rows, unreadable = [], 0
     for journal_file in sorted(root.rglob("scalars.jsonl")):
         folder = journal_file.parent
         name = str(folder.relative_to(root)) or "."
         try:
-            rows.append(_row(name, folder, read_journal(folder)))
+            metrics = summarize(folder).metrics()
+            records, _ = read_records(folder)
+            rows.append(_row(name, folder, metrics, records, read_params(folder)))
         except (OSError, ValueError) as error:  # the journal, or a sweep's ledger
             unreadable += 1
             print(f"dew runs: {name}: {error}", file=sys.stderr)

@@ -168,16 +168,16 @@ def _completed_a_step(folder: pathlib.Path, checkpoints: str) -> bool:
     """Whether the run in `folder` has completed a step: a checkpoint, or a training step in
     its journal (an unreadable journal counts as one: nothing is started over on a guess)."""
     from dew.checkpoints._orbax import orbax
-    from dew.tracking import read_journal
     from dew.tracking._journal import SCALARS
+    from dew.tracking._summary import summarize
 
     stored = is_remote(checkpoints) or pathlib.Path(checkpoints).is_dir()
     if stored and orbax().utils.checkpoint_steps(checkpoints):
         return True
     if not (folder / SCALARS).exists():
         return False
-    try:
-        return any(read_journal(folder).scalars.values())
+    try:  # its summary, and the lines past it (decision 0046)
+        return bool(summarize(folder).last)
     except (OSError, ValueError):
         return True
 
@@ -206,7 +206,7 @@ def _step_budget(
     if saved is None:
         return None
     from dew.checkpoints._orbax import orbax
-    from dew.tracking import read_journal
+    from dew.tracking._journal import read_records
 
     # The finished steps, read from the folder by this process alone (a CheckpointManager
     # would wait for the other processes of a multi-process run).
@@ -220,7 +220,7 @@ def _step_budget(
         )
     previous = saved["trainer"].get("steps")  # the total of the latest fit, else run.json's
     if (folder / "records.jsonl").exists():
-        for _, _, entry in read_journal(folder).records:
+        for _, _, entry in read_records(folder)[0]:
             if entry.type == "fit_started":
                 previous = entry.steps
     if previous == steps:
@@ -449,12 +449,12 @@ def _located(trainer: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
 def latest_total(folder: pathlib.Path) -> int | None:
     """The step total of the latest fit a run folder's journal records (`None`: no journal,
     or one that cannot be read: run.json's total stands)."""
-    from dew.tracking import read_journal
+    from dew.tracking._journal import read_records
 
     if not (folder / "records.jsonl").exists():
         return None
     try:
-        records = read_journal(folder).records
+        records, _ = read_records(folder)
     except (OSError, ValueError):
         return None
     totals = [entry.steps for _, _, entry in records if entry.type == "fit_started"]

@@ -26,11 +26,15 @@ from dew.tracking._journal import (
     RESUME,
     RUN_RECORD,
     SCALARS,
+    SUMMARY,
     _read_params,
     _reopen_journal,
     append_line,
+    repair_tail,
+    warn_malformed,
 )
 from dew.tracking._preview import check_artifact_name, is_preview, preview_files, preview_folder
+from dew.tracking._summary import EVERY, summarize, write_summary
 
 __all__ = ["LocalTracker"]
 
@@ -113,14 +117,21 @@ class LocalTracker(AbstractRunTracker):
             self._scalars.close()
             raise
         try:
-            scalars = _reopen_journal(self.path / SCALARS)
+            # Only the lines past the journal's summary are read (decision 0046).
+            repair_tail(self.path / SCALARS)
+            malformed: list[str] = []
+            self._summary = summarize(self.path, malformed=malformed)
+            warn_malformed(malformed)
             _reopen_journal(self.path / RECORDS)
             self._params: dict[str, Any] = self._reopen_params()
         except BaseException:
             self._scalars.close()
             self._records.close()
             raise
-        self._last_step = max((entry["step"] for entry in scalars if entry["values"]), default=-1)
+        # A journal `read_journal` refuses gets no summary: every reader meets its bad line.
+        self._summarized = not malformed
+        self._unsummarized = 0  # lines appended since the summary was last written
+        self._last_step = self._summary.last_step
         self._tags: set[str] = set()  # tags already checked
 
     def _reopen_params(self) -> dict[str, Any]:
@@ -165,11 +176,25 @@ class LocalTracker(AbstractRunTracker):
             except ValueError:  # non-finite values
                 simple = False
         if not simple:
-            encoded = {tag: _metric_value(tag, value) for tag, value in values.items()}
-            line = _ENCODER.encode({"step": step, "values": encoded})
-        append_line(self._scalars, self.path / SCALARS, line + "\n")
+            values = {tag: _metric_value(tag, value) for tag, value in values.items()}
+            line = _ENCODER.encode({"step": step, "values": values})
+        self._appended(step, values, append_line(self._scalars, self.path / SCALARS, line + "\n"))
         if step > self._last_step and values:
             self._last_step = step
+
+    def _appended(self, step: int, values: Mapping[str, Any], line: bytes) -> None:
+        """Bring the journal's summary up to `line`, just appended; write it every `EVERY`
+        lines (decision 0046)."""
+        self._summary.add(step, values, line)
+        self._unsummarized += 1
+        if self._unsummarized >= EVERY:
+            self._write_summary()
+
+    def _write_summary(self) -> None:
+        # Only a summary of the journal as it is: another writer's lines would be missing.
+        if self._summarized and os.fstat(self._scalars.fileno()).st_size == self._summary.size:
+            write_summary(self.path, self._summary)
+        self._unsummarized = 0
 
     def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
         check_artifact_name(name, value)
@@ -199,7 +224,7 @@ class LocalTracker(AbstractRunTracker):
         """Mark where a fit resumes: the steps after `step` are logged again, and
         `read_journal` keeps the last value per (tag, step)."""
         boundary = _ENCODER.encode({"step": step, "values": {}, RESUME: True}) + "\n"
-        append_line(self._scalars, self.path / SCALARS, boundary)
+        self._appended(step, {}, append_line(self._scalars, self.path / SCALARS, boundary))
 
     def _write_run_record(self, record: RunRecord) -> None:
         target = self.path / RUN_RECORD
@@ -216,6 +241,8 @@ class LocalTracker(AbstractRunTracker):
         return plot_journal(self.path)
 
     def _close(self) -> None:
+        if self._unsummarized or not (self.path / SUMMARY).exists():
+            self._write_summary()
         self._scalars.close()
         self._records.close()
         if self.plots:
