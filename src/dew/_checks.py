@@ -16,12 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "HOST_CHECKING",
     "MissingBatchKeyError",
     "NotAnIntegerError",
     "batch_error",
     "check_ids",
     "check_integer",
     "check_unit_interval",
+    "checked_array",
+    "checking_on_host",
     "error_if",
     "explain_failure",
     "failed_check",
@@ -142,6 +145,28 @@ def error_if(
 
 
 _host_checked = contextvars.ContextVar("dew_host_checked_ids", default=False)
+# True while `dew.objectives.base.check_on_host` runs an objective's `check_batch`.
+HOST_CHECKING = contextvars.ContextVar("dew_checking_on_host", default=False)
+
+
+@contextlib.contextmanager
+def checking_on_host() -> Iterator[None]:
+    """While an objective's `check_batch` runs only to check a batch held on the host:
+    nothing computes on what its checks return (see `checked_array`)."""
+    token = HOST_CHECKING.set(True)
+    try:
+        yield
+    finally:
+        HOST_CHECKING.reset(token)
+
+
+def checked_array(value: Any, dtype: Any = None) -> Any:
+    """`jnp.asarray(value, dtype)`: the array a batch check hands to the computation that
+    reads it; under `checking_on_host` `value` itself, with no copy to the device (a
+    device copy and the eager slices after it cost more than the check)."""
+    if HOST_CHECKING.get():
+        return value
+    return jnp.asarray(value, dtype)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 import abc
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -10,7 +10,13 @@ import jax.numpy as jnp
 from equinox import AbstractVar
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
-from dew._checks import MissingBatchKeyError, check_ids
+from dew._checks import (
+    HOST_CHECKING,
+    MissingBatchKeyError,
+    check_ids,
+    checked_array,
+    checking_on_host,
+)
 from dew.artifacts import Artifact
 from dew.metrics import Metric
 from dew.naming import Split
@@ -24,6 +30,7 @@ __all__ = [
     "ReportsSampling",
     "SkipsMetrics",
     "check_batch_keys",
+    "check_on_host",
     "check_token_batch",
     "combine",
     "token_log_probs",
@@ -73,6 +80,20 @@ class AbstractObjective(eqx.Module):
     """
 
     name: AbstractVar[str]
+
+    if not TYPE_CHECKING:
+
+        def __getattribute__(self, name: str) -> Any:
+            # Equinox wraps every method looked up on a module in a `BoundMethod` (a
+            # module, so the method is a pytree), and building one flattens the whole
+            # objective, its model included: 0.1-0.8 ms from one to twelve transformer
+            # layers. The host checks a pass runs on every batch look up a few methods
+            # (`check_batch`, its helpers, `batch_keys`); under `check_on_host` they are
+            # plain bound methods, as the checks only call them.
+            if HOST_CHECKING.get():
+                return object.__getattribute__(self, name)
+            return super().__getattribute__(name)
+
     # The EMA contract: an objective with a decay here (a field of its own) has the
     # Trainer keep `state.ema_params` and generate and score with them.
     ema_decay = None  # unannotated: a subclass's own field may take its place in any order
@@ -192,6 +213,18 @@ Objective = AbstractObjective
 """The objective base under its first public name: `Objective is AbstractObjective`."""
 
 
+def check_on_host(objective: AbstractObjective, batch: Batch) -> None:
+    """`objective.check_batch(batch)`, at a cost that does not grow with the model: the
+    methods the checks look up on the objective are plain bound methods, not Equinox's
+    pytree `BoundMethod`s (each of which flattens the objective). What every pass and
+    every `jax.distributed` fit runs on each batch held on the host.
+
+    **Raises:** the `ValueError` of the objective's own checks.
+    """
+    with checking_on_host():
+        objective.check_batch(batch)
+
+
 def check_batch_keys(objective: AbstractObjective, batch: Any, split: Split) -> None:
     """Check that `batch` holds every key `objective.batch_keys(split)` declares, on the
     host: `Trainer.fit` runs it on its first training batch and every evaluation pass on
@@ -301,4 +334,4 @@ def check_token_batch(
         size_name="vocab_size",
         axes=("row", "position"),
     )
-    return jnp.asarray(checked)
+    return checked_array(checked)
