@@ -248,7 +248,8 @@ def check_batch_keys(objective: AbstractObjective, batch: Any, split: Split) -> 
 
     ```
     """
-    declared = objective.batch_keys(split)
+    with checking_on_host():  # a plain bound method: no flatten of the model
+        declared = objective.batch_keys(split)
     kind = type(objective).__name__
     if not isinstance(declared, Mapping):
         raise TypeError(
