@@ -23,7 +23,6 @@ __all__ = [
     "check_ids",
     "check_integer",
     "check_unit_interval",
-    "checked_array",
     "checking_on_host",
     "error_if",
     "explain_failure",
@@ -151,22 +150,13 @@ HOST_CHECKING = contextvars.ContextVar("dew_checking_on_host", default=False)
 
 @contextlib.contextmanager
 def checking_on_host() -> Iterator[None]:
-    """While an objective's `check_batch` runs only to check a batch held on the host:
-    nothing computes on what its checks return (see `checked_array`)."""
+    """While an objective's `check_batch` runs to check a batch held on the host (see
+    `dew.objectives.base.check_on_host`)."""
     token = HOST_CHECKING.set(True)
     try:
         yield
     finally:
         HOST_CHECKING.reset(token)
-
-
-def checked_array(value: Any, dtype: Any = None) -> Any:
-    """`jnp.asarray(value, dtype)`: the array a batch check hands to the computation that
-    reads it; under `checking_on_host` `value` itself, with no copy to the device (a
-    device copy and the eager slices after it cost more than the check)."""
-    if HOST_CHECKING.get():
-        return value
-    return jnp.asarray(value, dtype)
 
 
 @contextlib.contextmanager

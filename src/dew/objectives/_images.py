@@ -7,7 +7,7 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from dew._checks import check_ids, check_unit_interval, checked_array
+from dew._checks import check_ids, check_unit_interval
 
 __all__ = ["checked_labels", "checked_pixels"]
 
@@ -41,7 +41,7 @@ def checked_pixels(
             f"{tuple(values.shape)}."
         )
     checked = check_unit_interval(values, subject=f"{kind}: batch[{field!r}]", axes=axes)
-    return checked_array(checked, jnp.float32)
+    return jnp.asarray(checked, jnp.float32)
 
 
 def checked_labels(
@@ -68,4 +68,4 @@ def checked_labels(
             size_name=size_name,
             axes=("row",),
         )
-    return checked_array(labels, jnp.int32)
+    return jnp.asarray(labels, jnp.int32)
