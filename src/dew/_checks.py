@@ -23,7 +23,6 @@ __all__ = [
     "check_ids",
     "check_integer",
     "check_unit_interval",
-    "checking_on_host",
     "error_if",
     "explain_failure",
     "failed_check",
@@ -144,19 +143,9 @@ def error_if(
 
 
 _host_checked = contextvars.ContextVar("dew_host_checked_ids", default=False)
-# True while `dew.objectives.base.check_on_host` runs an objective's `check_batch`.
+# True while `dew.objectives.base.check_on_host` runs an objective's `check_batch`: a
+# method looked up on the objective is then a plain bound method (decision 0051).
 HOST_CHECKING = contextvars.ContextVar("dew_checking_on_host", default=False)
-
-
-@contextlib.contextmanager
-def checking_on_host() -> Iterator[None]:
-    """While an objective's `check_batch` runs to check a batch held on the host (see
-    `dew.objectives.base.check_on_host`)."""
-    token = HOST_CHECKING.set(True)
-    try:
-        yield
-    finally:
-        HOST_CHECKING.reset(token)
 
 
 @contextlib.contextmanager

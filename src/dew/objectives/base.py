@@ -14,7 +14,6 @@ from dew._checks import (
     HOST_CHECKING,
     MissingBatchKeyError,
     check_ids,
-    checking_on_host,
 )
 from dew.artifacts import Artifact
 from dew.metrics import Metric
@@ -220,8 +219,11 @@ def check_on_host(objective: AbstractObjective, batch: Batch) -> None:
 
     **Raises:** the `ValueError` of the objective's own checks.
     """
-    with checking_on_host():
+    token = HOST_CHECKING.set(True)
+    try:
         objective.check_batch(batch)
+    finally:
+        HOST_CHECKING.reset(token)
 
 
 def check_batch_keys(objective: AbstractObjective, batch: Any, split: Split) -> None:
@@ -247,22 +249,23 @@ def check_batch_keys(objective: AbstractObjective, batch: Any, split: Split) -> 
 
     ```
     """
-    with checking_on_host():  # a plain bound method: no flatten of the model
-        declared = objective.batch_keys(split)
+    # Looked up on the class: on an Equinox module `objective.batch_keys` builds a
+    # `BoundMethod`, which flattens the whole objective (decision 0051).
+    declared = type(objective).batch_keys(objective, split)
     kind = type(objective).__name__
     if not isinstance(declared, Mapping):
         raise TypeError(
             f"{kind}.batch_keys({split.value!r}) must return a mapping of batch keys to what "
             f"names them (None for a fixed key), got {type(declared).__name__}."
         )
-    if not isinstance(batch, Mapping):
-        missing = list(declared)
-        has = f"the batch is a {type(batch).__name__}, not a mapping of keys to arrays"
-    else:
-        missing = [key for key in declared if key not in batch]
-        has = "the batch has " + (", ".join(repr(key) for key in batch) or "no keys")
+    mapping = isinstance(batch, Mapping)
+    missing = [key for key in declared if key not in batch] if mapping else list(declared)
     if not missing:
         return
+    if mapping:
+        has = "the batch has " + (", ".join(repr(key) for key in batch) or "no keys")
+    else:
+        has = f"the batch is a {type(batch).__name__}, not a mapping of keys to arrays"
     shown = [
         repr(key) + ("" if declared[key] is None else f" ({declared[key]})") for key in missing
     ]
