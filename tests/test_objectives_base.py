@@ -15,7 +15,13 @@ from dew.nn.backbones import BidirectionalTransformer, CausalTransformer
 from dew.nn.backbones.dit import DiT
 from dew.nn.backbones.vit import ViT
 from dew.objectives import AbstractObjective, Objective
-from dew.objectives.base import MissingBatchKeyError, check_batch_keys, combine, trainable
+from dew.objectives.base import (
+    MissingBatchKeyError,
+    check_batch_keys,
+    check_on_host,
+    combine,
+    trainable,
+)
 from dew.objectives.classifier import ClassifierObjective
 from dew.objectives.diffusion import DiffusionObjective
 from dew.objectives.dpo import DPOObjective
@@ -227,3 +233,22 @@ def test_a_missing_key_is_named_with_what_names_it_and_the_keys_the_batch_has():
     rows = (np.zeros((2, 4)), np.zeros(2))
     with pytest.raises(ValueError, match="but the batch is a tuple, not a mapping of keys"):
         check_batch_keys(supervised, rows, Split.TRAIN)
+
+
+def test_check_on_host_raises_the_objectives_own_error_and_leaves_methods_pytrees():
+    model = CausalTransformer(
+        vocab_size=5, emb_features=8, num_layers=1, num_heads=2, mlp_features=8,
+        max_seq_len=8, key=jax.random.key(0),
+    )  # fmt: skip
+    objective = LMObjective(model, seq_len=8)
+    good = {"text": np.zeros((2, 9), np.int32)}
+    bad = {"text": np.full((2, 9), 7, np.int32)}
+    assert check_on_host(objective, good) is None
+    with pytest.raises(ValueError, match="token ID 7 at row 0, position 0") as on_host:
+        check_on_host(objective, bad)
+    with pytest.raises(ValueError, match="token ID 7") as direct:
+        objective.check_batch(bad)
+    assert str(on_host.value) == str(direct.value)
+    # outside the host checks a method looked up on an objective is still Equinox's pytree
+    assert isinstance(objective.loss, eqx.Module)
+    assert objective.loss.__self__ is objective

@@ -347,3 +347,55 @@ def test_run_pass_identifies_the_conditioning_values_of_every_row(objective):
     assert digest(labels, conditioning=lambda batch: None) is None
     with pytest.raises(ValueError, match=r"conditioning values must be integers .* float32"):
         digest(labels, conditioning=lambda batch: batch["text"].astype(np.float32))
+
+
+@jax.tree_util.register_pytree_node_class
+class _CountedFlattens:
+    """A pytree node holding one array that counts how often it is flattened."""
+
+    flattened = 0
+
+    def __init__(self, weight):
+        self.weight = weight
+
+    def tree_flatten(self):
+        type(self).flattened += 1
+        return (self.weight,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+class _CountedModel(eqx.Module):
+    counted: _CountedFlattens
+
+    def __call__(self, x):
+        return x @ self.counted.weight
+
+
+def test_a_pass_flattens_the_objective_a_fixed_number_of_times_not_once_per_batch():
+    # The host checks of each batch once looked up methods on the objective, and Equinox
+    # flattens the whole objective (its model) to bind each one: a per-batch cost that grew
+    # with the model. Now the flattens of a pass do not depend on how many batches it has.
+    from dew.objectives.supervised import SupervisedObjective
+
+    rng = np.random.default_rng(0)
+    objective = SupervisedObjective(
+        _CountedModel(_CountedFlattens(jnp.ones((3, 1)))),
+        lambda model, x, y, w, key, training: jnp.mean((jax.vmap(model)(x) - y) ** 2),
+    )
+    params, key = objective.init_params(), jax.random.key(0)
+
+    def flattens(count):
+        batches = [
+            {"inputs": rng.standard_normal((4, 3), np.float32), "targets": np.zeros((4, 1))}
+            for _ in range(count)
+        ]
+        before = _CountedFlattens.flattened
+        result = evaluate(objective, params, batches, metrics=[metrics.loss()], key=key)
+        assert result.coordinated_batches == count
+        return _CountedFlattens.flattened - before
+
+    flattens(2)  # compiled here
+    assert flattens(8) == flattens(2)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "HOST_CHECKING",
     "MissingBatchKeyError",
     "batch_error",
     "check_ids",
@@ -82,6 +83,9 @@ def held_on_host(batch: Any) -> bool:
 
 
 _host_checked = contextvars.ContextVar("dew_host_checked_ids", default=False)
+# True while `dew.objectives.base.check_on_host` runs an objective's `check_batch`: a
+# method looked up on the objective is then a plain bound method (decision 0051).
+HOST_CHECKING = contextvars.ContextVar("dew_checking_on_host", default=False)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from jaxtyping import PyTree
 
 from dew._processes import _allgather, agree_process_phase, global_batch, replicated
 from dew.naming import Split
-from dew.objectives.base import Objective, check_batch_keys
+from dew.objectives.base import Objective, check_batch_keys, check_on_host
 
 
 def _everywhere(tree: PyTree) -> PyTree:
@@ -61,7 +61,7 @@ def _place(objective: Objective, batch: Mapping[str, Any], index: int) -> dict[s
     layout = ""
     try:
         check_batch_keys(objective, batch, Split.VALIDATION)
-        objective.check_batch(batch)
+        check_on_host(objective, batch)
         layout = _layout(batch)
         placed = global_batch(batch)
     except Exception as error:

@@ -25,7 +25,7 @@ from dew._processes import (
     replicated,
     replicated_sharding,
 )
-from dew.objectives.base import Objective
+from dew.objectives.base import Objective, check_on_host
 from dew.steps import TrainState
 from dew.training._batches import _draw, _stack
 from dew.training._compiled_step import Telemetry, compiled_steps
@@ -182,7 +182,7 @@ class Placement:
             for offset in range(1, block + 1):
                 drawn.append(_draw(batches, step + offset, steps, rows))
             for batch in drawn:
-                objective.check_batch(batch)
+                check_on_host(objective, batch)
         except Exception as error:
             outcome = error
         self.agree(outcome, rows_of(drawn) if drawn else -1, step + block)
