@@ -16,18 +16,13 @@ import equinox as eqx
 import jax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from dew._checks import ids_checked_on_host
+from dew._checks import held_on_host, ids_checked_on_host
 from dew._pass._placing import _everywhere
 from dew._pass._result import scoring_key
 from dew._processes import replicated_sharding
 from dew.artifacts import Artifact
 from dew.metrics import MetricSet
 from dew.objectives.base import Objective, check_on_host
-
-
-def _on_host(batch: Mapping[str, Any]) -> bool:
-    """Whether every array of `batch` is a NumPy array (checked on the host for free)."""
-    return all(not isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch))
 
 
 def _update_function(objective_def: Any, objective_static: Any):
@@ -238,7 +233,7 @@ class _Reducer:
         """Score `batch` and merge its statistics; the artifact when `keep`."""
         # Host batches are checked on the host by the objective's own checks, and scored
         # by a variant compiled without the traced ID checks.
-        checked = _on_host(batch)
+        checked = held_on_host(batch)
         if checked:
             self.check_batch(batch)  # raises the objective's own ValueError
         self.accumulator, artifact = self._variant(keep, checked)(

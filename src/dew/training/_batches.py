@@ -11,7 +11,7 @@ import numpy as np
 from dew._checks import held_on_host
 from dew.data import Partition
 from dew.naming import Split
-from dew.objectives.base import check_batch_keys
+from dew.objectives.base import check_batch_keys, check_on_host
 
 
 def _draw(batches: Iterator[Any], step: int, steps: int, rows: int | None = None) -> Any:
@@ -59,7 +59,7 @@ def checked_block(
     rows: int | None = None,
 ) -> list[Any]:
     """`_draw_block`, with each batch held on the host checked there by the objective's own
-    checks (`check_batch`, after its keys): the compiled step takes it in its variant
+    checks (`check_on_host`, after its keys): the compiled step takes it in its variant
     without traced checks (`_compiled_step._ByWhereBatchesLie`), and a bad batch raises
     before any step runs on it."""
     drawn = _draw_block(batches, step, block, steps, rows)
@@ -67,7 +67,7 @@ def checked_block(
         if held_on_host(batch):
             try:
                 check_batch_keys(objective, batch, Split.TRAIN)
-                objective.check_batch(batch)
+                check_on_host(objective, batch)
             except ValueError as error:  # raised bare, as a failed step's explained error is
                 raise error from None
     return drawn
