@@ -23,7 +23,8 @@ Adam (3e-3) on batches of 32 rows by a softmax cross entropy.
 Every side starts its clock at `subprocess.Popen`. The sides alternate round by round (the
 order rotates), and when the load average exceeds 2 every process is pinned to one core
 (`taskset -c 1`). The table shows the median and the spread (min-max) of the seconds to the
-first step, the ratio of dew's median to Keras's, the target (<= 1.00x) and whether it is met.
+first step, the ratio of dew's median to Keras's, the process's median CPU seconds (user and
+system) and their ratio, the target (<= 1.00x, on wall time) and whether it is met.
 
 Run: `python benchmarks/first_step.py` (3 sizes x 3 rounds), `--quick` (the smallest size, one
 round), `--rounds N`, `--before SRC`.
