@@ -276,3 +276,87 @@ def test_an_equal_history_does_not_recompile_a_jitted_step():
     step(state(history))
     step(state(MetricHistory(dict(history))))
     assert len(traces) == 1
+
+
+def _odd_objective(seed: int) -> LMObjective:
+    """An objective whose parameters have shapes no other test compiles a kernel for."""
+    model = CausalTransformer(
+        vocab_size=7,
+        emb_features=6,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=11,
+        max_seq_len=9,
+        key=jax.random.key(seed),
+    )
+    return LMObjective(model, seq_len=4)
+
+
+def _compilations(caplog, call):
+    """`call()`'s result and the number of XLA compilations it ran."""
+    caplog.clear()
+    with caplog.at_level("WARNING"), jax.log_compiles():
+        result = jax.block_until_ready(call())
+    return result, sum(record.getMessage().startswith("Compiling ") for record in caplog.records)
+
+
+def test_create_compiles_one_program_whatever_the_parameter_shapes(caplog):
+    objective = _odd_objective(0)
+    optimizer = optax.adamw(optax.cosine_decay_schedule(1e-3, 10))  # a new one: no cache hit
+    state, compiled = _compilations(
+        caplog, lambda: TrainState.create(objective, optimizer, key=jax.random.key(3), ema=True)
+    )
+    # eagerly: a copy and a zeros_like for each parameter shape, the count, the key...
+    assert compiled <= 1
+    _, again = _compilations(
+        caplog, lambda: TrainState.create(objective, optimizer, key=jax.random.key(4), ema=True)
+    )
+    assert again == 0
+    assert int(state.step) == 0
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        optax.adam(1e-3),
+        optax.adamw(optax.cosine_decay_schedule(1e-3, 10), weight_decay=0.1),
+        optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9)),
+        optax.lion(1e-4),
+        optax.adafactor(1e-3),
+        optax.rmsprop(1e-3),
+    ],
+    ids=["adam", "adamw", "clipped-sgd", "lion", "adafactor", "rmsprop"],
+)
+def test_create_gives_optax_s_own_eager_initial_state(optimizer):
+    objective = _odd_objective(1)
+    params = objective.init_params()
+    key = jax.random.key(5)
+    state = TrainState.create(objective, optimizer, key=key, ema=True)
+    expected = optimizer.init(params)  # optax itself, eagerly
+    assert jax.tree.structure(state.opt_state) == jax.tree.structure(expected)
+    for got, want in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(expected), strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    for copy in (state.params, state.ema_params):
+        for got, want in zip(jax.tree.leaves(copy), jax.tree.leaves(params), strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            assert got.unsafe_buffer_pointer() != want.unsafe_buffer_pointer()  # a copy
+    np.testing.assert_array_equal(jax.random.key_data(state.key), jax.random.key_data(key))
+    assert state.step.dtype == jnp.int32 and int(state.step) == 0
+
+
+def test_create_initialises_an_optimizer_that_needs_concrete_values_eagerly():
+    seen = []
+
+    def init(params):
+        seen.append(
+            float(jnp.sum(params.stack.token_embedding.weight))
+        )  # a host value: cannot be traced
+        return optax.EmptyState()
+
+    optimizer = optax.GradientTransformation(init, optax.identity().update)
+    objective = _odd_objective(2)
+    state = TrainState.create(objective, optimizer, key=jax.random.key(0))
+    assert state.opt_state == optax.EmptyState()
+    weight = objective.model.stack.token_embedding.weight
+    assert seen == [pytest.approx(float(np.sum(np.asarray(weight))))]

@@ -228,15 +228,41 @@ class TrainState(eqx.Module):
     ) -> "TrainState":
         """The state before the first step: copies of the objective's initial trainable
         arrays (so donating the state to a jitted step never invalidates the objective's
-        own arrays, the caller's key, or the EMA's separate buffers)."""
-        params = _copy(objective.init_params())
-        return cls(
-            step=jnp.zeros((), jnp.int32),
-            params=params,
-            opt_state=optimizer.init(params),
-            key=_copy(key),
-            ema_params=_copy(params) if ema else None,
-        )
+        own arrays, the caller's key, or the EMA's separate buffers).
+
+        The copies, the optimizer's initial state and the step counter come from one
+        compiled program (one XLA compilation, where eager calls compiled a copy and a
+        `zeros_like` for every parameter shape; decision 0048), with the values the eager
+        calls give. An optimizer whose `init` cannot be traced (or cannot be hashed) is
+        initialised eagerly."""
+        params = objective.init_params()
+        try:
+            arrays = _fresh_arrays(params, key, optimizer, ema)
+        except (TypeError, *_UNTRACEABLE):  # a real error raises again, eagerly
+            arrays = _initial_arrays(params, key, optimizer, ema)
+        step, params, opt_state, key, ema_params = arrays
+        return cls(step=step, params=params, opt_state=opt_state, key=key, ema_params=ema_params)
+
+
+_UNTRACEABLE = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+def _initial_arrays(
+    params: PyTree, key: PRNGKeyArray, optimizer: optax.GradientTransformation, ema: bool
+) -> tuple[Any, ...]:
+    """`TrainState.create`'s arrays: the step counter, copies of `params` and `key`, the
+    optimizer's initial state, and a second copy of `params` for the EMA (`None`
+    without)."""
+    params = _copy(params)
+    ema_params = _copy(params) if ema else None
+    return jnp.zeros((), jnp.int32), params, optimizer.init(params), _copy(key), ema_params
+
+
+_fresh_arrays = eqx.filter_jit(_initial_arrays)
 
 
 def _copy(tree: PyTree) -> PyTree:
