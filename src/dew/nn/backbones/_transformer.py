@@ -204,9 +204,9 @@ def _xla_attention(
     the heads, whose transposes cost a training step a tenth of its time on CPU."""
     logits = jnp.einsum("qhd,khd->hqk", q, k, preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(1.0 / math.sqrt(q.shape[-1]))
-    visible = jnp.ones(logits.shape[-2:], bool) if mask is None else mask
+    visible = jnp.ones((1, *logits.shape[-2:]), bool) if mask is None else mask
     if causal:
-        visible = visible & jnp.tril(jnp.ones(logits.shape[-2:], bool))
+        visible = visible & jnp.tril(jnp.ones((1, *logits.shape[-2:]), bool))
     if causal or mask is not None:
         hidden = jnp.float32(-0.7 * jnp.finfo(jnp.float32).max)
         logits = jnp.where(visible, logits, hidden)
