@@ -261,3 +261,44 @@ def test_a_prefill_that_does_not_fit_its_cache_raises(seq, capacity, message):
     model = CausalTransformer(**SIZES, key=jax.random.key(0))
     with pytest.raises(ValueError, match=message):
         model.prefill(jnp.zeros(seq, jnp.int32), capacity=capacity)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("masking", ["none", "causal", "mask", "causal and mask"])
+def test_the_xla_attention_is_jax_dot_product_attention_values_and_gradients(dtype, masking):
+    """The stack's own attention formulation against JAX's, whose arithmetic it copies."""
+    from dew.nn.backbones._transformer import _xla_attention
+
+    q, k, v = (
+        jax.random.normal(key, (5, 2, 4), jnp.float32).astype(dtype)
+        for key in jax.random.split(jax.random.key(3), 3)
+    )
+    causal = "causal" in masking
+    visible = jnp.broadcast_to(jnp.arange(5) <= 3, (1, 5, 5))  # as a decode step masks
+    mask = visible if "mask" in masking else None
+
+    def ours(q, k, v):
+        return _xla_attention(q, k, v, causal=causal, mask=mask)
+
+    def theirs(q, k, v):
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=mask, is_causal=causal, implementation="xla"
+        )
+
+    def values_and_gradients(attention):
+        squares = jax.grad(lambda *x: jnp.sum(attention(*x).astype(jnp.float32) ** 2), (0, 1, 2))
+        return (attention(q, k, v), *squares(q, k, v))
+
+    # JAX's attention mixes bfloat16 and float32 in its gradient, which strict promotion
+    # refuses; ours computes under the tests' strict promotion.
+    with jax.numpy_dtype_promotion("standard"):
+        expected = values_and_gradients(theirs)
+    tolerance = 1e-6 if dtype == jnp.float32 else 1e-2
+    for got, want in zip(values_and_gradients(ours), expected, strict=True):
+        assert got.dtype == want.dtype == dtype
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32),
+            np.asarray(want, np.float32),
+            rtol=tolerance,
+            atol=tolerance,
+        )

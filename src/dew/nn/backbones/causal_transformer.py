@@ -19,8 +19,9 @@ class CausalTransformer(eqx.Module):
       sequences raise.
     - `dtype`: `"float32"` or `"bfloat16"`, the computation dtype. Parameters stay
       float32; logits are returned in float32.
-    - `attention_impl`: `"xla"` (any backend) or `"cudnn"` (CUDA GPUs, bfloat16),
-      passed to `jax.nn.dot_product_attention` with a causal mask.
+    - `attention_impl`: `"xla"` (any backend: `jax.nn.dot_product_attention`'s XLA
+      arithmetic, written as two products batched over the heads) or `"cudnn"` (CUDA
+      GPUs, bfloat16: `jax.nn.dot_product_attention`'s fused kernel), with a causal mask.
     - `key`: the initialisation key, keyword-only and required (as in `eqx.nn`).
 
     The module maps one sequence; `jax.vmap` it over a batch. `prefill` and `decode`
