@@ -94,6 +94,7 @@ def test_params_and_run_json_failing_name_the_file_and_keep_the_old_one(tmp_path
             str(tmp_path / "params.json"),
         )
         assert _files(tmp_path) == before  # the old params.json, and no temporary file
+    before = _files(tmp_path)  # closed: its summary.json written too
     target = tmp_path / "run.json"
     with _disk_full_past(10), pytest.raises(OSError, match="File too large") as caught:
         _json.write_atomic(target, json.dumps({"type": "run_record", "pad": "z" * 100}))
