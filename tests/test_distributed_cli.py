@@ -146,6 +146,7 @@ def test_dew_train_processes_2_trains_one_run(trained):
         "run.json",
         "run.lock",  # process zero's, while the run trained
         "scalars.jsonl",
+        "summary.json",
     ]
     assert (folder / "run.lock").read_text() == ""  # released
     assert "[process 1]" not in err  # process 1 succeeded: its output is not shown
