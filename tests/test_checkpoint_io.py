@@ -116,3 +116,27 @@ def test_the_structure_check_reads_the_recorded_shapes_and_orbax_metadata_for_ol
     expected = _host(state)
     for leaves in (restored, restored_older):
         assert all(np.array_equal(one, other) for one, other in zip(leaves, expected, strict=True))
+
+
+def test_a_restore_reads_the_json_item_once(tmp_path, monkeypatch):
+    """The structure check reads the step's JSON item (its layout); the restore reuses it
+    rather than asking orbax for it again, and still returns the extra and the history."""
+    import orbax.checkpoint as ocp
+
+    state = _state(16)
+    with Checkpointer(tmp_path) as checkpoints:
+        checkpoints.save(1, state, {"data_start": 3})
+    reads = []
+    original = ocp.JsonCheckpointHandler.restore
+    with Checkpointer(tmp_path) as checkpoints:  # opening reads orbax's own metrics item
+        monkeypatch.setattr(
+            ocp.JsonCheckpointHandler,
+            "restore",
+            lambda self, *args, **kwargs: reads.append(1) or original(self, *args, **kwargs),
+        )
+        restored, extra = checkpoints.restore(state)
+    assert len(reads) == 1
+    assert extra == {"data_start": 3}
+    assert all(
+        np.array_equal(one, other) for one, other in zip(_host(restored), _host(state), strict=True)
+    )

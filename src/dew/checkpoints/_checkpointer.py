@@ -287,14 +287,14 @@ class Checkpointer:
 
     def _restore(self, step: int, template: TrainState) -> tuple[TrainState, dict[str, Any]]:
         """Checkpoint `step` into `template`; `_DamagedStepError` when its files are damaged."""
-        self._check_structure(step, template)
-        return self._attempt(step, lambda: self._read(step, template))
+        extra = self._check_structure(step, template)
+        return self._attempt(step, lambda: self._read(step, template, extra))
 
     def _restore_params(self, step: int, params: Any, ema: bool) -> Any:
         """Checkpoint `step`'s params (or EMA params) into `params`' structure."""
         try:
             with reading():
-                saved, recorded = self._saved_arrays(step)
+                saved, recorded, _ = self._saved_arrays(step)
         except Exception:  # damaged metadata: the read below says what is wrong
             positions = None
         else:
@@ -308,9 +308,10 @@ class Checkpointer:
 
     def _saved_arrays(
         self, step: int
-    ) -> tuple[list[tuple[tuple[int, ...], str]], dict[str, Any] | None]:
-        """Checkpoint `step`'s saved arrays' shapes and dtypes and the layout its JSON item
-        records (`None` when it records none); no array is restored. The shapes and dtypes
+    ) -> tuple[list[tuple[tuple[int, ...], str]], dict[str, Any] | None, Any]:
+        """Checkpoint `step`'s saved arrays' shapes and dtypes, the layout its JSON item
+        records (`None` when it records none) and that JSON item as read; no array is
+        restored. The shapes and dtypes
         are the layout's record of them, or, for a checkpoint that records none, orbax's
         metadata of each array."""
         ocp = self._ocp
@@ -322,13 +323,13 @@ class Checkpointer:
                 (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
                 for leaf in self._manager.item_metadata(step)[STATE_ITEM].tree
             ]
-        return saved, recorded
+        return saved, recorded, extra[EXTRA_ITEM]
 
     def _read_params(self, step: int, params: Any, ema: bool, positions: list[int] | None) -> Any:
         """Read only the arrays at `positions` of checkpoint `step` (orbax's placeholders
         stand for every other array, which it leaves unread)."""
         if positions is None:  # the metadata could not be read: reading it again says why
-            saved, recorded = self._saved_arrays(step)
+            saved, recorded, _ = self._saved_arrays(step)
             positions = params_positions(saved, recorded, params, ema=ema)
         ocp = self._ocp
         leaves, treedef = jax.tree.flatten(params)
@@ -375,20 +376,21 @@ class Checkpointer:
             raise outcome
         return restored
 
-    def _read(self, step: int, template: TrainState) -> tuple[TrainState, dict[str, Any]]:
+    def _read(
+        self, step: int, template: TrainState, extra: Any = None
+    ) -> tuple[TrainState, dict[str, Any]]:
+        """Checkpoint `step`'s arrays into `template`, with its JSON item: `extra` when the
+        structure check already read it (one read of the item, not two), else read here."""
         template_leaves, treedef = jax.tree.flatten(template)
         ocp = self._ocp
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    STATE_ITEM: ocp.args.StandardRestore(
-                        [abstract(leaf) for leaf in template_leaves]
-                    ),
-                    EXTRA_ITEM: ocp.args.JsonRestore(),
-                }
-            ),
-        )
+        items: dict[str, Any] = {
+            STATE_ITEM: ocp.args.StandardRestore([abstract(leaf) for leaf in template_leaves])
+        }
+        if extra is None:
+            items[EXTRA_ITEM] = ocp.args.JsonRestore()
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        if extra is None:
+            extra = restored[EXTRA_ITEM]
         leaves = [  # orbax's arrays as they are: already in the template's place and dtype
             jax.random.wrap_key_data(saved, impl=jax.random.key_impl(leaf))
             if is_key(leaf)
@@ -397,7 +399,6 @@ class Checkpointer:
             else jnp.asarray(saved)
             for saved, leaf in zip(restored[STATE_ITEM], template_leaves, strict=True)
         ]
-        extra = restored[EXTRA_ITEM]
         if not isinstance(extra, dict):
             raise ValueError(f"its extra item holds {type(extra).__name__}, not a JSON object")
         extra = dict(decode_json_value(extra))
@@ -411,18 +412,19 @@ class Checkpointer:
             extra,
         )
 
-    def _check_structure(self, step: int, template: TrainState) -> None:
+    def _check_structure(self, step: int, template: TrainState) -> Any:
         """Raise a short `ValueError` when checkpoint `step`'s saved arrays (`_saved_arrays`:
         nothing restored) differ in number, shape or dtype from `template`'s: a checkpoint
-        written for another model or optimizer."""
+        written for another model or optimizer. Returns the step's JSON item as read, which
+        the restore then does not read again (`None` when it could not be read)."""
         try:
             with reading():
-                saved, _ = self._saved_arrays(step)
+                saved, _, extra = self._saved_arrays(step)
         except Exception:  # damaged metadata: the restore says what is wrong
-            return
+            return None
         differing = structure_differences(saved, template)
         if differing is None:
-            return
+            return extra
         count = len(jax.tree.leaves(template))
         raise ValueError(
             f"the checkpoint at step {step} under {self.directory!r} was written for another "
