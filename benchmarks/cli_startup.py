@@ -10,9 +10,10 @@ start to its exit (the time a user waits at the prompt), output to a pipe that i
   with `json.loads`, keep each tag's last value, print one line a run), in the same process
   count as `dew runs`;
 - dew: the `dew` console script (the one beside this interpreter, else `python -m
-  dew.cli`) with `--help`, `--version`, `runs FOLDER` on 1, 10 and 100 run folders, and
-  `config show` (the default `tiny_lm`); and `python -c "import dew"`, which every
-  subprocess test and tracker worker pays;
+  dew.cli`) with `--help`, `--version`, `runs FOLDER` on 1, 10 and 100 run folders and on a
+  sweep's folder (its ledger and the sweep's journal of 8 trials), `config show` (the default
+  `tiny_lm`) and `config show tiny_classifier --set optim.learning_rate=0.5`; and `python -c
+  "import dew"`, which every subprocess test and tracker worker pays;
 - for scale: `python -c "import jax"`.
 
 The run folders are written once, before timing, by dew's own `LocalTracker` as `dew train`
@@ -91,6 +92,29 @@ def _write_runs(root: pathlib.Path, count: int) -> pathlib.Path:
     return folder
 
 
+def _write_sweep(root: pathlib.Path, trials: int = 8) -> pathlib.Path:
+    """A sweep's folder under `root/sweeps`: its ledger (the first format's `ledger.json`,
+    which every later dew reads) and the sweep's own journal of `trials` finished trials."""
+    import json
+
+    from dew.telemetry.records import TrialFinished
+    from dew.tracking import LocalTracker
+
+    folder = root / "sweeps" / "rate"
+    folder.mkdir(parents=True)
+    space = {"optim.learning_rate": {"kind": "choice", "values": [0.1, 0.01]}}
+    ledger = {"version": 1, "space": space, "search": "grid", "config": {}, "trials": []}
+    (folder / "ledger.json").write_text(json.dumps({**ledger, "direction": "minimize"}))
+    with LocalTracker(folder / "sweep") as tracker:
+        for index in range(trials):
+            value = 1.0 / (1 + index)
+            tracker.log_metrics({"sweep/validation/value": value}, step=index)
+            point = {"optim.learning_rate": 10.0 ** -(1 + index % 4)}
+            trial = TrialFinished(trial=index, overrides=point, value=value)
+            tracker.log_artifact("trial_finished", trial, step=index)
+    return folder.parent
+
+
 def _dew_command() -> list[str]:
     script = pathlib.Path(sys.executable).with_name("dew")
     return [str(script)] if script.exists() else [sys.executable, "-m", "dew.cli"]
@@ -105,6 +129,11 @@ def _sides(root: pathlib.Path, sizes: tuple[int, ...]) -> list[tuple[str, list[s
         ("dew --help", [*dew, "--help"]),
         ("dew --version", [*dew, "--version"]),
         ("dew config show", [*dew, "config", "show"]),
+        (
+            "dew config show --set",
+            [*dew, "config", "show", "tiny_classifier", "--set", "optim.learning_rate=0.5"],
+        ),
+        ("dew runs over a sweep", [*dew, "runs", str(root / "sweeps")]),
     ]
     for size in sizes:
         folder = str(root / f"runs-{size}")
@@ -158,6 +187,7 @@ def main() -> int:
         root = pathlib.Path(temporary)
         for size in sizes:
             _write_runs(root, size)
+        _write_sweep(root)
         sides = _sides(root, sizes)
         times: dict[str, list[float]] = {label: [] for label, _ in sides}
         cpu: dict[str, list[float]] = {label: [] for label, _ in sides}
@@ -178,7 +208,7 @@ def main() -> int:
         median = statistics.median(times[label])
         spread = f"{min(times[label]):.3f}-{max(times[label]):.3f}"
         reader = ""
-        if label.startswith("dew runs"):
+        if label.startswith("dew runs,"):
             size = label.split(", ")[1]
             reader = f"{median / statistics.median(times[f'plain reader, {size}']):.1f}"
         used = statistics.median(cpu[label])

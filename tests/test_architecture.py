@@ -28,6 +28,7 @@ GROUND = (
     "_finite_params",
     "_lazy",
     "_version",
+    "_reductions",
 )  # below the core: import only one another
 SHELL = (
     "training",

@@ -76,31 +76,15 @@ def _dew(tmp_path, *argv):
     return outcome["code"], result.stdout, outcome["loaded"]
 
 
-# What `dew config show` and a sweep's ledger read still import JAX: the configuration schema
-# (dew.config._sections imports Optax for OptimConfig.build, dew.config._config imports the
-# training recipe, the registries import every built-in model and dataset builder to name
-# them). Issue 27 item 4 leaves these for a follow-up; strict, so the fix flips them.
-_SCHEMA = [
-    pytest.mark.xfail(
-        strict=True, reason="the configuration schema imports JAX (dew._registry, dew.config)"
-    ),
-    pytest.mark.slow,  # JAX's import, about 5 s
-]
-
-
 @pytest.mark.parametrize(
     ("argv", "printed"),
     [
         (["--help"], "usage: dew"),
         (["--version"], "dew "),
         (["runs", "runs"], "1.2500"),
-        pytest.param(["runs", "sweeps"], "s/sweep", marks=_SCHEMA),
-        pytest.param(["config", "show"], "[trainer]", marks=_SCHEMA),
-        pytest.param(
-            ["config", "show", "tiny_classifier", "--set", "optim.learning_rate=0.5"],
-            "0.5",
-            marks=_SCHEMA,
-        ),
+        (["runs", "sweeps"], "s/sweep"),
+        (["config", "show"], "[trainer]"),
+        (["config", "show", "tiny_classifier", "--set", "optim.learning_rate=0.5"], "0.5"),
     ],
     ids=["help", "version", "runs", "runs-of-a-sweep", "config-show", "config-show-set"],
 )

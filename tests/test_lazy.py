@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-LAZY = ("dew", "dew.tracking", "dew.config", "dew.config.sweep")
+LAZY = ("dew", "dew.tracking", "dew.config", "dew.config.sweep", "dew.checkpoints", "dew.registry")
 
 
 def _type_checking_names(package: str) -> dict[str, str]:

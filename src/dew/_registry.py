@@ -1,26 +1,20 @@
 """Registries of the pieces a run configuration names: the `Registry` class, the argument
 checks, and the model, objective and optimizer registries with dew's built-ins. The dataset
-registry lives with `DataConfig` (`dew.config._data`); `dew.registry` gathers them all."""
+registry lives with `DataConfig` (`dew.config._data`); `dew.registry` gathers them all.
 
+A built-in entry is held as the `"module:attribute"` that defines it and imported when its
+name is first looked up, so naming, listing and checking names (a configuration's schema,
+`dew config show`) imports no model, objective or optimizer, and no JAX (decision 0047)."""
+
+import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import jax
-import optax
+if TYPE_CHECKING:
+    import optax
 
-from dew.nn.backbones.bidirectional_transformer import BidirectionalTransformer
-from dew.nn.backbones.causal_transformer import CausalTransformer
-from dew.nn.backbones.dit import DiT
-from dew.nn.backbones.vit import ViT
-from dew.objectives.base import Objective
-from dew.objectives.classifier import INPUTS, ClassifierObjective, PooledClassifier
-from dew.objectives.diffusion import DiffusionObjective, Sampling
-from dew.objectives.dpo import DPOObjective
-from dew.objectives.grpo import GRPOObjective
-from dew.objectives.jepa import BlockMasks, JEPAObjective
-from dew.objectives.lm import LMObjective
-from dew.objectives.masked_diffusion import MaskedDiffusionObjective
+    from dew.objectives.base import Objective
 
 __all__ = [
     "DATASET_SUPPLIED",
@@ -143,6 +137,24 @@ def check_arguments(
         ) from None
 
 
+class _Builtin:
+    """A built-in registry entry not imported yet: the `"module:attribute"` that defines it
+    (a plain value, so a copy of a registry's entries holds it as it is)."""
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def resolve(self) -> Any:
+        """The entry itself: its module imported, its attribute read."""
+        module, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def __repr__(self) -> str:
+        return f"_Builtin({self.target!r})"
+
+
 class Registry(Generic[T]):
     """Named entries of one kind (models, objectives, optimizers, ...).
 
@@ -172,7 +184,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str, check: Callable[[str, Any], None] | None = None):
         self.kind = kind
         self._check = check
-        self._entries: dict[str, T] = {}
+        self._entries: dict[str, T | _Builtin] = {}
 
     def register(self, name: str, entry: T | None = None, *, replace: bool = False) -> Any:
         """Register `entry` under `name` and return it; without `entry`, return a
@@ -199,12 +211,21 @@ class Registry(Generic[T]):
         self._entries[name] = entry
         return entry
 
+    def _register_builtin(self, name: str, target: str) -> None:
+        """Register the built-in `target` (`"module:attribute"`) under `name`, imported and
+        checked when `name` is first looked up (`_entry`); listing names imports nothing."""
+        _check_name(self.kind, name)
+        if name in self._entries:
+            raise ValueError(f"a {self.kind} is already registered as {name!r}.")
+        self._entries[name] = _Builtin(target)
+
     def unregister(self, name: str) -> None:
         """Remove the entry registered as `name`."""
-        self._entry(name)
+        self._known(name)
         del self._entries[name]
 
-    def _entry(self, name: str) -> T:
+    def _known(self, name: str) -> None:
+        """Raise unless `name` is a registered name (without importing a built-in's entry)."""
         if not isinstance(name, str):
             raise TypeError(f"{self.kind} names are strings, got {name!r}.")
         if name not in self._entries:
@@ -214,7 +235,17 @@ class Registry(Generic[T]):
                 name,
                 self.names(),
             )
-        return self._entries[name]
+
+    def _entry(self, name: str) -> T:
+        self._known(name)
+        entry = self._entries[name]
+        if isinstance(entry, _Builtin):
+            resolved = entry.resolve()
+            if self._check is not None:
+                self._check(name, resolved)
+            self._entries[name] = resolved
+            return resolved
+        return entry
 
     def __getitem__(self, name: str) -> Any:
         return self._entry(name)
@@ -261,129 +292,41 @@ def _takes(kind: str, name: str, entry: Any, keywords: tuple[str, ...]) -> None:
 models: Registry[Callable[..., Any]] = Registry(
     "model", lambda name, entry: _takes("model", name, entry, ("key",))
 )
-objectives: Registry[Callable[..., Objective]] = Registry("objective")
-optimizers: Registry[Callable[..., optax.GradientTransformation]] = Registry(
+objectives: "Registry[Callable[..., Objective]]" = Registry("objective")
+optimizers: "Registry[Callable[..., optax.GradientTransformation]]" = Registry(
     "optimizer", lambda name, entry: _takes("optimizer", name, entry, ("learning_rate",))
 )
-models.register("causal_transformer", CausalTransformer)
-models.register("bidirectional_transformer", BidirectionalTransformer)
-models.register("dit", DiT)
-models.register("vit", ViT)
-
-optimizers.register("adam", optax.adam)
-optimizers.register("adamw", optax.adamw)
-optimizers.register("sgd", optax.sgd)
-optimizers.register("lion", optax.lion)
-optimizers.register("adafactor", optax.adafactor)
-optimizers.register("rmsprop", optax.rmsprop)
 
 
-def _dpo(model: CausalTransformer, *, beta: float, reference: Any = None, **kwargs: Any) -> Any:
-    """`DPOObjective(model, reference, beta, ...)`; the reference defaults to `model`
-    itself (the frozen starting policy)."""
-    return DPOObjective(model, model if reference is None else reference, beta, **kwargs)
+def _register_builtins(registry: Registry[Any], targets: Mapping[str, str]) -> None:
+    for name, target in targets.items():
+        registry._register_builtin(name, target)
 
 
-def _diffusion(
-    model: Any,
-    *,
-    sampling: Sampling | Mapping[str, Any] | None = None,
-    label_dropout: float = 0.1,
-    ema_decay: float | None = None,
-    shape_scores: bool = False,
-    prediction: str = "velocity",
-) -> Any:
-    """`DiffusionObjective(model, sampling=..., label_dropout=..., ema_decay=...,
-    shape_scores=..., prediction=...)`; `sampling` may be the mapping of a `Sampling`'s
-    fields (as a JSON configuration writes it)."""
-    if isinstance(sampling, Mapping):
-        sampling = Sampling(**sampling)
-    return DiffusionObjective(
-        model,
-        sampling=Sampling() if sampling is None else sampling,
-        label_dropout=label_dropout,
-        ema_decay=ema_decay,
-        shape_scores=shape_scores,
-        prediction=prediction,
-    )
-
-
-def _grpo(
-    model: CausalTransformer,
-    *,
-    reward_fn: Callable[..., Any],
-    group_size: int,
-    max_new_tokens: int,
-    reference: Any = None,
-    **kwargs: Any,
-) -> Any:
-    """`GRPOObjective(model, reference, reward_fn, group_size, max_new_tokens, ...)`; the
-    reference defaults to `model` itself (the frozen starting policy)."""
-    return GRPOObjective(
-        model,
-        model if reference is None else reference,
-        reward_fn,
-        group_size,
-        max_new_tokens,
-        **kwargs,
-    )
-
-
-def _jepa(
-    model: ViT,
-    *,
-    key: Any,
-    predictor: ViT | Mapping[str, Any] | None = None,
-    ema_decay: float | None = 0.996,
-    masks: BlockMasks | Mapping[str, Any] | None = None,
-    probe_classes: int | None = None,
-) -> Any:
-    """`JEPAObjective(model, predictor, ...)` with `model` the encoder; `predictor` may be
-    the mapping of the predictor ViT's `width`, `depth` and `heads` (default: the
-    encoder's width and heads, depth 1), built on the encoder's grid from `key`, and
-    `masks` the mapping of a `BlockMasks`' fields (as a JSON configuration writes them)."""
-    if not isinstance(model, ViT):
-        raise ValueError(f"objective 'jepa' needs a ViT encoder (model 'vit'), got {model!r}.")
-    predictor_key, objective_key = jax.random.split(key)
-    if predictor is None or isinstance(predictor, Mapping):
-        shape = {"width": model.width, "depth": 1, "heads": model.heads}
-        unknown = sorted(set(predictor or {}) - set(shape))
-        if unknown:
-            raise ValueError(
-                f"objective 'jepa' takes the predictor's width, depth and heads, got {unknown}."
-            )
-        shape.update(predictor or {})
-        predictor = ViT(
-            model.image_size, model.patch_size, model.channels, **shape, key=predictor_key
-        )
-    if isinstance(masks, Mapping):
-        masks = BlockMasks(**masks)
-    return JEPAObjective(
-        model,
-        predictor,
-        ema_decay=ema_decay,
-        masks=BlockMasks() if masks is None else masks,
-        probe_classes=probe_classes,
-        key=objective_key,
-    )
-
-
-def _classifier(
-    model: Any, *, key: Any, classes: int, inputs: str = INPUTS, name: str = "classifier"
-) -> Any:
-    """`ClassifierObjective(model, classes, inputs=...)`, with the class's default batch key
-    (`"inputs"`; `shapes` yields `"images"`: `tiny_classifier` names it); a `ViT` model (one
-    token per patch) gets a mean-pooled linear head to `classes` logits
-    (`PooledClassifier`)."""
-    if isinstance(model, ViT):
-        model = PooledClassifier(model, model.width, classes, key=key)
-    return ClassifierObjective(model, classes, inputs=inputs, name=name)
-
-
-objectives.register("lm", LMObjective)
-objectives.register("masked_diffusion", MaskedDiffusionObjective)
-objectives.register("dpo", _dpo)
-objectives.register("grpo", _grpo)
-objectives.register("diffusion", _diffusion)
-objectives.register("jepa", _jepa)
-objectives.register("classifier", _classifier)
+_register_builtins(
+    models,
+    {
+        "causal_transformer": "dew.nn.backbones.causal_transformer:CausalTransformer",
+        "bidirectional_transformer": (
+            "dew.nn.backbones.bidirectional_transformer:BidirectionalTransformer"
+        ),
+        "dit": "dew.nn.backbones.dit:DiT",
+        "vit": "dew.nn.backbones.vit:ViT",
+    },
+)
+_register_builtins(
+    optimizers,
+    {name: f"optax:{name}" for name in ("adam", "adamw", "sgd", "lion", "adafactor", "rmsprop")},
+)
+_register_builtins(
+    objectives,
+    {
+        "lm": "dew.objectives.lm:LMObjective",
+        "masked_diffusion": "dew.objectives.masked_diffusion:MaskedDiffusionObjective",
+        # entries that adapt a configuration's keyword arguments to the objective's class
+        **{
+            name: f"dew._builtin_objectives:{name}"
+            for name in ("dpo", "grpo", "diffusion", "jepa", "classifier")
+        },
+    },
+)

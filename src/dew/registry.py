@@ -30,6 +30,7 @@ of the step (docs/data.md).
 
 ```python
 >>> import optax
+>>> from dew.registry import datasets, models, optimizers
 >>> "adamw" in optimizers and "causal_transformer" in models
 True
 >>> @optimizers.register("sgd_momentum")
@@ -44,28 +45,33 @@ DataConfig(name='token_windows', kwargs={'seq_len': 8})
 ```
 """
 
-from dew._datasets import arrays_file as arrays_file
-from dew._datasets import preference_pairs as preference_pairs
-from dew._datasets import prompts as prompts
-from dew._datasets import token_file as token_file
-from dew._datasets import token_windows as token_windows
-from dew._plugins import PLUGIN_GROUP as PLUGIN_GROUP
-from dew._plugins import RegistrationImportError as RegistrationImportError
-from dew._plugins import import_modules as import_modules
-from dew._plugins import load_plugins as load_plugins
-from dew._registry import DATASET_SUPPLIED as DATASET_SUPPLIED
-from dew._registry import NotRegisteredError as NotRegisteredError
-from dew._registry import Registry as Registry
-from dew._registry import check_arguments as check_arguments
-from dew._registry import keyword_parameters as keyword_parameters
-from dew._registry import models as models
-from dew._registry import objectives as objectives
-from dew._registry import optimizers as optimizers
-from dew._shapes import SHAPE_KINDS as SHAPE_KINDS
-from dew._shapes import moving_shapes as moving_shapes
-from dew._shapes import shapes as shapes
-from dew.config._data import DatasetRegistry as DatasetRegistry
-from dew.config._data import datasets as datasets
+from typing import TYPE_CHECKING
+
+from dew._lazy import lazy_names
+
+if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see them
+    from dew._datasets import arrays_file as arrays_file
+    from dew._datasets import preference_pairs as preference_pairs
+    from dew._datasets import prompts as prompts
+    from dew._datasets import token_file as token_file
+    from dew._datasets import token_windows as token_windows
+    from dew._plugins import PLUGIN_GROUP as PLUGIN_GROUP
+    from dew._plugins import RegistrationImportError as RegistrationImportError
+    from dew._plugins import import_modules as import_modules
+    from dew._plugins import load_plugins as load_plugins
+    from dew._registry import DATASET_SUPPLIED as DATASET_SUPPLIED
+    from dew._registry import NotRegisteredError as NotRegisteredError
+    from dew._registry import Registry as Registry
+    from dew._registry import check_arguments as check_arguments
+    from dew._registry import keyword_parameters as keyword_parameters
+    from dew._registry import models as models
+    from dew._registry import objectives as objectives
+    from dew._registry import optimizers as optimizers
+    from dew._shapes import SHAPE_KINDS as SHAPE_KINDS
+    from dew._shapes import moving_shapes as moving_shapes
+    from dew._shapes import shapes as shapes
+    from dew.config._data import DatasetRegistry as DatasetRegistry
+    from dew.config._data import datasets as datasets
 
 __all__ = [
     "DATASET_SUPPLIED",
@@ -91,3 +97,31 @@ __all__ = [
     "token_file",
     "token_windows",
 ]
+
+# Each public name and the module it comes from, imported when the name is first used: a
+# plugin that registers its pieces imports the registries, not dew's built-in datasets (JAX).
+_HOMES = {
+    "arrays_file": "dew._datasets",
+    "preference_pairs": "dew._datasets",
+    "prompts": "dew._datasets",
+    "token_file": "dew._datasets",
+    "token_windows": "dew._datasets",
+    "PLUGIN_GROUP": "dew._plugins",
+    "RegistrationImportError": "dew._plugins",
+    "import_modules": "dew._plugins",
+    "load_plugins": "dew._plugins",
+    "DATASET_SUPPLIED": "dew._registry",
+    "NotRegisteredError": "dew._registry",
+    "Registry": "dew._registry",
+    "check_arguments": "dew._registry",
+    "keyword_parameters": "dew._registry",
+    "models": "dew._registry",
+    "objectives": "dew._registry",
+    "optimizers": "dew._registry",
+    "SHAPE_KINDS": "dew._shapes",
+    "moving_shapes": "dew._shapes",
+    "shapes": "dew._shapes",
+    "DatasetRegistry": "dew.config._data",
+    "datasets": "dew.config._data",
+}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

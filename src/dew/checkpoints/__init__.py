@@ -15,6 +15,7 @@ checkpoint: a damaged newer one is passed over, with a `DamagedCheckpointWarning
 
 ```python
 >>> import tempfile, jax, jax.numpy as jnp, optax
+>>> from dew.checkpoints import Checkpointer
 >>> from dew.nn.backbones.causal_transformer import CausalTransformer
 >>> from dew.objectives.lm import LMObjective
 >>> from dew.steps import TrainState
@@ -32,9 +33,24 @@ checkpoint: a damaged newer one is passed over, with a `DamagedCheckpointWarning
 ```
 """
 
-from dew.checkpoints._checkpointer import Checkpointer as Checkpointer
-from dew.checkpoints._damage import DamagedCheckpointWarning as DamagedCheckpointWarning
-from dew.checkpoints._layout import history_from_json as history_from_json
-from dew.checkpoints._layout import history_to_json as history_to_json
+from typing import TYPE_CHECKING
+
+from dew._lazy import lazy_names
+
+if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see them
+    from dew.checkpoints._checkpointer import Checkpointer as Checkpointer
+    from dew.checkpoints._damage import DamagedCheckpointWarning as DamagedCheckpointWarning
+    from dew.checkpoints._layout import history_from_json as history_from_json
+    from dew.checkpoints._layout import history_to_json as history_to_json
 
 __all__ = ["Checkpointer", "DamagedCheckpointWarning", "history_from_json", "history_to_json"]
+
+# Each public name and the module it comes from, imported when the name is first used: a
+# configuration checks its checkpoint_dir with `dew.checkpoints._location` without orbax.
+_HOMES = {
+    "Checkpointer": "dew.checkpoints._checkpointer",
+    "DamagedCheckpointWarning": "dew.checkpoints._damage",
+    "history_from_json": "dew.checkpoints._layout",
+    "history_to_json": "dew.checkpoints._layout",
+}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

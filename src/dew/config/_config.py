@@ -3,14 +3,16 @@
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dew.config import _recipe
+from dew.config import _run_record
 from dew.config._data import DataConfig
 from dew.config._fields import _WHERE, _building, _Section
 from dew.config._sections import ModelConfig, ObjectiveConfig, OptimConfig, TrainerConfig
 from dew.config._toml import _toml_key, _toml_value, loads_toml, read_toml
-from dew.data import Dataset
+
+if TYPE_CHECKING:
+    from dew.data import Dataset
 
 __all__ = ["RunConfig", "UndeclaredPathError"]
 
@@ -97,7 +99,7 @@ class RunConfig:
     def train(
         self,
         objective: Any = None,
-        data: Dataset | None = None,
+        data: "Dataset | None" = None,
         *,
         name: str | None = None,
         metrics: Sequence[Any] = (),
@@ -137,6 +139,8 @@ class RunConfig:
           folder and into `tracker`; the recipe never turns previews on by itself.
         - The model is initialised from `trainer.seed`; the run key derives from it.
         """
+        from dew.config import _recipe  # the training recipe imports JAX: reading does not
+
         return _recipe.train_run(
             self,
             objective,
@@ -172,9 +176,9 @@ class RunConfig:
 
         ```
         """
-        path = _recipe.run_record_path(path)
-        config = _read_from(_recipe.run_record_sections(path), f"the run record {path}")
-        total = _recipe.latest_total(path.parent)  # an extended run's, once run.json is read
+        path = _run_record.run_record_path(path)
+        config = _read_from(_run_record.run_record_sections(path), f"the run record {path}")
+        total = _run_record.latest_total(path.parent)  # an extended run's, once run.json is read
         if total is None or total == config.trainer.steps:
             return config
         return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, steps=total))

@@ -1,14 +1,16 @@
-"""`DataConfig` and the dataset registry whose entries build one by name."""
+"""`DataConfig` and the dataset registry whose entries build one by name. The built-in
+builders are named as `"module:attribute"` and imported when first looked up (their modules
+import JAX; decision 0047)."""
 
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dew import _datasets, _shapes
 from dew._registry import (
     DATASET_SUPPLIED,
     Registry,
+    _register_builtins,
     _takes,
     check_arguments,
     keyword_parameters,
@@ -21,10 +23,9 @@ from dew.config._fields import (
     _set,
     _where,
 )
-from dew.data import Dataset
-from dew.data._huggingface import huggingface_entry
-from dew.data._image_folder import image_folder_entry
-from dew.data._text import text_entry
+
+if TYPE_CHECKING:
+    from dew.data import Dataset
 
 __all__ = ["DataConfig", "DatasetRegistry", "datasets"]
 
@@ -57,7 +58,7 @@ class DataConfig(_Section):
 
     def build(
         self, *, batch_size: int, seed: int, cache_dir: str | os.PathLike[str] | None = None
-    ) -> Dataset:
+    ) -> "Dataset":
         """The dataset: `dew.registry.datasets.builder(name)(batch_size=..., seed=...,
         **kwargs)`. `cache_dir` is where a builder that takes a `cache_dir` (`text`'s token
         cache) keeps its cache when the configuration names none (a run's `data-cache`)."""
@@ -69,6 +70,8 @@ class DataConfig(_Section):
             if "cache_dir" in names:
                 kwargs["cache_dir"] = os.fspath(cache_dir)
         data = builder(batch_size=batch_size, seed=seed, **kwargs)
+        from dew.data import Dataset
+
         if not isinstance(data, Dataset):
             raise TypeError(
                 f"dataset {self.name!r} returned {type(data).__name__}; a dataset builder must "
@@ -77,7 +80,7 @@ class DataConfig(_Section):
         return data
 
 
-class DatasetRegistry(Registry[Callable[..., Dataset]]):
+class DatasetRegistry(Registry[Callable[..., "Dataset"]]):
     """The dataset registry: `register(name, builder)` with
     `builder(*, batch_size, seed, **kwargs) -> Dataset`; `self[name](**kwargs)` returns a
     `dew.config.DataConfig(name, kwargs)` after checking `kwargs` against the builder;
@@ -95,7 +98,7 @@ class DatasetRegistry(Registry[Callable[..., Dataset]]):
         data_config.__doc__ = f"A DataConfig for the dataset {name!r}."
         return data_config
 
-    def builder(self, name: str) -> Callable[..., Dataset]:
+    def builder(self, name: str) -> Callable[..., "Dataset"]:
         """The builder registered as `name`: `builder(*, batch_size, seed, **kwargs)`."""
         return self._entry(name)
 
@@ -104,13 +107,18 @@ datasets = DatasetRegistry(
     "dataset", lambda name, entry: _takes("dataset", name, entry, DATASET_SUPPLIED)
 )
 
-datasets.register("arrays", _datasets.arrays_file)
-datasets.register("tokens", _datasets.token_file)
-datasets.register("token_windows", _datasets.token_windows)
-datasets.register("preference_pairs", _datasets.preference_pairs)
-datasets.register("prompts", _datasets.prompts)
-datasets.register("shapes", _shapes.shapes)
-datasets.register("moving_shapes", _shapes.moving_shapes)
-datasets.register("text", text_entry)
-datasets.register("image_folder", image_folder_entry)
-datasets.register("huggingface", huggingface_entry)
+_register_builtins(
+    datasets,
+    {
+        "arrays": "dew._datasets:arrays_file",
+        "tokens": "dew._datasets:token_file",
+        "token_windows": "dew._datasets:token_windows",
+        "preference_pairs": "dew._datasets:preference_pairs",
+        "prompts": "dew._datasets:prompts",
+        "shapes": "dew._shapes:shapes",
+        "moving_shapes": "dew._shapes:moving_shapes",
+        "text": "dew.data._text:text_entry",
+        "image_folder": "dew.data._image_folder:image_folder_entry",
+        "huggingface": "dew.data._huggingface:huggingface_entry",
+    },
+)

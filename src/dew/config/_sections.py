@@ -3,14 +3,12 @@ objective and the trainer's settings."""
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-import optax
-from jaxtyping import PRNGKeyArray
+from typing import TYPE_CHECKING, Any
 
 from dew import _registry as registry
 from dew._nonfinite import ON_NONFINITE
 from dew._plugins import check_module_names
+from dew._reductions import TRAIN_REDUCTIONS
 from dew.checkpoints._location import checkpoint_location
 from dew.config._fields import (
     _EMPTY,
@@ -26,7 +24,10 @@ from dew.config._fields import (
     _string,
     _where,
 )
-from dew.training._window import TRAIN_REDUCTIONS
+
+if TYPE_CHECKING:
+    import optax
+    from jaxtyping import PRNGKeyArray
 
 __all__ = ["ModelConfig", "ObjectiveConfig", "OptimConfig", "TrainerConfig"]
 
@@ -58,7 +59,7 @@ class ModelConfig(_Section):
         reserved = {"key": "ModelConfig.build supplies the initialisation key"}
         _set(self, "kwargs", _kwargs(f"{where}.kwargs", self.kwargs, reserved))
 
-    def build(self, *, key: PRNGKeyArray) -> Any:
+    def build(self, *, key: "PRNGKeyArray") -> Any:
         """The model: `dew.registry.models[name](**kwargs, key=key)`."""
         builder = registry.models[self.name]
         registry.check_arguments("model", self.name, builder, self.kwargs, supplied=("key",))
@@ -118,8 +119,10 @@ class OptimConfig(_Section):
         }
         _set(self, "kwargs", _kwargs(f"{where}.kwargs", self.kwargs, reserved))
 
-    def learning_rate_schedule(self, steps: int) -> optax.Schedule:
+    def learning_rate_schedule(self, steps: int) -> "optax.Schedule":
         """The learning rate at each step of a run of `steps` steps."""
+        import optax  # here, not at the top: a configuration is read without JAX
+
         steps = _integer("OptimConfig.learning_rate_schedule steps", steps, least=1)
         if self.warmup_steps > steps:
             raise ValueError(
@@ -139,9 +142,11 @@ class OptimConfig(_Section):
         warmup = optax.linear_schedule(0.0, rate, self.warmup_steps)
         return optax.join_schedules([warmup, main], [self.warmup_steps])
 
-    def build(self, steps: int) -> optax.GradientTransformation:
+    def build(self, steps: int) -> "optax.GradientTransformation":
         """The optimizer for a run of `steps` steps: clipping, then decay where the
         optimizer has none of its own, then the optimizer on the schedule."""
+        import optax
+
         factory = registry.optimizers[self.optimizer]
         names, _ = registry.keyword_parameters(factory)
         decoupled = "weight_decay" in names

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from dew._reductions import TRAIN_REDUCTIONS
 from dew.metrics._sums import two_sum
 
 __all__ = [
@@ -31,8 +32,6 @@ __all__ = [
     "beside",
     "check_train_reduction",
 ]
-
-TRAIN_REDUCTIONS: tuple[str, ...] = ("mean", "last")
 
 LAST_VALUED: frozenset[str] = frozenset({"learning_rate"})
 """Training metrics a window reports at its last step: a setting, not a measurement (the
