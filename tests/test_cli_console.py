@@ -159,6 +159,20 @@ def test_the_trainers_counts_note_is_empty_unless_it_says_something():
     engine.bar.close()
 
 
+def test_the_counts_note_fetches_the_event_key_only_when_it_is_shown():
+    # Before, every validation event fetched its key from the device for a note nobody saw.
+    engine = LoopEngine(stage="lm", current=lambda: None, history=EMPTY_HISTORY)
+    made: list[int] = []
+
+    def text() -> str:
+        made.append(1)
+        return "ab12"
+
+    assert engine.counts_note(6, 164, False, text) == "" and not made
+    assert "event key ab12" in engine.counts_note(6, 164, True, text) and made == [1]
+    engine.bar.close()
+
+
 @pytest.mark.parametrize("command", ["train", "sweep"])
 def test_quiet_and_verbose_together_are_refused(tmp_path, monkeypatch, capsys, command):
     monkeypatch.chdir(tmp_path)  # tiny_lm's runs/ would be here

@@ -19,6 +19,8 @@ from dew.objectives.base import (
     MissingBatchKeyError,
     check_batch_keys,
     check_on_host,
+    check_token_batch,
+    check_token_ids,
     combine,
     trainable,
 )
@@ -233,6 +235,63 @@ def test_a_missing_key_is_named_with_what_names_it_and_the_keys_the_batch_has():
     rows = (np.zeros((2, 4)), np.zeros(2))
     with pytest.raises(ValueError, match="but the batch is a tuple, not a mapping of keys"):
         check_batch_keys(supervised, rows, Split.TRAIN)
+
+
+def _token_objectives():
+    causal = CausalTransformer(
+        vocab_size=5, emb_features=8, num_layers=1, num_heads=2, mlp_features=8,
+        max_seq_len=8, key=jax.random.key(0),
+    )  # fmt: skip
+    bidirectional = BidirectionalTransformer(
+        vocab_size=5, emb_features=8, num_layers=1, num_heads=2, mlp_features=8,
+        max_seq_len=8, key=jax.random.key(0),
+    )  # fmt: skip
+    return [
+        (LMObjective(causal, seq_len=7), 8),
+        (MaskedDiffusionObjective(bidirectional, seq_len=8), 8),
+    ]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["lm", "masked_diffusion"])
+def test_a_host_batch_is_checked_in_numpy_without_a_copy_to_the_device(index):
+    # Before: check_token_batch copied every host batch to the device (jnp.asarray) and
+    # sliced it there, which the transfer guard refuses.
+    objective, length = _token_objectives()[index]
+    good = {"text": np.arange(2 * length, dtype=np.int32).reshape(2, length) % 5}
+    bad = {"text": np.where(np.arange(length) == 3, 9, 0)[None].repeat(2, 0).astype(np.int32)}
+    with jax.transfer_guard("disallow"):
+        assert check_on_host(objective, good) is None
+        with pytest.raises(ValueError, match="token ID 9 at row 0, position 3") as on_host:
+            check_on_host(objective, bad)
+    kind = type(objective).__name__
+    assert str(on_host.value) == (
+        f"{kind}: batch['text'] holds token ID 9 at row 0, position 3; valid IDs are 0 to 4 "
+        "(vocab_size=5)."
+    )
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        (np.zeros((2, 6), np.float32), "got dtype float32"),
+        (np.zeros((2, 3, 6), np.int32), r"shaped \(rows, length\), got shape \(2, 3, 6\)"),
+        (np.zeros((2, 3), np.int32), "rows of at least 5 token IDs .* got rows of 3"),
+        (np.array([[0, 1, 2, 3, -1, 0]], np.int32), "token ID -1 at row 0, position 4"),
+        ([[0, 1, 2, 3, 4, 0]], "got dtype None"),
+    ],
+    ids=["dtype", "axes", "length", "id", "not an array"],
+)
+def test_check_token_ids_raises_what_check_token_batch_raises(tokens, message):
+    limits = {"vocab_size": 4, "min_length": 5}
+    with pytest.raises(ValueError, match=message) as host_half:
+        check_token_ids("Kind", "text", tokens, **limits)
+    with pytest.raises(ValueError, match=message) as whole:
+        check_token_batch("Kind", "text", tokens, **limits)
+    assert str(host_half.value) == str(whole.value)
+    good = np.array([[0, 1, 2, 3, 3, 0]], np.int32)
+    assert check_token_ids("Kind", "text", good, **limits) is None
+    checked = check_token_batch("Kind", "text", good, **limits)
+    assert isinstance(checked, jax.Array) and np.array_equal(checked, good)
 
 
 def test_check_on_host_raises_the_objectives_own_error_and_leaves_methods_pytrees():

@@ -289,6 +289,31 @@ def test_passes_of_one_objective_and_metric_set_share_one_plan(objective, monkey
     assert again.scores == first[0].scores  # a reused plan starts from an empty accumulator
 
 
+def test_passes_over_new_metric_sets_of_the_same_metrics_share_one_plan(objective, monkeypatch):
+    # `dew.evaluate` builds a `MetricSet` of its metrics on every call, and so does each fit:
+    # the plan is found by the metrics' identities, not the set's (before: one plan a pass).
+    from dew import _pass
+
+    built = []
+    original = _pass._Plan.__init__
+
+    def counting(self, *args):
+        built.append(1)
+        original(self, *args)
+
+    monkeypatch.setattr(_pass._Plan, "__init__", counting)
+    params = objective.init_params()
+    chosen = [metrics.perplexity(), metrics.token_accuracy()]
+    key = jax.random.key(0)
+    scores = [
+        evaluate(objective, params, _batches(1), metrics=chosen, key=key).scores for _ in range(3)
+    ]
+    assert len(built) == 1 and scores[0] == scores[1] == scores[2]
+    # other metric objects (equal ones too) are another set: a plan of their own
+    other = evaluate(objective, params, _batches(1), metrics=[metrics.perplexity()], key=key)
+    assert len(built) == 2 and other.scores["perplexity"] == scores[0]["perplexity"]
+
+
 def test_a_check_that_surfaces_only_at_the_final_fetch_is_still_a_value_error(monkeypatch):
     """On an asynchronous backend a failed traced check may raise only where the pass fetches
     its result, after the failing batch's call returned: the pass re-checks its last batch,

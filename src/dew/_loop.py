@@ -187,14 +187,16 @@ class LoopEngine:
             self.emit(EARLY_STOP, split, step, decision=decision)
         return self.stopping.stop
 
-    def counts_note(self, batches: int, records: int, uneven_shards: bool, key: str) -> str:
+    def counts_note(
+        self, batches: int, records: int, uneven_shards: bool, key: str | Callable[[], str]
+    ) -> str:
         """An evaluation's counts (`counts_line`) as a note under its values, or `""` when
-        they say nothing (`telling`)."""
-        return (
-            f"\n  {counts_line(batches, records, uneven_shards, key)}"
-            if telling(uneven_shards)
-            else ""
-        )
+        they say nothing (`telling`). `key` is the event key's text, or what makes it (a
+        fetch of the key from the device, made only for a note that is shown)."""
+        if not telling(uneven_shards):
+            return ""
+        text = key() if callable(key) else key
+        return f"\n  {counts_line(batches, records, uneven_shards, text)}"
 
     def print(self, line: str) -> None:
         """Print a line (above the progress bar when one is drawn)."""

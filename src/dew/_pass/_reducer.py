@@ -174,10 +174,13 @@ class _Plan:
         return self.global_leaves
 
 
-# Plans and host/device splits found by the identity of their (immutable) objective and
-# metric set, as `_updates` finds compiled calls: building them costs a small pass's time.
+# Plans found by the identity of their (immutable) objective and metric set, as `_updates`
+# finds compiled calls: building one costs a small pass's time.
 _plans: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, dict[Any, _Plan]]] = {}
-_splits: dict[int, tuple[weakref.ref, tuple[MetricSet, MetricSet]]] = {}
+# Host/device splits found by the identities of the set's metrics, not of the set: a caller
+# that builds a new `MetricSet` of the same metrics for each pass (`dew.evaluate`, each
+# `Trainer.fit`) gets the same device set back, and so the same plan.
+_splits: dict[tuple[int, ...], tuple[tuple[weakref.ref, ...], tuple[MetricSet, MetricSet]]] = {}
 
 
 def _plan_for(objective: Objective, metrics: MetricSet, params_def: Any) -> _Plan:
@@ -197,17 +200,21 @@ def _plan_for(objective: Objective, metrics: MetricSet, params_def: Any) -> _Pla
 
 
 def _split(metrics: MetricSet) -> tuple[MetricSet, MetricSet]:
-    """`metrics.split_by_host()`, remembered for the metric set's lifetime."""
-    entry = _splits.get(id(metrics))
-    if entry is not None and entry[0]() is metrics:
+    """`metrics.split_by_host()`, remembered while the set's metrics live."""
+    members = metrics.metrics
+    identity = tuple(map(id, members))
+    entry = _splits.get(identity)
+    if entry is not None and all(
+        reference() is member for reference, member in zip(entry[0], members, strict=True)
+    ):
         return entry[1]
     split = metrics.split_by_host()
-    identity = id(metrics)
     try:
-        reference = weakref.ref(metrics, lambda _, found=_splits: found.pop(identity, None))
+        forget = lambda _, found=_splits: found.pop(identity, None)  # noqa: E731
+        references = tuple(weakref.ref(member, forget) for member in members)
     except TypeError:
         return split
-    _splits[identity] = (reference, split)
+    _splits[identity] = (references, split)
     return split
 
 

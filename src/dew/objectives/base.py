@@ -29,6 +29,7 @@ __all__ = [
     "SkipsMetrics",
     "check_batch_keys",
     "check_on_host",
+    "check_token_ids",
     "check_token_batch",
     "combine",
     "token_log_probs",
@@ -311,9 +312,27 @@ def check_token_batch(
     kind: str, field: str, tokens: Any, *, vocab_size: int, min_length: int
 ) -> Array:
     """Check a token array before any compute: integer dtype, 2 axes, rows of at
-    least `min_length` IDs, every ID in `[0, vocab_size)`. Concrete arrays are
-    checked on the host with a `ValueError`; traced ones with `eqx.error_if` (see
-    `dew._checks.error_if`)."""
+    least `min_length` IDs, every ID in `[0, vocab_size)`; return it as a JAX array.
+    Concrete arrays are checked on the host with a `ValueError` (`check_token_ids`);
+    traced ones with `eqx.error_if` (see `dew._checks.error_if`)."""
+    if isinstance(tokens, jax.core.Tracer):
+        _check_token_shape(kind, field, tokens, min_length)
+        return check_ids(tokens, vocab_size, **_token_subject(kind, field))
+    check_token_ids(kind, field, tokens, vocab_size=vocab_size, min_length=min_length)
+    return jnp.asarray(tokens)
+
+
+def check_token_ids(
+    kind: str, field: str, tokens: Any, *, vocab_size: int, min_length: int
+) -> None:
+    """The host half of `check_token_batch`, for an objective's `check_batch`: the same
+    checks and the same `ValueError`s on a concrete array, in NumPy, with nothing copied
+    to a device (a NumPy batch stays on the host until its compiled call takes it)."""
+    _check_token_shape(kind, field, tokens, min_length)
+    check_ids(tokens, vocab_size, **_token_subject(kind, field))
+
+
+def _check_token_shape(kind: str, field: str, tokens: Any, min_length: int) -> None:
     dtype = getattr(tokens, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
         raise ValueError(
@@ -329,12 +348,12 @@ def check_token_batch(
             f"{kind} needs rows of at least {min_length} token IDs in batch[{field!r}], "
             f"got rows of {tokens.shape[1]}."
         )
-    checked = check_ids(
-        tokens,
-        vocab_size,
-        subject=f"{kind}: batch[{field!r}]",
-        noun="token ID",
-        size_name="vocab_size",
-        axes=("row", "position"),
-    )
-    return jnp.asarray(checked)
+
+
+def _token_subject(kind: str, field: str) -> dict[str, Any]:
+    return {
+        "subject": f"{kind}: batch[{field!r}]",
+        "noun": "token ID",
+        "size_name": "vocab_size",
+        "axes": ("row", "position"),
+    }

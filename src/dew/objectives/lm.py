@@ -1,5 +1,7 @@
 """Next-token language modelling with teacher forcing."""
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -15,6 +17,7 @@ from dew.objectives.base import (
     Objective,
     check_batch_keys,
     check_token_batch,
+    check_token_ids,
     combine,
     token_log_probs,
     trainable,
@@ -91,21 +94,22 @@ class LMObjective(Objective):
         return trainable(self.model)
 
     def _tokens(self, batch: Batch) -> jax.Array:
-        check_batch_keys(self, batch, Split.TRAIN)
-        tokens = check_token_batch(
-            "LMObjective",
-            "text",
-            batch["text"],
-            vocab_size=self.model.vocab_size,
-            min_length=self.seq_len + 1,
-        )
+        tokens = check_token_batch(*self._text(batch), **self._token_limits())
         return tokens[:, : self.seq_len + 1]
+
+    def _text(self, batch: Batch) -> tuple[str, str, Any]:
+        check_batch_keys(self, batch, Split.TRAIN)
+        return "LMObjective", "text", batch["text"]
+
+    def _token_limits(self) -> dict[str, int]:
+        return {"vocab_size": self.model.vocab_size, "min_length": self.seq_len + 1}
 
     def batch_keys(self, split: Split) -> dict[str, str | None]:
         return {"text": None}
 
     def check_batch(self, batch: Batch) -> None:
-        self._tokens(batch)
+        # In NumPy for a host batch: nothing copied to a device before its compiled call.
+        check_token_ids(*self._text(batch), **self._token_limits())
 
     def scores(self, params: PyTree, batch: Batch) -> TokenScores:
         """Per-position losses, target weights and argmax correctness of one batch."""

@@ -2,6 +2,7 @@
 
 import numbers
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -18,6 +19,7 @@ from dew.objectives.base import (
     Objective,
     check_batch_keys,
     check_token_batch,
+    check_token_ids,
     combine,
     token_log_probs,
     trainable,
@@ -188,21 +190,22 @@ class MaskedDiffusionObjective(Objective):
         return trainable(self.model)
 
     def _tokens(self, batch: Batch) -> Array:
-        check_batch_keys(self, batch, Split.TRAIN)
-        tokens = check_token_batch(
-            "MaskedDiffusionObjective",
-            "text",
-            batch["text"],
-            vocab_size=self.model.vocab_size,
-            min_length=self.seq_len,
-        )
+        tokens = check_token_batch(*self._text(batch), **self._token_limits())
         return tokens[:, : self.seq_len].astype(jnp.int32)
+
+    def _text(self, batch: Batch) -> tuple[str, str, Any]:
+        check_batch_keys(self, batch, Split.TRAIN)
+        return "MaskedDiffusionObjective", "text", batch["text"]
+
+    def _token_limits(self) -> dict[str, int]:
+        return {"vocab_size": self.model.vocab_size, "min_length": self.seq_len}
 
     def batch_keys(self, split: Split) -> dict[str, str | None]:
         return {"text": None}
 
     def check_batch(self, batch: Batch) -> None:
-        self._tokens(batch)
+        # In NumPy for a host batch: nothing copied to a device before its compiled call.
+        check_token_ids(*self._text(batch), **self._token_limits())
 
     def corrupt(
         self, tokens: Int[Array, "rows seq"], key: PRNGKeyArray

@@ -105,7 +105,7 @@ def evaluation_event(
             tracker.log_artifact(name, shown, step=step)
     scores = result.scores
     counts = engine.counts_note(
-        result.batches, result.records, result.uneven_shards, key_text(event_key)
+        result.batches, result.records, result.uneven_shards, lambda: key_text(event_key)
     )
     if scores and sampling:  # it generated: report how
         record = sampling_record(trainer.objective, metric_set, result, key_text(event_key))
