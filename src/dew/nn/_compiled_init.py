@@ -1,0 +1,79 @@
+"""Initialising parameters in few XLA programs, with the bits of the eager calls
+(decision 0048).
+
+`initialise(constructor, *args, key=key, **kwargs)` is `constructor(*args, key=key,
+**kwargs)` computed by one jitted program, compiled once per constructor and arguments and
+reused by every later call with another key: a transformer's blocks, all of one shape, cost
+one compilation whatever the depth. The program is compiled for a program run once: XLA's
+LLVM backend at optimisation level 1 (the default, 3, costs more to compile than the
+initialisers take to run), and without the algebraic simplifier and constant folding, which
+would reassociate `0.02 * normal(...)` and change the last bit of some entries against the
+eager calls (which compile each operation on its own). Under a trace (a model built inside
+`jax.jit` or `eqx.filter_eval_shape`), and inside `eager_initialisation()` (the reference
+the tests compare with: each operation its own program, as before), the constructor is
+called as it is.
+"""
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import equinox as eqx
+import jax
+
+__all__ = ["INITIALISER_OPTIONS", "eager_initialisation", "initialise"]
+
+INITIALISER_OPTIONS: dict[str, Any] = {
+    "xla_disable_hlo_passes": "algsimp,constant_folding",
+    "xla_backend_optimization_level": 1,
+}
+"""The XLA options an initialiser program is compiled with."""
+
+
+_EAGER = contextvars.ContextVar("dew_eager_initialisation", default=False)
+
+
+@contextlib.contextmanager
+def eager_initialisation() -> Iterator[None]:
+    """Within this context `initialise` calls its constructor as it is, eagerly."""
+    token = _EAGER.set(True)
+    try:
+        yield
+    finally:
+        _EAGER.reset(token)
+
+
+class _Program:
+    """One constructor and its arguments as a jitted function of the key, with the
+    non-array part of what it builds kept from its trace."""
+
+    def __init__(self, constructor: Callable[..., Any], args: tuple, kwargs: tuple) -> None:
+        self.constructor = constructor
+        self.args = args
+        self.kwargs = dict(kwargs)
+        self.static: Any = None
+        self.jitted = jax.jit(self._arrays, compiler_options=INITIALISER_OPTIONS)
+
+    def _arrays(self, key: Any) -> Any:
+        built = self.constructor(*self.args, key=key, **self.kwargs)
+        arrays, self.static = eqx.partition(built, eqx.is_array)
+        return arrays
+
+    def __call__(self, key: Any) -> Any:
+        arrays = self.jitted(key)
+        return eqx.combine(arrays, self.static)
+
+
+@functools.lru_cache(maxsize=64)
+def _program(constructor: Callable[..., Any], args: tuple, kwargs: tuple) -> _Program:
+    return _Program(constructor, args, kwargs)
+
+
+def initialise(constructor: Callable[..., Any], *args: Any, key: Any, **kwargs: Any) -> Any:
+    """`constructor(*args, key=key, **kwargs)`, its arrays computed by one compiled
+    program per `constructor` and arguments (which must be hashable)."""
+    if _EAGER.get() or isinstance(key, jax.core.Tracer):
+        return constructor(*args, key=key, **kwargs)
+    return _program(constructor, args, tuple(sorted(kwargs.items())))(key)
