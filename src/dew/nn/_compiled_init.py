@@ -22,13 +22,11 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.extend
 
 __all__ = ["INITIALISER_OPTIONS", "eager_initialisation", "initialise"]
 
-INITIALISER_OPTIONS: dict[str, Any] = {
-    "xla_disable_hlo_passes": "algsimp,constant_folding",
-    "xla_backend_optimization_level": 1,
-}
+INITIALISER_OPTIONS: dict[str, Any] = {}
 """The XLA options an initialiser program is compiled with."""
 
 
@@ -45,6 +43,29 @@ def eager_initialisation() -> Iterator[None]:
         _EAGER.reset(token)
 
 
+def _separated(jaxpr: Any, consts: list[Any], *args: Any) -> list[Any]:
+    """`jaxpr` evaluated with every floating-point input of each of its operations passed
+    through an optimisation barrier: XLA compiles each operation as the eager call's own
+    program does, and cannot fold or reassociate across them (`0.02 * normal(...)` stays
+    a multiplication of the normal draw, never one by a folded `0.02 * sqrt(2)`)."""
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(var: Any) -> Any:
+        value = var.val if isinstance(var, jax.extend.core.Literal) else env[var]
+        if jax.numpy.issubdtype(var.aval.dtype, jax.numpy.inexact):
+            return jax.lax.optimization_barrier(value)
+        return value
+
+    for eqn in jaxpr.eqns:
+        params = eqn.primitive.get_bind_params(eqn.params)
+        outputs = eqn.primitive.bind(*map(read, eqn.invars), **params)
+        if not eqn.primitive.multiple_results:
+            outputs = [outputs]
+        env.update(zip(eqn.outvars, outputs, strict=True))
+    return [var.val if isinstance(var, jax.extend.core.Literal) else env[var] for var in jaxpr.outvars]
+
+
 class _Program:
     """One constructor and its arguments as a jitted function of the key, with the
     non-array part of what it builds kept from its trace."""
@@ -54,16 +75,22 @@ class _Program:
         self.args = args
         self.kwargs = dict(kwargs)
         self.static: Any = None
+        self.tree: Any = None
         self.jitted = jax.jit(self._arrays, compiler_options=INITIALISER_OPTIONS)
 
-    def _arrays(self, key: Any) -> Any:
+    def _leaves(self, key: Any) -> list[Any]:
         built = self.constructor(*self.args, key=key, **self.kwargs)
         arrays, self.static = eqx.partition(built, eqx.is_array)
-        return arrays
+        leaves, self.tree = jax.tree.flatten(arrays)
+        return leaves
+
+    def _arrays(self, key: Any) -> Any:
+        closed = jax.make_jaxpr(self._leaves)(key)
+        return _separated(closed.jaxpr, closed.consts, key)
 
     def __call__(self, key: Any) -> Any:
-        arrays = self.jitted(key)
-        return eqx.combine(arrays, self.static)
+        leaves = self.jitted(key)
+        return eqx.combine(jax.tree.unflatten(self.tree, leaves), self.static)
 
 
 @functools.lru_cache(maxsize=64)
