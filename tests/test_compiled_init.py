@@ -76,16 +76,27 @@ def _compilations(caplog, call):
     [
         # shapes no other test compiles a kernel for
         lambda key: CausalTransformer(
-            vocab_size=11, emb_features=10, num_layers=5, num_heads=2, mlp_features=17,
-            max_seq_len=9, key=key,
-        ),  # fmt: skip
+            vocab_size=11,
+            emb_features=10,
+            num_layers=5,
+            num_heads=2,
+            mlp_features=17,
+            max_seq_len=9,
+            key=key,
+        ),
         lambda key: ViT(
             image_size=10, patch_size=5, channels=2, width=14, depth=4, heads=2, key=key
         ),
         lambda key: DiT(
-            image_size=10, patch_size=5, channels=2, width=14, depth=4, heads=2, num_classes=3,
+            image_size=10,
+            patch_size=5,
+            channels=2,
+            width=14,
+            depth=4,
+            heads=2,
+            num_classes=3,
             key=key,
-        ),  # fmt: skip
+        ),
     ],
     ids=["causal_transformer", "vit", "dit"],
 )

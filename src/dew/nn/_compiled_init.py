@@ -64,7 +64,8 @@ def _separated(jaxpr: Any, consts: list[Any], *args: Any) -> list[Any]:
         if not eqn.primitive.multiple_results:
             outputs = [outputs]
         env.update(zip(eqn.outvars, outputs, strict=True))
-    return [var.val if isinstance(var, jax.extend.core.Literal) else env[var] for var in jaxpr.outvars]
+    literal = jax.extend.core.Literal
+    return [var.val if isinstance(var, literal) else env[var] for var in jaxpr.outvars]
 
 
 class _Program:
