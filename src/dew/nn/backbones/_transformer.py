@@ -1,6 +1,7 @@
 """The pre-norm transformer stack shared by the causal and bidirectional backbones."""
 
 import math
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from dew._integers import check_integer
+from dew.nn._compiled_init import initialise
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "COMPUTE_DTYPES", "KVCache", "TransformerStack"]
 
@@ -244,18 +246,16 @@ class TransformerStack(eqx.Module):
         attention_impl: str,
         key: PRNGKeyArray,
     ):
-        keys = jax.random.split(key, num_layers + 3)
-        self.token_embedding = eqx.nn.Embedding(vocab_size, emb_features, key=keys[0])
-        self.position_embedding = 0.02 * jax.random.normal(
-            keys[1], (max_seq_len, emb_features), jnp.float32
+        # Two compiled programs whatever the depth: the parts around the blocks (and the
+        # blocks' keys), then one block, reused for every block (decision 0048).
+        parts = initialise(
+            _stack_parts, vocab_size, out_features, emb_features, num_layers, max_seq_len, key=key
         )
+        self.token_embedding, self.position_embedding, self.final_norm, self.head = parts[:4]
         self.blocks = tuple(
-            _Block(emb_features, num_heads, mlp_features, keys[2 + i]) for i in range(num_layers)
+            initialise(_Block, emb_features, num_heads, mlp_features, key=block_key)
+            for block_key in parts[4]
         )
-        self.final_norm = eqx.nn.LayerNorm(emb_features)
-        head = eqx.nn.Linear(emb_features, out_features, key=keys[-1])
-        # A small output head starts every logit near zero: a uniform first prediction.
-        self.head = eqx.tree_at(lambda linear: linear.weight, head, head.weight / math.sqrt(16.0))
         self.max_seq_len = max_seq_len
         self.dtype = dtype
         self.attention_impl = attention_impl
@@ -323,6 +323,26 @@ class TransformerStack(eqx.Module):
             values.append(v)
         logits = model.head(model.final_norm(x)).astype(jnp.float32)
         return logits, KVCache(tuple(keys), tuple(values), position + 1)
+
+
+def _stack_parts(
+    vocab_size: int,
+    out_features: int,
+    emb_features: int,
+    num_layers: int,
+    max_seq_len: int,
+    *,
+    key: PRNGKeyArray,
+) -> tuple[Any, ...]:
+    """A stack's embeddings, final norm and head, and the key of each block."""
+    keys = jax.random.split(key, num_layers + 3)
+    token_embedding = eqx.nn.Embedding(vocab_size, emb_features, key=keys[0])
+    position_embedding = 0.02 * jax.random.normal(keys[1], (max_seq_len, emb_features), jnp.float32)
+    head = eqx.nn.Linear(emb_features, out_features, key=keys[-1])
+    # A small output head starts every logit near zero: a uniform first prediction.
+    head = eqx.tree_at(lambda linear: linear.weight, head, head.weight / math.sqrt(16.0))
+    block_keys = tuple(keys[2 + i] for i in range(num_layers))
+    return token_embedding, position_embedding, eqx.nn.LayerNorm(emb_features), head, block_keys
 
 
 def build_stack(

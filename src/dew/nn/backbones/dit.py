@@ -1,6 +1,7 @@
 """A diffusion transformer (DiT) over images or clips, predicting a flow-matching velocity."""
 
 import math
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
+from dew.nn._compiled_init import initialise
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
     SelfAttention,
@@ -68,6 +70,36 @@ class _AdaLNBlock(eqx.Module):
         x = x + gate1 * self.attention(h)
         h = jax.vmap(self.norm)(x) * (1 + scale2) + shift2
         return x + gate2 * jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(h)))
+
+
+def _parts(
+    patch_features: int,
+    patches: int,
+    width: int,
+    depth: int,
+    frames: int | None,
+    num_classes: int | None,
+    *,
+    key: PRNGKeyArray,
+) -> dict[str, Any]:
+    """A DiT's embeddings, time MLP, final modulation and head, and the key of each block."""
+    keys = jax.random.split(key, depth + 7)
+    return {
+        "patch_embedding": eqx.nn.Linear(patch_features, width, key=keys[0]),
+        "space_embedding": 0.02 * jax.random.normal(keys[1], (patches, width), jnp.float32),
+        "time_position_embedding": (
+            None
+            if frames is None
+            else 0.02 * jax.random.normal(keys[2], (frames, width), jnp.float32)
+        ),
+        "time_mlp": eqx.nn.MLP(width, width, width, depth=1, activation=jax.nn.silu, key=keys[3]),
+        "label_embedding": (
+            None if num_classes is None else eqx.nn.Embedding(num_classes + 1, width, key=keys[4])
+        ),
+        "final_modulation": _zeroed(eqx.nn.Linear(width, 2 * width, key=keys[5])),
+        "head": _zeroed(eqx.nn.Linear(width, patch_features, key=keys[6])),
+        "block_keys": tuple(keys[7 + i] for i in range(depth)),
+    }
 
 
 class DiT(eqx.Module):
@@ -159,26 +191,24 @@ class DiT(eqx.Module):
             frames=frames,
             num_classes=num_classes,
         )
-        keys = jax.random.split(key, depth + 7)
+        # Two compiled programs whatever the depth (decision 0048): the parts around the
+        # blocks and the blocks' keys, then one block, reused for every block.
         patch_features = patch_size * patch_size * channels
         patches = (image_size // patch_size) ** 2
-        self.patch_embedding = eqx.nn.Linear(patch_features, width, key=keys[0])
-        self.space_embedding = 0.02 * jax.random.normal(keys[1], (patches, width), jnp.float32)
-        self.time_position_embedding = (
-            None
-            if frames is None
-            else 0.02 * jax.random.normal(keys[2], (frames, width), jnp.float32)
+        parts = initialise(
+            _parts, patch_features, patches, width, depth, frames, num_classes, key=key
         )
-        self.time_mlp = eqx.nn.MLP(
-            width, width, width, depth=1, activation=jax.nn.silu, key=keys[3]
+        self.patch_embedding = parts["patch_embedding"]
+        self.space_embedding = parts["space_embedding"]
+        self.time_position_embedding = parts["time_position_embedding"]
+        self.time_mlp = parts["time_mlp"]
+        self.label_embedding = parts["label_embedding"]
+        self.blocks = tuple(
+            initialise(_AdaLNBlock, width, heads, key=k) for k in parts["block_keys"]
         )
-        self.label_embedding = (
-            None if num_classes is None else eqx.nn.Embedding(num_classes + 1, width, key=keys[4])
-        )
-        self.blocks = tuple(_AdaLNBlock(width, heads, key=k) for k in keys[7:])
         self.final_norm = eqx.nn.LayerNorm(width, use_weight=False, use_bias=False)
-        self.final_modulation = _zeroed(eqx.nn.Linear(width, 2 * width, key=keys[5]))
-        self.head = _zeroed(eqx.nn.Linear(width, patch_features, key=keys[6]))
+        self.final_modulation = parts["final_modulation"]
+        self.head = parts["head"]
         self.image_size = image_size
         self.patch_size = patch_size
         self.channels = channels

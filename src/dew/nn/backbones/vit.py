@@ -1,10 +1,13 @@
 """A vision transformer encoder returning one feature token per patch (JEPA's encoders)."""
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from dew.nn._compiled_init import initialise
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
     SelfAttention,
@@ -37,6 +40,17 @@ class _Block(eqx.Module):
         x = x + self.attention(jax.vmap(self.norm_attention)(x), mask)
         h = jax.vmap(self.norm_mlp)(x)
         return x + jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(h)))
+
+
+def _parts(
+    features: int, patches: int, width: int, depth: int, *, key: PRNGKeyArray
+) -> tuple[Any, ...]:
+    """A ViT's patch and position embeddings, its final norm, and the key of each block."""
+    keys = jax.random.split(key, depth + 2)
+    patch_embedding = eqx.nn.Linear(features, width, key=keys[0])
+    position_embedding = 0.02 * jax.random.normal(keys[1], (patches, width), jnp.float32)
+    block_keys = tuple(keys[2 + i] for i in range(depth))
+    return patch_embedding, position_embedding, eqx.nn.LayerNorm(width), block_keys
 
 
 class ViT(eqx.Module):
@@ -111,12 +125,13 @@ class ViT(eqx.Module):
             heads=heads,
             dtype=dtype,
         )
-        keys = jax.random.split(key, depth + 2)
+        # Two compiled programs whatever the depth (decision 0048): the embeddings and the
+        # blocks' keys, then one block, reused for every block.
         patches = (image_size // patch_size) ** 2
-        self.patch_embedding = eqx.nn.Linear(patch_size * patch_size * channels, width, key=keys[0])
-        self.position_embedding = 0.02 * jax.random.normal(keys[1], (patches, width), jnp.float32)
-        self.blocks = tuple(_Block(width, heads, key=k) for k in keys[2:])
-        self.final_norm = eqx.nn.LayerNorm(width)
+        features = patch_size * patch_size * channels
+        parts = initialise(_parts, features, patches, width, depth, key=key)
+        self.patch_embedding, self.position_embedding, self.final_norm, block_keys = parts
+        self.blocks = tuple(initialise(_Block, width, heads, key=k) for k in block_keys)
         self.image_size = image_size
         self.patch_size = patch_size
         self.channels = channels
