@@ -44,6 +44,19 @@ def _quick_compilation() -> None:
 _quick_compilation()
 
 
+def _one_blas_thread() -> None:
+    """One OpenBLAS thread in each xdist worker and in the `dew` and multi-process workers the
+    tests start (they inherit it; pytest's own process has loaded NumPy through its plugins
+    before this runs, so `-n 0` keeps its threads). Two workers on CI's two cores each ran
+    NumPy's LAPACK on two threads that spin while they wait: `FID.finalize`'s 2048-dim
+    `eigh` took 6.9 s of CPU time (18.6 s of wall) on a loaded machine where one thread
+    takes 1.6 s (4.4 s), the same arithmetic. A count the caller set is kept."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+_one_blas_thread()
+
+
 def _private_token_cache() -> None:
     """`dew.data.text`'s default token cache (`~/.cache/dew/tokens`) in a temporary folder
     for the test run, so that no test or docs example writes to the user's home."""
