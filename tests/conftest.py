@@ -13,7 +13,7 @@ def _shared_compilation_cache() -> None:
     it (and removes it at exit), and its xdist workers and the `dew` subprocesses the CLI
     tests start inherit it through the environment. Many tests compile the same tiny
     models' steps; each compiles once a run. A cache dir set by the caller (`.ci/run`, one
-    for its three pytest runs) is the caller's to remove. Every compilation is kept, however
+    for its pytest runs) is the caller's to remove. Every compilation is kept, however
     quick: a `dew` subprocess otherwise recompiles the eager ops of a model's initialisation
     (test_cli.py, test_evaluation.py and test_objectives_grpo.py: 70 s against 76 s)."""
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
