@@ -13,7 +13,7 @@ def _shared_compilation_cache() -> None:
     it (and removes it at exit), and its xdist workers and the `dew` subprocesses the CLI
     tests start inherit it through the environment. Many tests compile the same tiny
     models' steps; each compiles once a run. A cache dir set by the caller (`.ci/run`, one
-    for its three pytest runs) is the caller's to remove. Every compilation is kept, however
+    for its pytest runs) is the caller's to remove. Every compilation is kept, however
     quick: a `dew` subprocess otherwise recompiles the eager ops of a model's initialisation
     (test_cli.py, test_evaluation.py and test_objectives_grpo.py: 70 s against 76 s)."""
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
@@ -42,6 +42,19 @@ def _quick_compilation() -> None:
 
 
 _quick_compilation()
+
+
+def _one_blas_thread() -> None:
+    """One OpenBLAS thread in each xdist worker and in the `dew` and multi-process workers the
+    tests start (they inherit it; pytest's own process has loaded NumPy through its plugins
+    before this runs, so `-n 0` keeps its threads). Two workers on CI's two cores each ran
+    NumPy's LAPACK on two threads that spin while they wait: `FID.finalize`'s 2048-dim
+    `eigh` took 6.9 s of CPU time (18.6 s of wall) on a loaded machine where one thread
+    takes 1.6 s (4.4 s), the same arithmetic. A count the caller set is kept."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+_one_blas_thread()
 
 
 def _private_token_cache() -> None:
