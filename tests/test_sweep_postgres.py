@@ -14,6 +14,7 @@ import pytest
 from _ledgers import ledger_json
 
 from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
+from dew.config.sweep import random_search
 from dew.registry import datasets
 
 pytestmark = pytest.mark.slow
@@ -112,9 +113,13 @@ def test_workers_started_together_train_every_index_once(
     assert _trained(tmp_path) == list(range(trials))  # every index trained, each once
     finished = _finished(ledgers)
     assert [entry["index"] for entry in finished] == list(range(trials))
-    points = [entry["overrides"]["optim.learning_rate"] for entry in finished]
-    if search != "optuna":
-        assert sorted(points) == sorted(0.1 / 2**index for index in range(trials))
+    points = [entry["overrides"] for entry in finished]
+    grid = [0.1 / 2**index for index in range(trials)]
+    if search == "grid":  # every grid point once, in the grid's order
+        assert points == [{"optim.learning_rate": rate} for rate in grid]
+    if search == "random":  # each index's own draw, whichever worker trained it
+        draws = random_search(seed=0)
+        assert points == [draws.point({"optim.learning_rate": grid}, n) for n in range(trials)]
     if search == "optuna":  # the results as Optuna's own client reads them
         study = optuna.load_study(study_name="s", storage=postgres_url)
         states = [trial.state.name for trial in study.trials]
