@@ -127,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "data" and value is not None and value < 0:
             parser.error(f"--{option.replace('_', '-')} must be >= 0, got {value}")
     launched = bool(os.environ.get(LAUNCHED_ENV))
+    if getattr(args, "workers", None) is not None and not launched:
+        from dew.cli._workers import check_workers, launch_workers
+
+        check_workers(args.command_parser, args)
+        return launch_workers(args, argv, lambda step: _outcome(args, launched, step))
     if hasattr(args, "processes"):
         _check_processes(args.command_parser, args)
         if args.processes is not None and not launched:
@@ -141,11 +146,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 label=f"dew {args.command}",
                 timeout=args.process_timeout,
             )
-    if getattr(args, "workers", None) is not None and not launched:
-        from dew.cli._workers import check_workers, launch_workers
-
-        check_workers(args.command_parser, args)
-        return launch_workers(args, argv, lambda step: _outcome(args, launched, step))
     joined = False
 
     def run() -> int:
