@@ -12,7 +12,10 @@ from typing import Any
 
 from dew.cli._console import config_lines, end_lines, model_lines, point_value
 from dew.cli._inputs import _configure, _reading, _say
-from dew.cli._workers import WORKER_ENV
+
+WORKER_ENV = "DEW_SWEEP_WORKER"
+"""Set in the environment of each of `dew sweep --workers N`'s workers (`_workers`): the
+worker prints no summary, the launcher prints one."""
 
 
 def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]:

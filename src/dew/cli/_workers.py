@@ -12,9 +12,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-WORKER_ENV = "DEW_SWEEP_WORKER"
-"""Set in each worker's environment: the worker prints no summary (the launcher prints one)."""
-
 
 def check_workers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse a bad `--workers` (exit 2)."""
@@ -62,7 +59,7 @@ def launch_workers(
     well, print the ledger's trials and the best one. `outcome` runs a step with the
     command's one-line errors."""
     from dew._launch import child_command, launch
-    from dew.cli._commands import _ledger_path, _sweep_inputs
+    from dew.cli._commands import WORKER_ENV, _ledger_path, _sweep_inputs
     from dew.cli._inputs import _register
 
     prepared: dict[str, Any] = {}
