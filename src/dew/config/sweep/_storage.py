@@ -74,14 +74,17 @@ def _driver_text(error: BaseException) -> str:
     return text.removeprefix("connection failed: ")
 
 
-def _translated(error: BaseException, storage: Any, *, opening: bool) -> BaseException | None:
+def _translated(
+    error: BaseException, storage: Any, *, opening: bool, creating: bool
+) -> BaseException | None:
     """`error` as a `StorageError`, when it is the storage's (its URL, driver or database);
-    None for any other error."""
+    None for any other error. A plain `ValueError` is the storage's only while `creating`
+    (Optuna refusing the URL: `redis://`), never dew's own checks of the study."""
     url = shown_url(storage)
     names = {type(link).__name__ for link in _chain(error)}
     modules = {type(link).__module__.split(".")[0] for link in _chain(error)}
     if names & {"ArgumentError", "NoSuchModuleError"} or (
-        opening and isinstance(error, ImportError)
+        creating and isinstance(error, ImportError)
     ):
         missing = isinstance(error, ImportError) or "ModuleNotFoundError" in names
         what = "a database driver that is not installed" if missing else "a URL it can read"
@@ -89,7 +92,7 @@ def _translated(error: BaseException, storage: Any, *, opening: bool) -> BaseExc
             f"Optuna storage {url!r} needs {what} ({_driver_text(error)}); give a storage URL: "
             f"{STORAGE_URLS}."
         )
-    if opening and isinstance(error, ValueError) and not modules & _DRIVERS:
+    if creating and isinstance(error, ValueError) and not modules & _DRIVERS:
         return StorageError(
             f"Optuna cannot open storage {url!r} ({_driver_text(error)}); give a storage "
             f"URL: {STORAGE_URLS}."
@@ -109,7 +112,9 @@ def _translated(error: BaseException, storage: Any, *, opening: bool) -> BaseExc
 
 
 @contextlib.contextmanager
-def storage_errors(storage: Any, *, opening: bool = False) -> Iterator[None]:
+def storage_errors(
+    storage: Any, *, opening: bool = False, creating: bool = False
+) -> Iterator[None]:
     """Raise a storage's failure inside the block as one `StorageError` naming its URL."""
     try:
         yield
@@ -118,7 +123,7 @@ def storage_errors(storage: Any, *, opening: bool = False) -> Iterator[None]:
     except Exception as error:
         if storage is None:  # an in-memory study: nothing of the user's to name
             raise
-        translated = _translated(error, storage, opening=opening)
+        translated = _translated(error, storage, opening=opening, creating=creating)
         if translated is None:
             raise
         raise translated from error
@@ -140,7 +145,7 @@ def open_study(optuna: Any, search: Any) -> Any:
             )
         except Exception as error:
             if search.storage is None or attempt == _ATTEMPTS or not _a_race(error):
-                with storage_errors(search.storage, opening=True):
+                with storage_errors(search.storage, opening=True, creating=True):
                     raise
         time.sleep(random.uniform(0.02, 0.1) * attempt)
     raise AssertionError("unreachable")  # pragma: no cover
