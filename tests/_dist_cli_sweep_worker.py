@@ -116,4 +116,21 @@ results["resumed"] = outcome(
 )
 results["resumed_trained"] = trained
 
+
+# A trial whose own agreed phase fails on process 1 (as `Trainer`'s checks do): every process
+# raises that phase's error once, not wrapped again in the sweep's "training trial" phase.
+def agreeing(run: RunConfig) -> float:
+    from dew._processes import agree_process_phase
+
+    problem = ValueError(f"process 1 refuses {run.trainer.name}") if rank == 1 else True
+    agree_process_phase("checking the configuration", problem)
+    return 0.0
+
+
+results["agreed"] = outcome(
+    lambda: sweep(
+        CONFIG, space, train=agreeing, trials=1, ledger=ledger("agreed"), search=grid_search
+    )
+)
+
 (out / f"rank{rank}.json").write_text(json.dumps(results))

@@ -117,3 +117,31 @@ def _registries_as_they_were():
     state = registrations()
     yield
     restore_registrations(state)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server of this test session (`tests/_postgres.py`), stopped and removed
+    after it; skipped only where no server is installed (`.ci/run` installs Debian's)."""
+    from _postgres import PostgresServer, server_binaries
+
+    binaries = server_binaries()
+    if binaries is None:
+        pytest.skip(
+            "no PostgreSQL server installed (initdb, pg_ctl not found): apt-get install "
+            "postgresql, as .ci/run does"
+        )
+    pytest.importorskip("psycopg", reason='the PostgreSQL driver: pip install "dew-ml[postgres]"')
+    server = PostgresServer(binaries).start()
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def postgres_url(postgres, request):
+    """A fresh database of the session's PostgreSQL server for one test: its SQLAlchemy URL,
+    `postgresql+psycopg://dew@127.0.0.1:PORT/DATABASE`."""
+    import hashlib
+
+    name = "t" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:16]
+    return postgres.create_database(name)

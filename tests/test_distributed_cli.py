@@ -72,6 +72,12 @@ def test_a_trial_failing_on_one_process_raises_on_every_process(driver):
     assert [name for name, _ in zero["failing_trained"]] == ["grid/trial-0", "grid/trial-1"]
 
 
+def test_a_trial_s_agreed_error_is_wrapped_once(driver):
+    _, (zero, one) = driver
+    message = "checking the configuration failed on process 1 of 2: process 1 refuses grid/trial-0"
+    assert zero["agreed"] == one["agreed"] == {"error": "ValueError", "message": message}
+
+
 def test_a_rerun_retrains_the_cut_off_trial_first(driver):
     out, (zero, one) = driver
     assert [name for name, _ in zero["resumed_trained"]] == ["grid/trial-1", "grid/trial-2"]

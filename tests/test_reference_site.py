@@ -174,9 +174,19 @@ def test_a_missing_docstring_is_found(tmp_path, monkeypatch):
     ]
 
 
-def test_ci_builds_the_site_strictly_after_the_parity_tests():
+def test_ci_builds_the_site_strictly_beside_the_slow_tests_and_fails_with_it():
+    """`.ci/run` installs the docs extra, starts the strict build in the background, runs
+    the slow and parity tests, then waits for the build: either failing fails the script."""
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    install = ci.index('python -m pip install --quiet ".[docs]"')
-    build = ci.index('mkdocs build --strict --site-dir "$scratch/site"')
-    assert ci.index('python -m pytest -m "slow or parity"') < install < build
+    install = ci.index('python -m pip install --quiet ".[parity,docs]"')
+    build = next(
+        number
+        for number, line in enumerate(ci)
+        if line.startswith('mkdocs build --strict --site-dir "$scratch/site"')
+    )
+    tests = ci.index('python -m pytest -m "slow or parity" || tests=$?')
+    waited = ci.index('wait "$mkdocs_pid" || docs=$?')
+    failed = next(number for number, line in enumerate(ci) if '"$docs" -ne 0' in line)
+    assert install < build < tests < waited < failed
+    assert ci[failed + 2].strip() == "exit 1"
     assert "set -euo pipefail" in ci

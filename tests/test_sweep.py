@@ -1149,7 +1149,8 @@ def test_two_workers_split_one_optuna_study(tmp_path, optuna, shared_ledger):
     for entry in finished:
         assert complete[entry["index"]].value == entry["value"]
         assert complete[entry["index"]].params == entry["overrides"]
-    assert all(trial.state.name == "FAIL" for trial in study.trials if trial.number >= 8)
+    # A number drawn past the budget waits for a larger one (decision 0053), never trained.
+    assert all(trial.state.name == "WAITING" for trial in study.trials if trial.number >= 8)
 
 
 def test_optuna_search_resumes_a_persistent_study(tmp_path, optuna, monkeypatch):

@@ -138,10 +138,10 @@ def _tail(log: IO[bytes] | None) -> list[str]:
     return lines[-SHOWN_LINES:]
 
 
-def _show(index: int, log: IO[bytes] | None) -> None:
+def _show(index: int, log: IO[bytes] | None, noun: str = "process") -> None:
     lines = _tail(log)
     for line in lines:
-        print(f"[process {index}] {line}", file=sys.stderr)
+        print(f"[{noun} {index}] {line}", file=sys.stderr)
     sys.stderr.flush()
 
 
@@ -152,7 +152,8 @@ def launch(
     label: str = "dew",
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
-    straggler: float = STRAGGLER_SECONDS,
+    straggler: float | None = STRAGGLER_SECONDS,
+    distributed: bool = True,
 ) -> int:
     """Run `count` local processes of `command` (an argument list) as one
     `jax.distributed` run and return the exit status for the whole.
@@ -166,7 +167,10 @@ def launch(
       is stopped and the status is 1.
     - `env`: the children's environment (default: this process's), to which the
       coordinator address, process count and index are added.
-    - `straggler`: seconds the others get to end once one process has ended well.
+    - `straggler`: seconds the others get to end once one process has ended well (`None`:
+      no limit).
+    - `distributed`: `False` starts independent processes (`dew sweep --workers N`: each a
+      sweep worker of its own) without the `JAX_*` variables, named "worker" in messages.
 
     **Returns:** 0 when every process exits 0; else the failing process's status (1 when a
     signal ended it or a deadline passed), after stopping every other process and printing
@@ -174,7 +178,8 @@ def launch(
     SIGHUP to the launcher stops every child and returns 128 + the signal's number.
     """
     if count < 1:
-        raise ValueError(f"--processes must be >= 1, got {count}.")
+        flag = "--processes" if distributed else "--workers"
+        raise ValueError(f"{flag} must be >= 1, got {count}.")
     base = dict(os.environ if env is None else env)
     base.setdefault("JAX_PLATFORMS", "cpu")  # a local run's processes share this machine's CPU
     processes: list[subprocess.Popen] = []
@@ -186,10 +191,11 @@ def launch(
     try:
         with _stopping_on_termination():
             try:
-                _start(command, count, base, processes, logs, watched)
+                _start(command, count, base, processes, logs, watched, distributed)
             finally:
                 os.close(watched)
-            return _watch(processes, logs, label, started, timeout, straggler)
+            noun = "process" if distributed else "worker"
+            return _watch(processes, logs, label, started, timeout, straggler, noun)
     except KeyboardInterrupt:
         _interrupt(processes)
         print(f"{label}: interrupted; run the same command again to resume", file=sys.stderr)
@@ -197,7 +203,8 @@ def launch(
     except _TerminatedError as stop:
         _reap(processes)
         name = signal.Signals(stop.signum).name
-        print(f"{label}: stopped by {name}; stopped every process", file=sys.stderr)
+        noun = "process" if distributed else "worker"
+        print(f"{label}: stopped by {name}; stopped every {noun}", file=sys.stderr)
         return 128 + stop.signum
     finally:
         _reap(processes)
@@ -214,19 +221,20 @@ def _start(
     processes: list[subprocess.Popen],
     logs: list[IO[bytes] | None],
     watched: int,
+    distributed: bool = True,
 ) -> None:
     """Start the children (appended as they start, so any started is stopped with them),
     each holding `watched`, the read end of the launcher's pipe."""
     address = f"127.0.0.1:{free_port()}"
     for index in range(count):
-        child_env = {
-            **base,
-            "JAX_COORDINATOR_ADDRESS": address,
-            "JAX_NUM_PROCESSES": str(count),
-            "JAX_PROCESS_ID": str(index),
-            LAUNCHED_ENV: "1",
-            LAUNCHER_PIPE_ENV: str(watched),
-        }
+        child_env = {**base, LAUNCHED_ENV: "1", LAUNCHER_PIPE_ENV: str(watched)}
+        if distributed:
+            child_env["JAX_COORDINATOR_ADDRESS"] = address
+            child_env["JAX_NUM_PROCESSES"] = str(count)
+            child_env["JAX_PROCESS_ID"] = str(index)
+        else:  # independent workers: none joins a jax.distributed run
+            for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+                child_env.pop(name, None)
         log = None if index == 0 else tempfile.TemporaryFile()  # noqa: SIM115 (closed by launch)
         logs.append(log)
         processes.append(
@@ -248,14 +256,15 @@ def _watch(
     label: str,
     started: float,
     timeout: float | None,
-    straggler: float,
+    straggler: float | None,
+    noun: str = "process",
 ) -> int:
     first_done: float | None = None
     while True:
         codes = [process.poll() for process in processes]
         failed = [index for index, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            return _failed(processes, logs, label, failed[0])
+            return _failed(processes, logs, label, failed[0], noun)
         if all(code == 0 for code in codes):
             return 0
         now = time.monotonic()
@@ -269,14 +278,16 @@ def _watch(
                 label,
                 late,
                 f"still running after the {timeout:g} s deadline (--process-timeout)",
+                noun,
             )
-        if first_done is not None and now - first_done > straggler:
+        if straggler is not None and first_done is not None and now - first_done > straggler:
             return _hung(
                 processes,
                 logs,
                 label,
                 late,
                 f"still running {straggler:g} s after another process of the run ended",
+                noun,
             )
         time.sleep(0.05)
 
@@ -286,6 +297,7 @@ def _failed(
     logs: Sequence[IO[bytes] | None],
     label: str,
     first: int,
+    noun: str = "process",
 ) -> int:
     """One process failed: give the others a moment to fail by themselves (an error every
     process agreed on ends them all), stop the rest, and report, unless process zero ended
@@ -301,13 +313,14 @@ def _failed(
     _reap(processes)
     for index in [first, *others]:
         if index != 0:  # process zero's output is already on the terminal
-            _show(index, logs[index])
+            _show(index, logs[index], noun)
     code = processes[first].returncode
     how = f"exit status {code}" if code > 0 else f"signal {signal.Signals(-code).name}"
-    also = f" (process {', '.join(map(str, others))} failed too)" if others else ""
+    also = f" ({noun} {', '.join(map(str, others))} failed too)" if others else ""
+    plural = "processes" if noun == "process" else f"{noun}s"
     print(
-        f"{label}: process {first} of {len(processes)} failed ({how}){also}; stopped the "
-        "other processes",
+        f"{label}: {noun} {first} of {len(processes)} failed ({how}){also}; stopped the "
+        f"other {plural}",
         file=sys.stderr,
     )
     return code if code > 0 else 1
@@ -319,13 +332,15 @@ def _hung(
     label: str,
     late: Sequence[int],
     why: str,
+    noun: str = "process",
 ) -> int:
     _reap(processes)
     for index in late:
         if index != 0:
-            _show(index, logs[index])
+            _show(index, logs[index], noun)
     names = ", ".join(map(str, late))
-    noun = "process" if len(late) == 1 else "processes"
+    if len(late) > 1:
+        noun = "processes" if noun == "process" else f"{noun}s"
     print(f"{label}: {noun} {names} of {len(processes)} {why}; stopped them all", file=sys.stderr)
     return 1
 

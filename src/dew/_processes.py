@@ -167,6 +167,7 @@ def _agree(name: str, ok: bool | BaseException, value: int = 0) -> list[int]:
     error: BaseException = (
         ValueError(summary) if first[1] == _VALUE_ERROR else PhaseFailedError(summary)
     )
+    error._dew_agreed = True  # type: ignore[attr-defined]  # every process raises it now
     if local_error is not None:
         raise error from local_error
     raise error
@@ -176,13 +177,17 @@ def _agree(name: str, ok: bool | BaseException, value: int = 0) -> list[int]:
 def agreed_phase(name: str) -> Iterator[None]:
     """The block as phase `name` of every process: once it is over (or raised), every
     process agrees on its outcome (`agree_process_phase`), so an error on one process
-    raises on all of them. In one process it is the block alone."""
+    raises on all of them. An error every process already agreed on (a phase inside the
+    block failed) is raised as it is, on every process alike, not wrapped a second time.
+    In one process it is the block alone."""
     if not is_multiprocess():
         yield
         return
     try:
         yield
     except Exception as error:
+        if getattr(error, "_dew_agreed", False):
+            raise
         agree_process_phase(name, error)
         raise
     agree_process_phase(name, True)

@@ -5,7 +5,8 @@
   name (`dew.config.BUILTIN_CONFIGS`: `tiny_lm`, the default, `tiny_diffusion`, ...), as
   an ordinary recipe run under `<trainer.checkpoint_dir>/<trainer.name>`.
 - `dew sweep [--config] CONFIG SPACE.toml`: one trial per point of the space, with a
-  ledger; several `dew sweep --search optuna --storage URL` workers share one study.
+  ledger; several `dew sweep --search optuna --storage URL` workers share one study, and
+  `--workers N` starts N local workers (`_workers`).
 - `dew eval RUN_DIR`: score a run's latest checkpoint (`--step N`: that one; `--metrics a,b`:
   those metrics) on its validation data (`--split train`: every training row once, in row
   order; `--batches N`: the split's first N batches).
@@ -126,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "data" and value is not None and value < 0:
             parser.error(f"--{option.replace('_', '-')} must be >= 0, got {value}")
     launched = bool(os.environ.get(LAUNCHED_ENV))
+    if getattr(args, "workers", None) is not None and not launched:
+        from dew.cli._workers import check_workers, launch_workers
+
+        check_workers(args.command_parser, args)
+        return launch_workers(args, argv, lambda step: _outcome(args, launched, step))
     if hasattr(args, "processes"):
         _check_processes(args.command_parser, args)
         if args.processes is not None and not launched:

@@ -3,6 +3,7 @@
 import argparse
 import contextlib
 import math
+import os
 import pathlib
 import sys
 import time
@@ -11,6 +12,10 @@ from typing import Any
 
 from dew.cli._console import config_lines, end_lines, model_lines, point_value
 from dew.cli._inputs import _configure, _reading, _say
+
+WORKER_ENV = "DEW_SWEEP_WORKER"
+"""Set in the environment of each of `dew sweep --workers N`'s workers (`_workers`): the
+worker prints no summary, the launcher prints one."""
 
 
 def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]:
@@ -260,6 +265,8 @@ def _sweep(args: argparse.Namespace) -> int:
             search=search,
             direction=args.direction,
         )
+    if os.environ.get(WORKER_ENV):  # one of --workers N: the launcher sums up
+        return 0
     for finished in trials:
         _say(f"trial {finished.index}  {metric} {finished.value:.4f}  {finished.overrides}")
     scored = [t for t in trials if not math.isnan(t.value)]

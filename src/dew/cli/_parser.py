@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--study-name", help="the Optuna study (needed with --storage)")
     sweep.add_argument("--metric", help="the score: a validation (else training) metric")
     sweep.add_argument("--direction", choices=("minimize", "maximize"), default="minimize")
+    sweep.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="start N local sweep workers on one ledger (and one storage with --search optuna)",
+    )
     _tracker_options(sweep)
     _process_options(sweep)
 

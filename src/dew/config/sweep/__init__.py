@@ -71,6 +71,7 @@ if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see
     from dew.config.sweep._search import RandomSearch as RandomSearch
     from dew.config.sweep._search import Search as Search
     from dew.config.sweep._search import SearchRun as SearchRun
+    from dew.config.sweep._search import SweepStateError as SweepStateError
     from dew.config.sweep._search import Trial as Trial
     from dew.config.sweep._search import grid_search as grid_search
     from dew.config.sweep._search import random_search as random_search
@@ -96,6 +97,7 @@ __all__ = [
     "RandomSearch",
     "Search",
     "SearchRun",
+    "SweepStateError",
     "Trial",
     "Uniform",
     "grid_search",
@@ -116,6 +118,7 @@ _HOMES = {
     "RandomSearch": "dew.config.sweep._search",
     "Search": "dew.config.sweep._search",
     "SearchRun": "dew.config.sweep._search",
+    "SweepStateError": "dew.config.sweep._search",
     "Trial": "dew.config.sweep._search",
     "grid_search": "dew.config.sweep._search",
     "random_search": "dew.config.sweep._search",

@@ -8,8 +8,9 @@ import math
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
-from dew.config.sweep._search import Search, SearchRun, Trial
+from dew.config.sweep._search import Search, SearchRun, SweepStateError, Trial
 from dew.config.sweep._space import Choice, Space, Uniform
+from dew.config.sweep._storage import open_study, shown_url, storage_errors
 
 _HPO_HINT = 'pip install "dew-ml[hpo]"'
 OWNER_ATTR = "dew.ledger"
@@ -39,10 +40,13 @@ class OptunaSearch(Search):
     URL (`"sqlite:///study.db"`, `"postgresql://..."`) and a `study_name`, the study
     persists, and several worker processes running the same sweep call split its trials:
     the storage hands out each trial number once, and a worker that draws a number at or
-    beyond the budget tells it as failed and stops. Workers may share one ledger path on one
-    machine (writes are locked), or keep one ledger each. Each trial is created carrying its
-    ledger's name (user attribute `OWNER_ATTR`), so a rerun trains at its number a trial a
-    killed worker created but never recorded, and never takes another ledger's trial.
+    beyond the budget puts it back as waiting (Optuna's enqueued state, not failed: a sweep
+    with a larger budget trains it) and stops. Workers started together on a fresh storage
+    create the study once between them (`dew.config.sweep._storage.open_study`). Workers
+    may share one ledger path on one machine (writes are locked), or keep one ledger each.
+    Each trial is created carrying its ledger's name (user attribute `OWNER_ATTR`), so a
+    rerun trains at its number a trial a killed worker created but never recorded, and never
+    takes another ledger's trial.
 
     - `sampler`: an Optuna sampler (`None`: Optuna's default, TPE).
     - `direction`: `"minimize"` (default) or `"maximize"` the trial values.
@@ -132,25 +136,26 @@ class _OptunaRun(SearchRun):
                     spec.low, spec.high, log=spec.log
                 )
         self.trials = trials
-        self.study = optuna.create_study(
-            storage=search.storage,
-            study_name=search.study_name,
-            sampler=search.sampler,
-            direction=search.direction,
-            load_if_exists=True,
-        )
+        self.storage = search.storage
+        self.study = open_study(optuna, search)
+        with storage_errors(search.storage, opening=True):
+            self._open(search, finished, running)
+
+    def _open(
+        self,
+        search: OptunaSearch,
+        finished: Sequence[Trial],
+        running: Sequence[tuple[int, dict[str, Any]]],
+    ) -> None:
         if self.study.direction.name.lower() != search.direction:
             raise ValueError(
                 f"Optuna study {self.study.study_name!r} exists with direction "
                 f"{self.study.direction.name.lower()!r}, but optuna_search asks to "
                 f"{search.direction!r}."
             )
-        storage = search.storage
         where = f"study {self.study.study_name!r}"
-        if storage is not None:
-            where += (
-                f" of storage {storage if isinstance(storage, str) else type(storage).__name__}"
-            )
+        if search.storage is not None:
+            where += f" of storage {shown_url(search.storage)}"
         existing = {trial.number: trial for trial in self.study.get_trials(deepcopy=False)}
         if existing:
             self._reconcile(existing, finished, running, where)
@@ -203,7 +208,7 @@ class _OptunaRun(SearchRun):
                 )
         for trial in finished:
             if existing[trial.index].state == self.optuna.trial.TrialState.RUNNING:
-                self.tell(trial)
+                self._tell(trial)
 
     def _owned(self, trial: Any) -> bool:
         return self.owner is not None and trial.user_attrs.get(OWNER_ATTR) == self.owner
@@ -218,7 +223,8 @@ class _OptunaRun(SearchRun):
         are in neither part of the ledger: a process died between creating one and
         recording it. Both happen under the ledger's lock, which the caller holds, so no
         live process owns them. Those inside the budget are asked for again (first, at their
-        number, with the parameters the study already holds); the others are failed."""
+        number, with the parameters the study already holds); the others are put back as
+        waiting (`_park`)."""
         recorded = {trial.index for trial in finished} | {index for index, _ in running}
         for number, trial in sorted(existing.items()):
             if (
@@ -230,7 +236,33 @@ class _OptunaRun(SearchRun):
             if number < self.trials:
                 self.orphans.append(number)
             else:
-                self.study.tell(number, state=self.optuna.trial.TrialState.FAIL)
+                self._park(trial._trial_id)
+
+    def _park(self, trial_id: int) -> None:
+        """Put a trial at or past the budget back as waiting (Optuna's enqueued state), not
+        failed: it never trained, and a sweep with a larger budget takes it at its number
+        (`_waiting`) instead of finding its index spent."""
+        states = self.optuna.trial.TrialState
+        self.study._storage.set_trial_state_values(trial_id, state=states.WAITING)
+
+    def _waiting(self, taken: Set[int]) -> Any:
+        """A waiting trial inside the budget (one a worker put back, or one enqueued with
+        `study.enqueue_trial`), taken race-free as Optuna's `study.ask` takes one and marked
+        as this ledger's; None when there is none."""
+        storage, study_id = self.study._storage, self.study._study_id
+        states = self.optuna.trial.TrialState
+        for trial in storage.get_all_trials(study_id, deepcopy=False, states=(states.WAITING,)):
+            if trial.number >= self.trials or trial.number in taken:
+                continue
+            try:
+                if not storage.set_trial_state_values(trial._trial_id, state=states.RUNNING):
+                    continue  # another worker took it first
+            except self.optuna.exceptions.UpdateFinishedTrialError:
+                continue
+            if self.owner is not None:
+                storage.set_trial_user_attr(trial._trial_id, OWNER_ATTR, self.owner)
+            return self.optuna.trial.Trial(self.study, trial._trial_id)
+        return None
 
     def _suggest(self, trial: Any) -> dict[str, Any]:
         """Every path's value in `trial`: the one it holds, or the sampler's draw."""
@@ -258,6 +290,10 @@ class _OptunaRun(SearchRun):
         return self.optuna.trial.Trial(self.study, trial_id)
 
     def ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:
+        with storage_errors(self.storage):
+            return self._ask(taken)
+
+    def _ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:
         while self.orphans:
             number = self.orphans.pop(0)
             if number in taken:
@@ -265,14 +301,18 @@ class _OptunaRun(SearchRun):
             storage, study_id = self.study._storage, self.study._study_id
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
             return number, self._suggest(self.optuna.trial.Trial(self.study, trial_id))
+        waiting = self._waiting(taken)
+        if waiting is not None:
+            return waiting.number, self._suggest(waiting)
         if len(self.study.get_trials(deepcopy=False)) >= self.trials:
             return None
         trial = self._create()
-        if trial.number >= self.trials or trial.number in taken:
+        if trial.number >= self.trials:  # another worker took the last number first
+            self._park(trial._trial_id)
+            return None
+        if trial.number in taken:
             self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
-            if trial.number >= self.trials:
-                return None
-            raise RuntimeError(
+            raise SweepStateError(
                 f"Optuna gave trial number {trial.number}, which the ledger already holds: "
                 "processes sharing a ledger must share an Optuna storage "
                 "(optuna_search(storage=..., study_name=...))."
@@ -282,9 +322,11 @@ class _OptunaRun(SearchRun):
     def unfinished(self, finished: Set[int]) -> list[int]:
         """The trials inside the budget this ledger's processes created that are still
         running in the study and absent from `finished`."""
+        with storage_errors(self.storage):
+            trials = self.study.get_trials(deepcopy=False)
         return [
             trial.number
-            for trial in self.study.get_trials(deepcopy=False)
+            for trial in trials
             if trial.number < self.trials
             and trial.number not in finished
             and trial.state == self.optuna.trial.TrialState.RUNNING
@@ -292,6 +334,10 @@ class _OptunaRun(SearchRun):
         ]
 
     def tell(self, trial: Trial) -> None:
+        with storage_errors(self.storage):
+            self._tell(trial)
+
+    def _tell(self, trial: Trial) -> None:
         if math.isnan(trial.value):
             state = self.optuna.trial.TrialState.FAIL
             self.study.tell(trial.index, state=state, skip_if_finished=True)

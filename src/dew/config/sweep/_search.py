@@ -25,6 +25,14 @@ class Trial:
     value: float
 
 
+class SweepStateError(RuntimeError, ValueError):
+    """A sweep that cannot go on as its ledger and search stand: an index handed out but
+    neither finished nor trained by a live process, or a search proposing an index the
+    ledger already holds (processes sharing a ledger but not an Optuna storage). The user's
+    to fix (rerun, or share the storage), so `dew sweep` says it in one line, exit status 2;
+    a `RuntimeError` as before, and a `ValueError` for dew's one-line errors."""
+
+
 class SearchRun(abc.ABC):
     """One sweep call's conversation with a search backend (`Search.start` returns it).
 

@@ -15,7 +15,7 @@ from dew.config import RunConfig, override
 from dew.config.sweep._ledger import MOST_TRIALS, _EntryError, read_entry
 from dew.config.sweep._ledger_file import _Ledger
 from dew.config.sweep._optuna import OptunaSearch
-from dew.config.sweep._search import Search, SearchRun, Trial, random_search
+from dew.config.sweep._search import Search, SearchRun, SweepStateError, Trial, random_search
 from dew.config.sweep._space import _checked_space, _is_int, _is_real
 from dew.naming import Split, metric_tag
 from dew.telemetry.records import TrialFinished, decode_json_value, encode_json_value
@@ -97,9 +97,10 @@ def sweep(
     on one process while choosing, training or recording a trial raises on all of them;
     every process returns process zero's list.
 
-    **Raises** `RuntimeError` naming the indices when the search has nothing more to propose
-    but an index it handed out (`SearchRun.unfinished`) is neither finished nor trained by a
-    live process: a sweep never ends as if complete with an index missing.
+    **Raises** `SweepStateError` (a `RuntimeError`) naming the indices when the search has
+    nothing more to propose but an index it handed out (`SearchRun.unfinished`) is neither
+    finished nor trained by a live process: a sweep never ends as if complete with an index
+    missing.
     """
     name = config.trainer.name
     if not name:
@@ -200,7 +201,7 @@ def _check_complete(book: _Ledger, run: SearchRun, finished: Mapping[int, Trial]
             book.release(index)
             missing.append(index)
     if missing:
-        raise RuntimeError(
+        raise SweepStateError(
             f"the sweep of ledger {str(book.path)!r} ended with trials {missing} unfinished "
             "and no live process training them; run the sweep again to train them."
         )
@@ -266,6 +267,6 @@ def _next(book: _Ledger, run: SearchRun) -> tuple[int, dict[str, Any]] | None:
             ) from None
         index, point = trial.index, _canonical(trial.overrides)
         if index in state.finished or index in state.running or not book.claim(index):
-            raise RuntimeError(f"the search proposed trial {index}, which is already taken.")
+            raise SweepStateError(f"the search proposed trial {index}, which is already taken.")
         book.start(index, point)
         return index, point
