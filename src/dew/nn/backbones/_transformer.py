@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from dew._integers import check_integer
 from dew.nn._compiled_init import initialise
+from dew.nn.backbones._layers import dense, layer_norm
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "COMPUTE_DTYPES", "KVCache", "TransformerStack"]
 
@@ -109,16 +110,16 @@ class _Block(eqx.Module):
     ) -> tuple[Float[Array, "seq heads head"], ...]:
         seq, emb = x.shape
         head = emb // self.num_heads
-        h = jax.vmap(self.norm_attention)(x)
-        qkv = _dense(self.qkv, h).reshape(seq, 3, self.num_heads, head)
+        h = layer_norm(self.norm_attention, x)
+        qkv = dense(self.qkv, h).reshape(seq, 3, self.num_heads, head)
         return qkv[:, 0], qkv[:, 1], qkv[:, 2]
 
     def _mix(
         self, x: Float[Array, "seq emb"], attended: Float[Array, "seq heads head"]
     ) -> Float[Array, "seq emb"]:
-        x = x + _dense(self.out, attended.reshape(x.shape))
-        h = jax.vmap(self.norm_mlp)(x)
-        return x + _dense(self.down, jax.nn.gelu(_dense(self.up, h)))
+        x = x + dense(self.out, attended.reshape(x.shape))
+        h = layer_norm(self.norm_mlp, x)
+        return x + dense(self.down, jax.nn.gelu(dense(self.up, h)))
 
     def __call__(
         self, x: Float[Array, "seq emb"], *, causal: bool, implementation: str
@@ -161,16 +162,6 @@ class _Block(eqx.Module):
         # implementation (cuDNN's fused kernel is for whole sequences).
         attended = _attention(q, keys, values, mask=visible[None, None, :], implementation="xla")
         return self._mix(x[None], attended)[0], keys, values
-
-
-def _dense(layer: eqx.nn.Linear, x: Float[Array, "*rows in"]) -> Float[Array, "*rows out"]:
-    """`layer` applied to every row of `x` as one matrix product.
-
-    `jax.vmap(layer)` computes the same values, but its `weight @ row` batches into a
-    product whose result XLA transposes back, on the way in and in the gradient: a
-    third of a training step's time on CPU (decision 0049)."""
-    y = x @ layer.weight.T
-    return y if layer.bias is None else y + jnp.broadcast_to(layer.bias, y.shape)
 
 
 def _attention(
@@ -280,8 +271,8 @@ class TransformerStack(eqx.Module):
         x = jax.vmap(model.token_embedding)(tokens) + model.position_embedding[:seq]
         for block in model.blocks:
             x = block(x, causal=causal, implementation=self.attention_impl)
-        x = jax.vmap(model.final_norm)(x)
-        return _dense(model.head, x).astype(jnp.float32)
+        x = layer_norm(model.final_norm, x)
+        return dense(model.head, x).astype(jnp.float32)
 
     def prefill(
         self, tokens: Int[Array, " seq"], *, capacity: int, length: Int[ArrayLike, ""], kind: str
@@ -302,8 +293,8 @@ class TransformerStack(eqx.Module):
             x, k, v = block.prefill(x, capacity=capacity, implementation=self.attention_impl)
             keys.append(k)
             values.append(v)
-        x = jax.vmap(model.final_norm)(x)
-        logits = _dense(model.head, x).astype(jnp.float32)
+        x = layer_norm(model.final_norm, x)
+        logits = dense(model.head, x).astype(jnp.float32)
         return logits, KVCache(tuple(keys), tuple(values), jnp.asarray(length, jnp.int32))
 
     def decode(
@@ -321,7 +312,7 @@ class TransformerStack(eqx.Module):
             x, k, v = block.decode(x, k, v, position)
             keys.append(k)
             values.append(v)
-        logits = model.head(model.final_norm(x)).astype(jnp.float32)
+        logits = dense(model.head, layer_norm(model.final_norm, x)).astype(jnp.float32)
         return logits, KVCache(tuple(keys), tuple(values), position + 1)
 
 

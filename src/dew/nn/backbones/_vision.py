@@ -6,6 +6,7 @@ import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from dew._integers import check_integer
+from dew.nn.backbones._layers import dense
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 
 __all__ = [
@@ -104,7 +105,7 @@ class SelfAttention(eqx.Module):
     ) -> Float[Array, "seq width"]:
         """Attend from every row of `x` to the rows `mask[query]` allows (all without one)."""
         seq, width = x.shape
-        qkv = jax.vmap(self.qkv)(x).reshape(seq, 3, self.heads, width // self.heads)
+        qkv = dense(self.qkv, x).reshape(seq, 3, self.heads, width // self.heads)
         # jax.nn.dot_product_attention mixes bfloat16 inputs with float32 internals,
         # which a caller's strict dtype promotion would refuse.
         with jax.numpy_dtype_promotion("standard"):
@@ -115,4 +116,4 @@ class SelfAttention(eqx.Module):
                 mask=None if mask is None else mask[None],
                 implementation="xla",
             )
-        return jax.vmap(self.out)(attended.reshape(seq, width))
+        return dense(self.out, attended.reshape(seq, width))

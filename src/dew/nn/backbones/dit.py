@@ -10,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from dew.nn._compiled_init import initialise
+from dew.nn.backbones._layers import dense, layer_norm
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
     SelfAttention,
@@ -66,10 +67,10 @@ class _AdaLNBlock(eqx.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = (
             part[None] for part in jnp.split(modulation, 6)
         )
-        h = jax.vmap(self.norm)(x) * (1 + scale1) + shift1
+        h = layer_norm(self.norm, x) * (1 + scale1) + shift1
         x = x + gate1 * self.attention(h)
-        h = jax.vmap(self.norm)(x) * (1 + scale2) + shift2
-        return x + gate2 * jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(h)))
+        h = layer_norm(self.norm, x) * (1 + scale2) + shift2
+        return x + gate2 * dense(self.down, jax.nn.gelu(dense(self.up, h)))
 
 
 def _parts(
@@ -251,7 +252,7 @@ class DiT(eqx.Module):
         model = in_compute_dtype(self, self.dtype)
         compute = COMPUTE_DTYPES[self.dtype]
         clip = x if self.frames is not None else x[None]
-        tokens = jax.vmap(model.patch_embedding)(patchify(clip.astype(compute), self.patch_size))
+        tokens = dense(model.patch_embedding, patchify(clip.astype(compute), self.patch_size))
         position = model.space_embedding[None]
         if model.time_position_embedding is not None:
             position = position + model.time_position_embedding[:, None]
@@ -265,8 +266,8 @@ class DiT(eqx.Module):
         shift, scale = (
             part[None] for part in jnp.split(model.final_modulation(jax.nn.silu(condition)), 2)
         )
-        h = jax.vmap(model.final_norm)(h) * (1 + scale) + shift
-        out = unpatchify(jax.vmap(model.head)(h), clip.shape, self.patch_size)
+        h = layer_norm(model.final_norm, h) * (1 + scale) + shift
+        out = unpatchify(dense(model.head, h), clip.shape, self.patch_size)
         return out.reshape(x.shape).astype(jnp.float32)
 
     def _checked_label(self, label: Int[ArrayLike, ""] | None) -> Int[Array, ""]:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from dew.nn._compiled_init import initialise
+from dew.nn.backbones._layers import dense, layer_norm
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
     SelfAttention,
@@ -37,9 +38,9 @@ class _Block(eqx.Module):
     def __call__(
         self, x: Float[Array, "seq width"], mask: Bool[Array, "seq seq"]
     ) -> Float[Array, "seq width"]:
-        x = x + self.attention(jax.vmap(self.norm_attention)(x), mask)
-        h = jax.vmap(self.norm_mlp)(x)
-        return x + jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(h)))
+        x = x + self.attention(layer_norm(self.norm_attention, x), mask)
+        h = layer_norm(self.norm_mlp, x)
+        return x + dense(self.down, jax.nn.gelu(dense(self.up, h)))
 
 
 def _parts(
@@ -179,7 +180,7 @@ class ViT(eqx.Module):
         if mask is not None:
             # Masked pixels are dropped before the embedding, so not even a NaN leaks.
             tokens = jnp.where(mask[:, None], tokens, jnp.zeros((), compute))
-        embedded = jax.vmap(in_compute_dtype(self.patch_embedding, self.dtype))(tokens)
+        embedded = dense(in_compute_dtype(self.patch_embedding, self.dtype), tokens)
         return self.encode_tokens(embedded + self.position_embedding.astype(compute), mask)
 
     def encode_tokens(
@@ -203,7 +204,7 @@ class ViT(eqx.Module):
             attend = (mask[None, :] & mask[:, None]) | jnp.eye(self.patches, dtype=bool)
         for block in model.blocks:
             h = block(h, attend)
-        h = jax.vmap(model.final_norm)(h)
+        h = layer_norm(model.final_norm, h)
         if mask is not None:
             h = jnp.where(mask[:, None], h, jnp.zeros((), h.dtype))
         return h.astype(jnp.float32)
