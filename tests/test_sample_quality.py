@@ -38,7 +38,11 @@ def test_tiny_diffusion_draws_the_kind_it_is_asked_for_as_one_clean_shape(tmp_pa
     # measures (0.20, where a 0.7-pixel Gaussian blur of the real rows spreads 0.19; the
     # fragments of several colours it replaced spread 0.25).
     assert _last(journal, "real_foreground_parts") == 1.0
-    assert _last(journal, "foreground_parts") <= 1.3
+    # The bound was 1.3 over one measured run; seeds 0, 1, 2 (`--set trainer.seed=S`) read
+    # 1.23 / 1.08 / 1.08 on the tree it was written on and 1.33 / 1.11 / 1.08 after the layer
+    # norm's rounding changed (decision 0049): a new trajectory is a new draw, so the bound
+    # sits above that spread, far below the fragments it guards against (3.86).
+    assert _last(journal, "foreground_parts") <= 1.4
     real = _last(journal, "real_foreground_fraction")
     assert real * 0.8 <= _last(journal, "foreground_fraction") <= real * 1.5
     assert _last(journal, "foreground_colour_spread") <= 0.22
