@@ -1,4 +1,4 @@
-"""Per-trial cost of N `dew.config.sweep` workers on one Optuna RDB storage vs N bare Optuna workers.
+"""Per-trial cost of N `dew.config.sweep` workers on one Optuna RDB storage vs N bare Optuna ones.
 
 Issue 30, item 5. Both sides minimise the trivial objective of `sweep_overhead.py`,
 `(lr - 0.003) ** 2` with `lr` log-uniform in `[1e-4, 1e-1]`, so a trial costs only the sampler,
@@ -115,9 +115,7 @@ def _dew(optuna: Any, job: dict) -> Any:
     from dew.config.sweep import Uniform, optuna_search, sweep
 
     sampler = getattr(optuna.samplers, job["sampler"])(seed=job["seed"])
-    config = RunConfig(
-        ModelConfig("mlp"), DataConfig("toy"), trainer=TrainerConfig(name="workers")
-    )
+    config = RunConfig(ModelConfig("mlp"), DataConfig("toy"), trainer=TrainerConfig(name="workers"))
     space = {PATH: Uniform(LOW, HIGH, log=True)}
     search = optuna_search(storage=job["url"], study_name=STUDY, sampler=sampler)
     count = [0]
@@ -264,7 +262,7 @@ def measure(pool: Pool, storages: Storages, sampler: str, args: argparse.Namespa
 
     def one(side: str, workers: int, trials: int) -> tuple[float, float]:
         url, ledger = storages.fresh()
-        wall, cpu, done, errors = pool.group(jobs_for(side, sampler, workers, trials, url, ledger))
+        wall, cpu, _, errors = pool.group(jobs_for(side, sampler, workers, trials, url, ledger))
         if errors or not storages.check(url, ledger, side, trials):
             bad.append(f"{side} N={workers} T={trials}: {errors or 'trials missing'}")
         return wall / trials, cpu / trials
@@ -315,7 +313,8 @@ def show(title: str, results: dict, args: argparse.Namespace) -> None:
                 f"{cpu(dew) / cpu(bare):>5.2f}x"
             )
     over = [f"N={n} T={t} ({r:.2f}x)" for (n, t), r in ratios.items() if r > 1.5]
-    print(f"target dew/bare <= 1.5x per trial: {'met' if not over else 'not met at ' + ', '.join(over)}")
+    verdict = "met" if not over else "not met at " + ", ".join(over)
+    print(f"target dew/bare <= 1.5x per trial: {verdict}")
     for workers in args.workers:
         first, last = args.sizes[0], args.sizes[-1]
         print(
