@@ -5,6 +5,9 @@ free port, stopped and removed afterwards.
 `PostgresServer.start()` runs `initdb` and `pg_ctl start`; as root it runs them as the user
 `nobody` (PostgreSQL refuses to run as root). `url(database)` is the SQLAlchemy URL
 (`postgresql+psycopg://dew@127.0.0.1:PORT/DATABASE`) of a database `create_database` made.
+The tests run it with `fsync=off`; `benchmarks/sweep_workers.py` imports this module (it needs
+no pytest) and runs it with PostgreSQL's default, `fsync=on`, in a folder on the disk it
+measures.
 """
 
 from __future__ import annotations
@@ -38,9 +41,12 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self, binaries: pathlib.Path) -> None:
+    def __init__(
+        self, binaries: pathlib.Path, *, parent: str | None = None, fsync: bool = False
+    ) -> None:
         self.binaries = binaries
-        self.folder = pathlib.Path(tempfile.mkdtemp(prefix="dew-postgres-"))
+        self.fsync = fsync
+        self.folder = pathlib.Path(tempfile.mkdtemp(prefix="dew-postgres-", dir=parent))
         self.data = self.folder / "data"
         self.port = _free_port()
         self.user = "dew"
@@ -73,7 +79,8 @@ class PostgresServer:
 
     def resume(self) -> None:
         """Start the server (again, after `stop`) on the same port and data."""
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.folder} -c fsync=off"
+        fsync = "on" if self.fsync else "off"
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.folder} -c fsync={fsync}"
         log = str(self.folder / "server.log")
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", log, "-w", "start")
 

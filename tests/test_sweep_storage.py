@@ -225,3 +225,49 @@ def test_the_sweep_s_state_errors_are_one_line_and_exit_status_2(
     assert main(_sweep_arguments(tmp_path, storage, trials=3)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dew sweep: ") and message in err, err
+
+
+def test_a_trial_reads_an_rdb_study_as_often_as_optuna_s_own_loop_does(
+    optuna, tmp_path, monkeypatch
+):
+    """Each read of an RDB study is a query of its unfinished trials and their five tables:
+    dew's ask reads the study once per trial (the waiting trials and the budget from one
+    read), as Optuna's `study.optimize` does (issue 30, item 5: it read it twice)."""
+    reads = []
+    query = optuna.storages.RDBStorage._get_trials
+
+    def counted(self, *args, **kwargs):
+        reads.append(1)
+        return query(self, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "_get_trials", counted)
+
+    def bare(trials):
+        url = f"sqlite:///{tmp_path / f'bare-{trials}.db'}"
+        study = optuna.create_study(storage=url, sampler=optuna.samplers.RandomSampler(seed=0))
+        reads.clear()
+        study.optimize(lambda trial: trial.suggest_float("x", 1e-4, 1e-1, log=True), trials)
+        return len(reads)
+
+    def dew(trials):
+        url = f"sqlite:///{tmp_path / f'dew-{trials}.db'}"
+        optuna.create_study(storage=url, study_name="s")
+        reads.clear()
+        search = optuna_search(
+            storage=url, study_name="s", sampler=optuna.samplers.RandomSampler(seed=0)
+        )
+        done = sweep(
+            config(),
+            SPACE,
+            train=score,
+            trials=trials,
+            ledger=tmp_path / f"{trials}.json",
+            search=search,
+        )
+        assert [trial.index for trial in done] == list(range(trials))
+        return len(reads)
+
+    per_trial_bare = (bare(9) - bare(4)) / 5
+    per_trial_dew = (dew(9) - dew(4)) / 5
+    assert per_trial_bare >= 1  # the reference reads the study on every trial
+    assert per_trial_dew == per_trial_bare

@@ -245,14 +245,18 @@ class _OptunaRun(SearchRun):
         states = self.optuna.trial.TrialState
         self.study._storage.set_trial_state_values(trial_id, state=states.WAITING)
 
-    def _waiting(self, taken: Set[int]) -> Any:
-        """A waiting trial inside the budget (one a worker put back, or one enqueued with
-        `study.enqueue_trial`), taken race-free as Optuna's `study.ask` takes one and marked
-        as this ledger's; None when there is none."""
-        storage, study_id = self.study._storage, self.study._study_id
+    def _waiting(self, trials: Sequence[Any], taken: Set[int]) -> Any:
+        """A waiting trial of `trials` (the study's) inside the budget (one a worker put back,
+        or one enqueued with `study.enqueue_trial`), taken race-free as Optuna's `study.ask`
+        takes one and marked as this ledger's; None when there is none."""
+        storage = self.study._storage
         states = self.optuna.trial.TrialState
-        for trial in storage.get_all_trials(study_id, deepcopy=False, states=(states.WAITING,)):
-            if trial.number >= self.trials or trial.number in taken:
+        for trial in trials:
+            if (
+                trial.state != states.WAITING
+                or trial.number >= self.trials
+                or trial.number in taken
+            ):
                 continue
             try:
                 if not storage.set_trial_state_values(trial._trial_id, state=states.RUNNING):
@@ -301,10 +305,13 @@ class _OptunaRun(SearchRun):
             storage, study_id = self.study._storage, self.study._study_id
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
             return number, self._suggest(self.optuna.trial.Trial(self.study, trial_id))
-        waiting = self._waiting(taken)
+        # One read of the study per ask, as Optuna's own `study.ask` makes (with an RDB
+        # storage each read is a query of every unfinished trial and its five tables).
+        trials = self.study._storage.get_all_trials(self.study._study_id, deepcopy=False)
+        waiting = self._waiting(trials, taken)
         if waiting is not None:
             return waiting.number, self._suggest(waiting)
-        if len(self.study.get_trials(deepcopy=False)) >= self.trials:
+        if len(trials) >= self.trials:
             return None
         trial = self._create()
         if trial.number >= self.trials:  # another worker took the last number first
