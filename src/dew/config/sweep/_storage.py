@@ -134,6 +134,9 @@ def open_study(optuna: Any, search: Any) -> Any:
     name, tried again while another worker creates the same fresh storage or study (the
     tables, Optuna's version row, the study's row: optuna#1092, #4621), so workers started
     together all open the one study; any other failure of the storage is a `StorageError`."""
+    from dew.config.sweep._optuna import _pruner
+
+    pruner = _pruner(optuna, getattr(search, "pruner", None))
     for attempt in itertools.count(1):
         try:
             return optuna.create_study(
@@ -141,6 +144,7 @@ def open_study(optuna: Any, search: Any) -> Any:
                 study_name=search.study_name,
                 sampler=search.sampler,
                 direction=search.direction,
+                pruner=pruner,
                 load_if_exists=True,
             )
         except Exception as error:
