@@ -174,7 +174,7 @@ class _OptunaRun(SearchRun):
                 )
         self.trials = trials
         self.storage = search.storage
-        self.study = open_study(optuna, search)
+        self.study = open_study(optuna, search, _pruner(optuna, search.pruner))
         with storage_errors(search.storage, opening=True):
             self._open(search, finished, running)
 
