@@ -148,7 +148,12 @@ def _search(args: argparse.Namespace) -> Any:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     except ImportError:
         pass  # optuna_search raises its own error naming the extra
-    return optuna_search(storage=args.storage, study_name=args.study_name, direction=args.direction)
+    return optuna_search(
+        storage=args.storage,
+        study_name=args.study_name,
+        direction=args.direction,
+        pruner=args.pruner,
+    )
 
 
 def _score(history: Mapping[str, Sequence[tuple[int, float]]], metric: str) -> float:
@@ -206,9 +211,41 @@ def _sweep_inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         raise ValueError("dew sweep needs trainer.name (or --name): it names every trial.")
     if args.storage is not None and args.search != "optuna":
         raise ValueError(f"--storage is Optuna's; use it with --search optuna, not {args.search}.")
+    _check_pruner(args, config)
     config = _with_recorded_imports(config, _ledger_path(args, config))
     with _reading(args.space):  # a bad space is the user's before anything is written
         return config, _checked_space(config, _space(args.space))
+
+
+def _check_pruner(args: argparse.Namespace, config: Any) -> None:
+    """A `--pruner` the sweep can use (decision 0055): one of `PRUNERS`, with Optuna search,
+    evaluation events to report at, and one process per trial."""
+    from dew.config.sweep._optuna import PRUNERS
+
+    if args.pruner not in PRUNERS:
+        raise ValueError(f"--pruner {args.pruner!r} is not one of {', '.join(map(repr, PRUNERS))}.")
+    if args.pruner == "none":
+        return
+    if args.search != "optuna":
+        raise ValueError(
+            f"--pruner {args.pruner} needs --search optuna (an Optuna pruner decides from "
+            f"the study's reported scores), not --search {args.search}."
+        )
+    if config.trainer.eval_every is None:
+        raise ValueError(
+            f"--pruner {args.pruner} stops trials at their evaluation events, but "
+            "trainer.eval_every is not set: set it (--set trainer.eval_every=N)."
+        )
+    flags = [
+        flag
+        for flag, name in (("--processes", "processes"), ("--distributed", "distributed"))
+        if getattr(args, name, None) not in (None, False)
+    ]
+    if flags or getattr(args, "num_processes", None) not in (None, 1):
+        raise ValueError(
+            f"--pruner {args.pruner} prunes trials of one process each; it does not combine "
+            f"with {', '.join(flags) or '--num-processes'} (use --workers N for parallel trials)."
+        )
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -236,18 +273,27 @@ def _sweep(args: argparse.Namespace) -> int:
             _say(tensorboard_hint(local))
 
     def trial(run: Any) -> float:
+        from dew.config.sweep import pruning_stopper
         from dew.training import NonFiniteTrainingError, verbose_console
 
         _say(_trial_line(run, space, args.trials))
+        stopper = pruning_stopper(metric)  # None without --pruner
         try:
             with (
                 verbose_console(args.verbose),
                 open_trackers(args, run, announce=announce) as tracker,
             ):
-                state = run.train(metrics=metrics, progress=not args.quiet, tracker=tracker)
+                state = run.train(
+                    metrics=metrics,
+                    progress=not args.quiet,
+                    tracker=tracker,
+                    early_stopper=stopper,
+                )
         except NonFiniteTrainingError as error:  # a diverging trial is data, not the end
             _say(f"{run.trainer.name}: {error}", file=sys.stderr)
             return math.nan
+        if stopper is not None and stopper.trial.pruned_at is not None:
+            _say(f"{run.trainer.name}: pruned at step {stopper.trial.pruned_at}")
         if not is_process_zero():  # the sweep records process zero's score
             return math.nan
         return _score(state.metric_history, metric)
@@ -268,13 +314,21 @@ def _sweep(args: argparse.Namespace) -> int:
     if os.environ.get(WORKER_ENV):  # one of --workers N: the launcher sums up
         return 0
     for finished in trials:
-        _say(f"trial {finished.index}  {metric} {finished.value:.4f}  {finished.overrides}")
-    scored = [t for t in trials if not math.isnan(t.value)]
+        _say(trial_summary(finished, metric))
+    scored = [t for t in trials if not math.isnan(t.value) and not t.pruned]
     if scored:
         pick = max if args.direction == "maximize" else min
         best = pick(scored, key=lambda t: t.value)
         _say(f"best trial {best.index}  {metric} {best.value:.4f}  {best.overrides}")
     return 0
+
+
+def trial_summary(trial: Any, metric: str) -> str:
+    """`trial I  METRIC VALUE  POINT`, and `  pruned at step S` for a pruned trial."""
+    line = f"trial {trial.index}  {metric} {trial.value:.4f}  {trial.overrides}"
+    if trial.pruned:
+        line += f"  pruned at step {max(trial.reports, default='?')}"
+    return line
 
 
 def _trial_line(run: Any, space: Mapping[str, Any], trials: int) -> str:

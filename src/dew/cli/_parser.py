@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--metric", help="the score: a validation (else training) metric")
     sweep.add_argument("--direction", choices=("minimize", "maximize"), default="minimize")
     sweep.add_argument(
+        "--pruner",
+        default="none",
+        metavar="median|hyperband|none",
+        help="with --search optuna: stop trials whose validation score falls behind (default none)",
+    )
+    sweep.add_argument(
         "--workers",
         type=int,
         metavar="N",

@@ -46,13 +46,38 @@ def _param_name(key: str) -> str | None:
     return ".".join(part for part in keys if part != "kwargs")
 
 
+_TRIAL = re.compile(r"trial-(?P<index>[0-9]+)")
+_READ: dict[tuple[pathlib.Path, int, int], Any] = {}  # one read of each ledger per listing
+
+
 def _ledger(folder: pathlib.Path) -> Any:
-    """The ledger `dew sweep` keeps beside a sweep's journal, read and checked (`None`:
-    none); a ledger that is not what a sweep writes raises, naming what is wrong."""
+    """The ledger `dew sweep` keeps beside a sweep's journal and its trials' folders, read
+    and checked (`None`: none); a ledger that is not what a sweep writes raises, naming
+    what is wrong."""
     from dew.config.sweep._ledger import read_ledger
 
     path = folder.parent / "ledger.json"
-    return read_ledger(path) if path.exists() else None
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    key = (path, status.st_mtime_ns, status.st_size)
+    if key not in _READ:
+        _READ.clear()
+        _READ[key] = read_ledger(path)
+    return _READ[key]
+
+
+def _pruned_at(folder: pathlib.Path) -> int | None:
+    """The step a sweep's pruner stopped the trial in `folder` (`<sweep>/trial-<i>`) at,
+    as the sweep's ledger records it; `None` for any other run (decision 0055)."""
+    match = _TRIAL.fullmatch(folder.name)
+    if match is None or not (folder.parent / "ledger.json").is_file():
+        return None
+    trial = _ledger(folder).state.finished.get(int(match["index"]))
+    if trial is None or not trial.pruned:
+        return None
+    return max(trial.reports, default=0)
 
 
 def _kind(params: dict[str, Any]) -> tuple[Any, Any] | None:
@@ -100,6 +125,9 @@ def _row(
     last = max((step for step, _ in metrics.values()), default=None)
     if ended is not None:  # the step the fit ended at, logged or not
         last = ended if last is None else max(last, ended)
+    pruned_at = _pruned_at(folder) if not trials else None
+    if pruned_at is not None:  # stopped by its sweep's pruner, not completed
+        status = f"pruned (step {pruned_at})"
     row = _Row(name, status, last, metrics, params, kind=_kind(params))
     if trials:  # a sweep's journal: its best trial, not its last; its kind, its trials'
         ledger = _ledger(folder)  # None: no ledger ("minimize", the sweep's default)
@@ -107,8 +135,15 @@ def _row(
             row.kind = row.kind or _configured_kind(ledger.data.get("config"))
         direction = "minimize" if ledger is None else ledger.direction
         sign = -1.0 if direction == "maximize" else 1.0
-        scored = [trial for trial in trials if not math.isnan(trial.value)]
+        pruned = (
+            set()
+            if ledger is None
+            else {t.index for t in ledger.state.finished.values() if t.pruned}
+        )
+        scored = [t for t in trials if not math.isnan(t.value) and t.trial not in pruned]
         row.status = f"sweep, {len(trials)} trials"
+        if pruned:
+            row.status += f", {len(pruned)} pruned"
         row.step = None
         if scored:
             top = min(scored, key=lambda trial: sign * trial.value)

@@ -95,13 +95,14 @@ def launch_workers(
 
 def _summary(args: argparse.Namespace, ledger: str) -> int:
     """The ledger's finished trials and the best one, as `dew sweep` prints them."""
+    from dew.cli._commands import trial_summary
     from dew.config.sweep._ledger import read_ledger
 
     finished = read_ledger(ledger).state.finished
     metric = args.metric or "score"
-    for index, trial in sorted(finished.items()):
-        print(f"trial {index}  {metric} {trial.value:.4f}  {trial.overrides}")
-    scored = [trial for trial in finished.values() if not math.isnan(trial.value)]
+    for _, trial in sorted(finished.items()):
+        print(trial_summary(trial, metric))
+    scored = [t for t in finished.values() if not math.isnan(t.value) and not t.pruned]
     if scored:
         pick = max if args.direction == "maximize" else min
         best = pick(scored, key=lambda trial: trial.value)

@@ -106,6 +106,7 @@ class RunConfig:
         tracker: Any = None,
         preview: bool | None = None,
         progress: bool = True,
+        early_stopper: Any = None,
     ) -> Any:
         """Train this configuration as the run `name` (default `trainer.name`) and return
         the final `TrainState`: the recipe.
@@ -137,6 +138,8 @@ class RunConfig:
         - `preview` (`None`: `trainer.preview`): `True` previews what the model
           generates at every evaluation event into the local tracker's `previews/`
           folder and into `tracker`; the recipe never turns previews on by itself.
+        - `early_stopper`: a `dew.supervised.EarlyStopper` the fit consults at each evaluation
+          (`Trainer.fit`'s), e.g. a sweep's `dew.config.sweep.pruning_stopper`.
         - The model is initialised from `trainer.seed`; the run key derives from it.
         """
         from dew.config import _recipe  # the training recipe imports JAX: reading does not
@@ -150,6 +153,7 @@ class RunConfig:
             tracker=tracker,
             preview=preview,
             progress=progress,
+            early_stopper=early_stopper,
         )
 
     @classmethod

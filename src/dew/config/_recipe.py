@@ -48,6 +48,7 @@ import jax
 from dew._checks import _as_called
 from dew._data_record import write_data_record
 from dew._domains import model_key, objective_key, run_key
+from dew._early_stopping import EarlyStopper
 from dew._lock import folder_lock
 from dew._plugins import import_modules, plugin_distributions
 from dew._processes import agreed_phase, is_process_zero
@@ -260,6 +261,7 @@ def train_run(
     tracker: Tracker | None = None,
     preview: bool | None = None,
     progress: bool = True,
+    early_stopper: EarlyStopper | None = None,
 ) -> TrainState:
     """Train `config` as the run `name` (default `config.trainer.name`); see
     `RunConfig.train`."""
@@ -316,6 +318,7 @@ def train_run(
             train_reduction=settings.train_reduction,
             on_nonfinite=settings.on_nonfinite,
             log_optimizer=settings.log_optimizer,
+            early_stopper=early_stopper,
         )
         if not writing:  # no local tracker, run.json or journals here; `tracker` is the caller's
             with agreed_phase("opening the trackers"):

@@ -24,11 +24,14 @@ The ledger is a JSON-lines file (decision 0045): a header line `{"version": 2, "
 "search", "config", "direction", "budget"}`, then one event a line, appended and fsynced:
 `{"running": {"index", "overrides"}}` before a trial trains, `{"finished": {"index",
 "overrides", "value"}}` before it is reported to the tracker, `{"budget": N}` when a larger
-budget opens it. A version-1 ledger (one JSON object) is read and converted. A rerun of the
-same call skips the finished trials, retrains from its start a trial that was cut off
-mid-training (its checkpoints resume it) and continues. A ledger written for
-another space, another search or another base configuration (`config.to_dict()`) is refused
-before any training. Non-finite scores are written `"NaN"`, `"+Inf"`, `"-Inf"`.
+budget opens it; with a pruner (`optuna_search(pruner="median")`, decision 0055), a finished
+trial's entry adds the validation scores it reported (`"reports"`) and a trial the pruner
+stopped is recorded as `{"pruned": {...}}` (see `pruning_stopper`). A version-1 ledger (one JSON
+object) is read and converted. A rerun of the same call skips the finished trials, retrains from
+its start a trial that was cut off mid-training (its checkpoints resume it) and continues. A
+ledger written for another space, another search or another base configuration
+(`config.to_dict()`) is refused before any training. Non-finite scores are written `"NaN"`,
+`"+Inf"`, `"-Inf"`.
 
 A tracker passed to `sweep` receives each trial's score under `VALUE_TAG`
 (`sweep/validation/value`, dew's `stage/split/metric` scheme) at step `index`, and its
@@ -66,6 +69,8 @@ if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see
     from dew.config.sweep._optuna import OptunaSearch as OptunaSearch
     from dew.config.sweep._optuna import _OptunaRun as _OptunaRun
     from dew.config.sweep._optuna import optuna_search as optuna_search
+    from dew.config.sweep._pruning import PruningStopper as PruningStopper
+    from dew.config.sweep._pruning import pruning_stopper as pruning_stopper
     from dew.config.sweep._search import GridSearch as GridSearch
     from dew.config.sweep._search import IndexedSearch as IndexedSearch
     from dew.config.sweep._search import RandomSearch as RandomSearch
@@ -94,6 +99,7 @@ __all__ = [
     "IndexedSearch",
     "IntUniform",
     "OptunaSearch",
+    "PruningStopper",
     "RandomSearch",
     "Search",
     "SearchRun",
@@ -102,6 +108,7 @@ __all__ = [
     "Uniform",
     "grid_search",
     "optuna_search",
+    "pruning_stopper",
     "random_search",
     "sweep",
 ]
@@ -113,6 +120,8 @@ _HOMES = {
     "OptunaSearch": "dew.config.sweep._optuna",
     "_OptunaRun": "dew.config.sweep._optuna",
     "optuna_search": "dew.config.sweep._optuna",
+    "PruningStopper": "dew.config.sweep._pruning",
+    "pruning_stopper": "dew.config.sweep._pruning",
     "GridSearch": "dew.config.sweep._search",
     "IndexedSearch": "dew.config.sweep._search",
     "RandomSearch": "dew.config.sweep._search",

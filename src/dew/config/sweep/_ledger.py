@@ -6,11 +6,13 @@ Its first line is the header, `{"version": 2, "space", "search", "config", "dire
 "budget"}`, written whole (`write_atomic`) when the ledger is created. Every later line is one
 event, appended under the lock and fsynced: `{"running": {"index", "overrides"}}` before a trial
 trains, `{"finished": {"index", "overrides", "value"}}` once it returned its score, and
-`{"budget": N}` when a sweep with a larger trial budget opens the ledger. A last line without its
-newline (a writer that died mid-write) is no event: readers ignore it, and the next writer cuts
-it off. A version-1 ledger (one JSON object, rewritten whole on every change) is still read, and
-the first sweep that opens it converts it to version 2, whole.
-"""
+`{"budget": N}` when a sweep with a larger trial budget opens the ledger. A sweep with a pruner
+(decision 0055) adds `"reports": [[step, value], ...]` (the validation scores the trial reported
+at its evaluation events) to a finished trial's entry, and ends a trial its pruner stopped with
+`{"pruned": {"index", "overrides", "value", "reports"}}` instead of `finished`. A last line
+without its newline (a writer that died mid-write) is no event: readers ignore it, and the next
+writer cuts it off. A version-1 ledger (one JSON object, rewritten whole on every change) is
+still read, and the first sweep that opens it converts it to version 2, whole."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ _REQUIRED = {
     OLD_VERSION: ("version", "space", "search", "config", "trials"),
 }
 _OPTIONAL = {LEDGER_VERSION: (), OLD_VERSION: ("direction", "budget", "running")}  # older lack some
-_EVENTS = ("budget", "running", "finished")
+_EVENTS = ("budget", "running", "finished", "pruned")
 
 
 @dataclasses.dataclass
@@ -76,18 +78,31 @@ def _shown(value: Any) -> str:
 
 
 def read_entry(
-    entry: Any, where: str, *, space: Space, budget: int | None, finished: bool
+    entry: Any,
+    where: str,
+    *,
+    space: Space,
+    budget: int | None,
+    finished: bool,
+    pruned: bool = False,
 ) -> Trial:
-    """One ledger entry (`{"index", "overrides", "value"}` when `finished`, else
-    `{"index", "overrides"}`, in the ledger's JSON form) as a `Trial` (a running one's
-    value is 0.0), checked as strictly as a sweep writes it: an index below `budget` (the
-    largest trial budget the ledger's sweeps had; `None`: `MOST_TRIALS`), a point of `space`
-    at exactly its paths, and a number (or `"NaN"`, `"+Inf"`, `"-Inf"`) for its value.
+    """One ledger entry (`{"index", "overrides", "value"}` when `finished`, with
+    `"reports"` when the trial reported scores; `{"index", "overrides", "value",
+    "reports"}` when `pruned`; else `{"index", "overrides"}`, in the ledger's JSON form) as
+    a `Trial` (a running one's value is 0.0), checked as strictly as a sweep writes it: an
+    index below `budget` (the largest trial budget the ledger's sweeps had; `None`:
+    `MOST_TRIALS`), a point of `space` at exactly its paths, a number (or `"NaN"`,
+    `"+Inf"`, `"-Inf"`) for its value, and `[step, value]` pairs at rising steps >= 0 for
+    its reports.
 
     **Raises:** `ValueError` naming `where` (`"trials[3]"`), the trial and the bad value.
     """
+    finished = finished or pruned
     fields = {"index", "overrides", "value"} if finished else {"index", "overrides"}
-    if not isinstance(entry, dict) or set(entry) != fields:
+    given = set(entry) if isinstance(entry, dict) else set()
+    if pruned or (finished and "reports" in given):
+        fields.add("reports")
+    if not isinstance(entry, dict) or given != fields:
         keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
         raise _EntryError(f"{where} has {keys}, not exactly {sorted(fields)}")
     index, overrides = entry["index"], entry["overrides"]
@@ -108,9 +123,38 @@ def read_entry(
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _EntryError(f"{where} has value {_shown(entry['value'])}, not a number")
     try:
-        return Trial(index, point, float(value))
+        value = float(value)
     except OverflowError:
         raise _EntryError(f"{where} has value {_shown(entry['value'])}, past a float") from None
+    reports = _reports(entry["reports"], where) if "reports" in entry else {}
+    return Trial(index, point, value, pruned=pruned, reports=reports)
+
+
+def _reports(reports: Any, where: str) -> dict[int, float]:
+    """A trial's `"reports"`: `[step, value]` pairs at rising steps >= 0, values numbers."""
+    if not isinstance(reports, list):
+        raise _EntryError(f"{where} has reports {_shown(reports)}, not a list of [step, value]")
+    read: dict[int, float] = {}
+    last = -1
+    for pair in reports:
+        value = decode_json_value(pair[1]) if isinstance(pair, list) and len(pair) == 2 else None
+        step = pair[0] if value is not None else None
+        if (
+            not _is_int(step)
+            or step < 0
+            or step <= last
+            or isinstance(value, bool)
+            or not isinstance(value, int | float)
+        ):
+            raise _EntryError(
+                f"{where} has report {_shown(pair)}, not [step, value] with a step >= 0 past "
+                "the one before and a number"
+            )
+        try:
+            read[int(step)], last = float(value), step
+        except OverflowError:
+            raise _EntryError(f"{where} has report {_shown(pair)}, past a float") from None
+    return read
 
 
 def _malformed(path: pathlib.Path, problem: str) -> ValueError:
@@ -149,8 +193,10 @@ def _apply(state: _State, event: Any, where: str, space: Space) -> None:
             )
         state.budget = max(state.budget or 0, body)
         return
-    finished = kind == "finished"
-    trial = read_entry(body, where, space=space, budget=state.budget, finished=finished)
+    finished, pruned = kind in ("finished", "pruned"), kind == "pruned"
+    trial = read_entry(
+        body, where, space=space, budget=state.budget, finished=finished, pruned=pruned
+    )
     if trial.index in state.finished:
         raise _EntryError(f"{where} has {kind} trial {trial.index}, which finished before")
     if finished:

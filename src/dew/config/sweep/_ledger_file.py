@@ -219,9 +219,8 @@ class _Ledger:
         header = {"version": LEDGER_VERSION, "space": self.space, "search": self.search}
         header.update(config=self.config, direction=self.direction, budget=budget)
         lines = [_dumps(header)]
-        for index, trial in sorted(state.finished.items()):
-            entry = {"index": index, "overrides": trial.overrides, "value": trial.value}
-            lines.append(_dumps({"finished": entry}))
+        for _, trial in sorted(state.finished.items()):
+            lines.append(_dumps(_finished_event(trial)))
         for index, overrides in sorted(state.running.items()):
             lines.append(_dumps({"running": {"index": index, "overrides": overrides}}))
         write_atomic(self.path, "".join(line + "\n" for line in lines))  # fsynced, folder too
@@ -232,9 +231,8 @@ class _Ledger:
         self._record({"running": {"index": index, "overrides": point}})
 
     def finish(self, trial: Trial) -> None:
-        """Record `trial` as finished (under the lock, after `load`)."""
-        entry = {"index": trial.index, "overrides": trial.overrides, "value": trial.value}
-        self._record({"finished": entry})
+        """Record `trial` as finished, or as pruned (under the lock, after `load`)."""
+        self._record(_finished_event(trial))
 
     def _record(self, event: dict[str, Any]) -> None:
         """Append `event` as one line, fsynced, and apply it to the state as `load` would
@@ -260,6 +258,19 @@ class _Ledger:
             _apply(self._state, json.loads(line), where, self.fields)
         except _EntryError as error:
             raise _malformed(self.path, str(error)) from None
+
+
+def _finished_event(trial: Trial) -> dict[str, Any]:
+    """`{"finished": ...}`, or `{"pruned": ...}` for a trial its pruner stopped; with its
+    reports as `[step, value]` pairs when it reported any (decision 0055)."""
+    entry: dict[str, Any] = {
+        "index": trial.index,
+        "overrides": trial.overrides,
+        "value": trial.value,
+    }
+    if trial.reports or trial.pruned:
+        entry["reports"] = [[step, value] for step, value in sorted(trial.reports.items())]
+    return {"pruned" if trial.pruned else "finished": entry}
 
 
 def _dumps(value: Any) -> str:

@@ -28,6 +28,20 @@ def _import_optuna() -> Any:
 
 
 _OPTUNA_CHOICE = (type(None), bool, int, float, str)
+PRUNERS = ("median", "hyperband", "none")
+"""The pruners `optuna_search(pruner=...)` and `dew sweep --pruner` take by name."""
+
+
+def _pruner(optuna: Any, pruner: Any) -> Any:
+    """The Optuna pruner `pruner` names (`None` and `"none"`: Optuna's `NopPruner`, not its
+    default `MedianPruner`), or `pruner` itself."""
+    if pruner is None or pruner == "none":
+        return optuna.pruners.NopPruner()
+    if pruner == "median":
+        return optuna.pruners.MedianPruner()
+    if pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    return pruner
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -50,6 +64,13 @@ class OptunaSearch(Search):
 
     - `sampler`: an Optuna sampler (`None`: Optuna's default, TPE).
     - `direction`: `"minimize"` (default) or `"maximize"` the trial values.
+    - `pruner`: `None` or `"none"` (default: no pruning), `"median"` (Optuna's
+      `MedianPruner()`), `"hyperband"` (`HyperbandPruner()`) or an `optuna.pruners`
+      pruner. With a pruner, each trial reports its validation score at every evaluation
+      event (`dew.config.sweep.pruning_stopper`, which `dew sweep` passes to
+      `RunConfig.train`), and a trial the pruner stops ends there, its checkpoint kept,
+      recorded in the ledger as pruned and told to Optuna as `TrialState.PRUNED`
+      (decision 0055). The pruner is no part of the study's storage: a rerun passes it again.
 
     Choices must be None, bool, int, float or str (Optuna's categorical values). A NaN score
     is told to Optuna as a failed trial; the ledger keeps it as NaN.
@@ -59,10 +80,16 @@ class OptunaSearch(Search):
     study_name: str | None = None
     sampler: Any = None
     direction: str = "minimize"
+    pruner: Any = None
 
     def __post_init__(self) -> None:
         if self.direction not in ("minimize", "maximize"):
             raise ValueError(f"direction {self.direction!r} is not one of 'minimize', 'maximize'.")
+        if isinstance(self.pruner, str) and self.pruner not in PRUNERS:
+            raise ValueError(
+                f"pruner {self.pruner!r} is not one of {', '.join(map(repr, PRUNERS))} (or an "
+                "optuna.pruners pruner)."
+            )
         if self.storage is not None and not self.study_name:
             raise ValueError(
                 f"optuna_search(storage={self.storage!r}) needs study_name=..., so reruns and "
@@ -76,16 +103,22 @@ class OptunaSearch(Search):
         study_name: str | None = None,
         sampler: Any = None,
         direction: str = "minimize",
+        pruner: Any = None,
     ) -> OptunaSearch:
-        """This search with a storage, study name, sampler or direction."""
-        return OptunaSearch(storage, study_name, sampler, direction)
+        """This search with a storage, study name, sampler, direction or pruner."""
+        return OptunaSearch(storage, study_name, sampler, direction, pruner)
 
     @property
     def name(self) -> str:
         return "optuna"
 
     def check(self, space: Space) -> None:
-        _import_optuna()
+        optuna = _import_optuna()
+        if not isinstance(self.pruner, str | None | optuna.pruners.BasePruner):
+            raise TypeError(
+                f"pruner must be one of {', '.join(map(repr, PRUNERS))}, None or an "
+                f"optuna.pruners pruner, got {self.pruner!r}."
+            )
         for path, spec in space.items():
             if isinstance(spec, Choice):
                 for value in spec.values:
@@ -121,6 +154,10 @@ class _OptunaRun(SearchRun):
     ) -> None:
         optuna = self.optuna = _import_optuna()
         self.owner = owner
+        self.prunes = search.pruner not in (None, "none") and not isinstance(
+            search.pruner, optuna.pruners.NopPruner
+        )
+        self._asked: dict[int, Any] = {}  # trial number -> its optuna.trial.Trial, to report
         self.orphans: list[int] = []
         distributions = optuna.distributions
         self.distributions = {}
@@ -137,7 +174,7 @@ class _OptunaRun(SearchRun):
                 )
         self.trials = trials
         self.storage = search.storage
-        self.study = open_study(optuna, search)
+        self.study = open_study(optuna, search, _pruner(optuna, search.pruner))
         with storage_errors(search.storage, opening=True):
             self._open(search, finished, running)
 
@@ -163,25 +200,40 @@ class _OptunaRun(SearchRun):
         else:
             self._replay(finished, running)
 
-    def _frozen(self, state: Any, params: Mapping[str, Any], value: float | None) -> Any:
+    def _frozen(
+        self,
+        state: Any,
+        params: Mapping[str, Any],
+        value: float | None,
+        reports: Mapping[int, float] | None = None,
+    ) -> Any:
         return self.optuna.trial.create_trial(
-            state=state, value=value, params=dict(params), distributions=self.distributions
+            state=state,
+            value=value,
+            params=dict(params),
+            distributions=self.distributions,
+            intermediate_values=dict(reports or {}),
         )
 
     def _replay(
         self, finished: Sequence[Trial], running: Sequence[tuple[int, dict[str, Any]]]
     ) -> None:
         """Tell an empty study the ledger's trials under the ledger's indices: finished ones
-        as complete (failed for NaN), the ones to retrain as running, gaps as failed."""
+        as complete (failed for NaN, pruned when pruned, with the scores they reported: the
+        pruner's intermediate values), the ones to retrain as running, gaps as failed."""
         states = self.optuna.trial.TrialState
-        entries: dict[int, tuple[Any, Mapping[str, Any], float | None]] = {}
+        entries: dict[int, tuple[Any, Mapping[str, Any], float | None, Mapping[int, float]]]
+        entries = {}
         for trial in finished:
-            if math.isnan(trial.value):
-                entries[trial.index] = (states.FAIL, trial.overrides, None)
+            if trial.pruned:
+                entry = (states.PRUNED, trial.overrides, None, trial.reports)
+            elif math.isnan(trial.value):
+                entry = (states.FAIL, trial.overrides, None, trial.reports)
             else:
-                entries[trial.index] = (states.COMPLETE, trial.overrides, trial.value)
+                entry = (states.COMPLETE, trial.overrides, trial.value, trial.reports)
+            entries[trial.index] = entry
         for index, point in running:
-            entries[index] = (states.RUNNING, point, None)
+            entries[index] = (states.RUNNING, point, None, {})
         for index in range(max(entries, default=-1) + 1):
             if index in entries:
                 self.study.add_trial(self._frozen(*entries[index]))
@@ -304,13 +356,13 @@ class _OptunaRun(SearchRun):
                 continue
             storage, study_id = self.study._storage, self.study._study_id
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-            return number, self._suggest(self.optuna.trial.Trial(self.study, trial_id))
+            return self._asking(self.optuna.trial.Trial(self.study, trial_id))
         # One read of the study per ask, as Optuna's own `study.ask` makes (with an RDB
         # storage each read is a query of every unfinished trial and its five tables).
         trials = self.study._storage.get_all_trials(self.study._study_id, deepcopy=False)
         waiting = self._waiting(trials, taken)
         if waiting is not None:
-            return waiting.number, self._suggest(waiting)
+            return self._asking(waiting)
         if len(trials) >= self.trials:
             return None
         trial = self._create()
@@ -324,6 +376,11 @@ class _OptunaRun(SearchRun):
                 "processes sharing a ledger must share an Optuna storage "
                 "(optuna_search(storage=..., study_name=...))."
             )
+        return self._asking(trial)
+
+    def _asking(self, trial: Any) -> tuple[int, dict[str, Any]]:
+        """`trial`'s number and point, the trial kept to report to."""
+        self._asked[trial.number] = trial
         return trial.number, self._suggest(trial)
 
     def unfinished(self, finished: Set[int]) -> list[int]:
@@ -340,12 +397,31 @@ class _OptunaRun(SearchRun):
             and self._owned(trial)
         ]
 
+    def report(self, index: int, step: int, value: float) -> bool:
+        """Report trial `index`'s score at `step` to its Optuna trial (`trial.report`) and
+        return the pruner's `trial.should_prune()`; nothing without a pruner."""
+        if not self.prunes:
+            return False
+        with storage_errors(self.storage):
+            trial = self._asked.get(index)
+            if trial is None:
+                storage, study_id = self.study._storage, self.study._study_id
+                trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, index)
+                trial = self._asked[index] = self.optuna.trial.Trial(self.study, trial_id)
+            if step not in trial._cached_frozen_trial.intermediate_values:
+                trial.report(float(value), step)  # a resumed fit's repeated step: kept once
+            return bool(trial.should_prune())
+
     def tell(self, trial: Trial) -> None:
         with storage_errors(self.storage):
             self._tell(trial)
+        self._asked.pop(trial.index, None)
 
     def _tell(self, trial: Trial) -> None:
-        if math.isnan(trial.value):
+        if trial.pruned:
+            state = self.optuna.trial.TrialState.PRUNED
+            self.study.tell(trial.index, state=state, skip_if_finished=True)
+        elif math.isnan(trial.value):
             state = self.optuna.trial.TrialState.FAIL
             self.study.tell(trial.index, state=state, skip_if_finished=True)
         else:

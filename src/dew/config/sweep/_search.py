@@ -18,11 +18,18 @@ from dew.config.sweep._space import Choice, Field, Space, Uniform, _is_int, _nor
 class Trial:
     """One finished trial: its `index` (the trial number, `trial-<index>` in its name), the
     point it trained (`overrides`, dotted path to value, in the ledger's JSON form) and the
-    score `train` returned (`value`, possibly non-finite)."""
+    score `train` returned (`value`, possibly non-finite).
+
+    With a pruner (`optuna_search(pruner=...)`), `reports` holds the validation score the
+    trial reported at each evaluation step (`{step: value}`, Optuna's intermediate values)
+    and `pruned` whether the pruner stopped it: its `value` is then its score where it
+    stopped, not comparable to a trial trained to its end (decision 0055)."""
 
     index: int
     overrides: dict[str, Any]
     value: float
+    pruned: bool = False
+    reports: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 class SweepStateError(RuntimeError, ValueError):
@@ -40,8 +47,17 @@ class SearchRun(abc.ABC):
     nothing more to propose; `taken` holds the indices the ledger already has (finished or
     being trained), which a proposal must avoid. `tell(trial)` reports a finished trial.
     `unfinished(finished)` names the indices still missing at the end; `close()` releases
-    what the run holds.
+    what the run holds. A run that `prunes` takes each trial's validation scores as it
+    trains (`report`) and says when its pruner stops the trial.
     """
+
+    prunes: bool = False
+    """Whether `report` may stop a trial (a search with a pruner)."""
+
+    def report(self, index: int, step: int, value: float) -> bool:
+        """Take trial `index`'s validation score at evaluation `step`; True when the pruner
+        stops the trial there (by default nothing is taken and nothing stopped)."""
+        return False
 
     @abc.abstractmethod
     def ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:

@@ -129,11 +129,12 @@ def storage_errors(
         raise translated from error
 
 
-def open_study(optuna: Any, search: Any) -> Any:
+def open_study(optuna: Any, search: Any, pruner: Any = None) -> Any:
     """`optuna.create_study(..., load_if_exists=True)` for `search`'s storage and study
     name, tried again while another worker creates the same fresh storage or study (the
     tables, Optuna's version row, the study's row: optuna#1092, #4621), so workers started
-    together all open the one study; any other failure of the storage is a `StorageError`."""
+    together all open the one study; any other failure of the storage is a `StorageError`.
+    `pruner` is the study's (an `optuna.pruners` pruner; `None`: Optuna's default)."""
     for attempt in itertools.count(1):
         try:
             return optuna.create_study(
@@ -141,6 +142,7 @@ def open_study(optuna: Any, search: Any) -> Any:
                 study_name=search.study_name,
                 sampler=search.sampler,
                 direction=search.direction,
+                pruner=pruner,
                 load_if_exists=True,
             )
         except Exception as error:

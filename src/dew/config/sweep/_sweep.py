@@ -15,6 +15,7 @@ from dew.config import RunConfig, override
 from dew.config.sweep._ledger import MOST_TRIALS, _EntryError, read_entry
 from dew.config.sweep._ledger_file import _Ledger
 from dew.config.sweep._optuna import OptunaSearch
+from dew.config.sweep._pruning import training
 from dew.config.sweep._search import Search, SearchRun, SweepStateError, Trial, random_search
 from dew.config.sweep._space import _checked_space, _is_int, _is_real
 from dew.naming import Split, metric_tag
@@ -78,7 +79,18 @@ def sweep(
       (`dew runs` shows a sweep's best trial by it) and refuses a rerun with the other.
 
     **Returns:** the ledger's finished trials in index order (with a shared ledger, other
-    workers' trials too), each with `overrides` and `value`.
+    workers' trials too), each with `overrides` and `value` (and the pruned ones with
+    `pruned=True`).
+
+    **Pruning.** With `search=optuna_search(pruner=...)`, `train` reports its validation
+    score at each evaluation event through `pruning_stopper(metric)`, the early stopper it
+    passes to `RunConfig.train(early_stopper=...)` (or `Trainer.fit`): each score goes to
+    the Optuna trial (`trial.report`), and when the pruner prunes the trial the fit stops
+    there as early stopping stops it (checkpoint saved) and `train` returns its score. The
+    ledger records the trial as pruned, with the scores it reported, and Optuna is told
+    `TrialState.PRUNED`; a rerun never retrains it, and an in-memory study is told every
+    trial's reported scores again from the ledger (decision 0055). Not under
+    `jax.distributed` (a `ValueError`).
 
     **Resuming.** Before a trial trains, the ledger records it as running; once `train`
     returns, as finished (each one line appended to the ledger and fsynced), then the search
@@ -126,6 +138,12 @@ def sweep(
         raise ValueError(f"direction must be 'minimize' or 'maximize', got {direction!r}.")
     normalized = _checked_space(config, space)
     search.check(normalized)
+    if is_multiprocess() and getattr(search, "pruner", None) not in (None, "none"):
+        raise ValueError(
+            "a sweep with a pruner runs in one process per trial: the pruner's decision is "
+            "made where the Optuna trial is, on process zero alone; run it without "
+            "jax.distributed (several sweep workers instead), or without the pruner."
+        )
 
     if is_multiprocess() and not is_process_zero():
         return _follow(config, name, train)
@@ -151,7 +169,7 @@ def sweep(
                 )
                 stack.callback(run.close)
                 book.begin()  # the space and search recorded before anything trains
-        _run_trials(config, name, book, run, resume, train, tracker)
+        _run_trials(config, name, book, run, resume, train, tracker, direction)
         with _phase("finishing the sweep"), book.locked():
             finished = book.load().finished
             _check_complete(book, run, finished)
@@ -215,6 +233,7 @@ def _run_trials(
     resume: list[tuple[int, dict[str, Any]]],
     train: Callable[[RunConfig], float],
     tracker: ScalarTracker | None,
+    direction: str = "minimize",
 ) -> None:
     artifacts = tracker is not None and takes_artifacts(tracker)  # refuses a non-tracker now
     pending = iter(resume)
@@ -229,11 +248,12 @@ def _run_trials(
             return
         index, point = proposal
         try:
-            with _phase(f"training trial {index}"):
+            with _phase(f"training trial {index}"), training(run, index, direction) as reports:
                 run_config = override(config, {**point, "trainer.name": f"{name}/trial-{index}"})
                 value = _score(train(run_config), index)
             with _phase(f"recording trial {index}"):
-                trial = Trial(index, point, value)
+                pruned = reports.pruned_at is not None
+                trial = Trial(index, point, value, pruned=pruned, reports=reports.reports)
                 with book.locked():
                     book.load()
                     book.finish(trial)
