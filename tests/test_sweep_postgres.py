@@ -12,10 +12,9 @@ import time
 
 import pytest
 from _ledgers import ledger_json
+from _tiny_sweep_run import tiny_lm_run
 
-from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
 from dew.config.sweep import random_search
-from dew.registry import datasets
 
 pytestmark = pytest.mark.slow
 
@@ -30,30 +29,7 @@ def optuna():
 
 
 def _files(tmp_path, steps=1, checkpoint_every=None, space=None):
-    run = RunConfig(
-        model=ModelConfig(
-            "causal_transformer",
-            {
-                "vocab_size": 16,
-                "emb_features": 8,
-                "num_layers": 1,
-                "num_heads": 2,
-                "mlp_features": 16,
-                "max_seq_len": 8,
-            },
-        ),
-        data=datasets["token_windows"](seq_len=8, num_tokens=256),
-        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
-        trainer=TrainerConfig(
-            name="tiny",
-            checkpoint_dir=str(tmp_path / "runs"),
-            steps=steps,
-            batch_size=4,
-            log_every=1,
-            eval_every=steps,
-            checkpoint_every=checkpoint_every,
-        ),
-    )
+    run = tiny_lm_run(tmp_path, steps, checkpoint_every)
     config = tmp_path / "run.toml"
     run.dump_toml(config)
     path = tmp_path / "space.toml"

@@ -6,11 +6,11 @@ larger budget rather than failed (decision 0053)."""
 import socket
 
 import pytest
+from _tiny_sweep_run import tiny_lm_run
 
 from dew.cli import main
-from dew.config import DataConfig, ModelConfig, OptimConfig, RunConfig, TrainerConfig
+from dew.config import DataConfig, ModelConfig, RunConfig, TrainerConfig
 from dew.config.sweep import OWNER_ATTR, Uniform, optuna_search, sweep
-from dew.registry import datasets
 
 SPACE = {"optim.learning_rate": Uniform(1e-4, 1e-1, log=True)}
 
@@ -39,30 +39,7 @@ def _free_port():
 
 
 def _write_config(tmp_path):
-    run = RunConfig(
-        model=ModelConfig(
-            "causal_transformer",
-            {
-                "vocab_size": 16,
-                "emb_features": 8,
-                "num_layers": 1,
-                "num_heads": 2,
-                "mlp_features": 16,
-                "max_seq_len": 8,
-            },
-        ),
-        data=datasets["token_windows"](seq_len=8, num_tokens=256),
-        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
-        trainer=TrainerConfig(
-            name="tiny",
-            checkpoint_dir=str(tmp_path / "runs"),
-            steps=1,
-            batch_size=4,
-            log_every=1,
-            eval_every=1,
-            checkpoint_every=None,
-        ),
-    )
+    run = tiny_lm_run(tmp_path)
     path = tmp_path / "run.toml"
     run.dump_toml(path)
     space = tmp_path / "space.toml"

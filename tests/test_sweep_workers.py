@@ -10,9 +10,7 @@ import time
 
 import pytest
 from _ledgers import ledger_json
-
-from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
-from dew.registry import datasets
+from _tiny_sweep_run import tiny_lm_run
 
 pytestmark = pytest.mark.slow
 
@@ -20,30 +18,7 @@ RATES = [0.1 / 2**index for index in range(9)]
 
 
 def _files(tmp_path, steps=1):
-    run = RunConfig(
-        model=ModelConfig(
-            "causal_transformer",
-            {
-                "vocab_size": 16,
-                "emb_features": 8,
-                "num_layers": 1,
-                "num_heads": 2,
-                "mlp_features": 16,
-                "max_seq_len": 8,
-            },
-        ),
-        data=datasets["token_windows"](seq_len=8, num_tokens=256),
-        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
-        trainer=TrainerConfig(
-            name="tiny",
-            checkpoint_dir=str(tmp_path / "runs"),
-            steps=steps,
-            batch_size=4,
-            log_every=1,
-            eval_every=steps,
-            checkpoint_every=None,
-        ),
-    )
+    run = tiny_lm_run(tmp_path, steps)
     config = tmp_path / "run.toml"
     run.dump_toml(config)
     space = tmp_path / "space.toml"
