@@ -248,3 +248,11 @@ def test_a_trial_reads_an_rdb_study_as_often_as_optuna_s_own_loop_does(
     per_trial_dew = (dew(9) - dew(4)) / 5
     assert per_trial_bare >= 1  # the reference reads the study on every trial
     assert per_trial_dew == per_trial_bare
+
+
+def test_a_storage_without_a_study_name_is_refused_with_its_password_hidden():
+    url = "postgresql+psycopg://dew:secret@127.0.0.1:9/sweeps"
+    with pytest.raises(ValueError, match="needs study_name") as refused:
+        optuna_search(storage=url)
+    assert "secret" not in str(refused.value)
+    assert "dew:***@127.0.0.1:9/sweeps" in str(refused.value)

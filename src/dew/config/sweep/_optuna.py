@@ -92,8 +92,8 @@ class OptunaSearch(Search):
             )
         if self.storage is not None and not self.study_name:
             raise ValueError(
-                f"optuna_search(storage={self.storage!r}) needs study_name=..., so reruns and "
-                "other workers find the same study."
+                f"optuna_search(storage={shown_url(self.storage)!r}) needs study_name=..., so "
+                "reruns and other workers find the same study."
             )
 
     def __call__(
