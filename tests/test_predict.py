@@ -65,12 +65,28 @@ class _Compilations(logging.Handler):
             self.names.append(message.split(" of ")[1].split(" in ")[0])
 
 
+def _jax_loggers_enabled():
+    """Every `jax` logger enabled at WARNING, whatever an earlier test in this worker did: a
+    library that calls `logging.config.dictConfig` (alembic under Optuna's RDB storage, MLflow)
+    disables the loggers that exist by then, and the compile messages are lost."""
+    names = [name for name in logging.root.manager.loggerDict if name.split(".")[0] == "jax"]
+    saved = []
+    for name in ["jax", *names]:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.disabled, logger.level))
+        logger.disabled = False
+        if logger.level > logging.WARNING:
+            logger.setLevel(logging.WARNING)
+    return saved
+
+
 @pytest.mark.slow  # loads a trained run: about 10 s
 def test_every_batch_runs_one_compiled_function(classifier):
     """Seven rows in batches of 3: two full batches and one padded, one compilation."""
     loaded, rows, _ = classifier
     seen = _Compilations()
     logger = logging.getLogger("jax")
+    saved = _jax_loggers_enabled()
     logger.addHandler(seen)
     try:
         with jax.log_compiles(True):
@@ -78,6 +94,8 @@ def test_every_batch_runs_one_compiled_function(classifier):
             again = predict_classes(loaded, rows[:7], top_k=3, batch_size=3)
     finally:
         logger.removeHandler(seen)
+        for each, disabled, level in saved:
+            each.disabled, each.level = disabled, level
     assert seen.names.count("jit(_ranked)") == 1, seen.names
     assert found.classes.shape == (7, 2)
     np.testing.assert_array_equal(again.classes[:, :2], found.classes)  # top-k cut on the host
