@@ -66,14 +66,15 @@ class _Compilations(logging.Handler):
 
 
 def _jax_loggers_enabled():
-    """Every `jax` logger enabled at WARNING, whatever an earlier test in this worker did: a
-    library that calls `logging.config.dictConfig` (alembic under Optuna's RDB storage, MLflow)
-    disables the loggers that exist by then, and the compile messages are lost."""
+    """Logging at WARNING and every `jax` logger enabled, whatever ran earlier in this xdist
+    worker (a `logging.disable`, or a `logging.config.fileConfig`, which disables the loggers
+    that exist by then): the compile messages are what this test counts."""
     names = [name for name in logging.root.manager.loggerDict if name.split(".")[0] == "jax"]
-    saved = []
+    saved = [(logging.root.manager, "disable", logging.root.manager.disable)]
+    logging.disable(logging.NOTSET)
     for name in ["jax", *names]:
         logger = logging.getLogger(name)
-        saved.append((logger, logger.disabled, logger.level))
+        saved += [(logger, "disabled", logger.disabled), (logger, "level", logger.level)]
         logger.disabled = False
         if logger.level > logging.WARNING:
             logger.setLevel(logging.WARNING)
@@ -94,8 +95,8 @@ def test_every_batch_runs_one_compiled_function(classifier):
             again = predict_classes(loaded, rows[:7], top_k=3, batch_size=3)
     finally:
         logger.removeHandler(seen)
-        for each, disabled, level in saved:
-            each.disabled, each.level = disabled, level
+        for owner, attribute, value in saved:
+            setattr(owner, attribute, value)
     assert seen.names.count("jit(_ranked)") == 1, seen.names
     assert found.classes.shape == (7, 2)
     np.testing.assert_array_equal(again.classes[:, :2], found.classes)  # top-k cut on the host

@@ -4,6 +4,7 @@ by torch as `.safetensors` and as an `open_clip_pytorch_model.bin` zip, read by 
 torch: image and text features to 1e-5 absolute in float32 (measured 3-5e-6, |feature| ~3);
 and a small open_clip model saved by torch.jit.save in half precision, as OpenAI's .pt files."""
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -75,10 +76,22 @@ def test_the_model_configs_are_open_clips(name):
     assert open_clip.get_model_config(f"{name}-quickgelu")["quick_gelu"] is True
 
 
+@contextlib.contextmanager
+def _quiet():
+    """open_clip's warnings while it builds a model silenced, and logging as it was after: a
+    `logging.disable` left on silences the whole xdist worker, jax's compile log included."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
 @pytest.mark.parametrize("size", [(300, 260), (224, 224), (100, 150), (225, 601)])
 def test_preprocessing_is_open_clips_on_tensors(size):
-    logging.disable(logging.WARNING)
-    _, _, transform = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
+    with _quiet():
+        _, _, transform = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
     images = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(sum(size)))
     expected = torch.stack([transform(image) for image in images]).numpy().transpose(0, 2, 3, 1)
     actual = np.asarray(preprocess(jnp.asarray(images.numpy().transpose(0, 2, 3, 1))))
@@ -96,9 +109,9 @@ def reference(request, tmp_path_factory):
     quick_gelu, suffix = request.param
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    logging.disable(logging.WARNING)
     name = "ViT-B-32-quickgelu" if quick_gelu else "ViT-B-32"
-    model, _, transform = open_clip.create_model_and_transforms(name, pretrained=None)
+    with _quiet():
+        model, _, transform = open_clip.create_model_and_transforms(name, pretrained=None)
     model.eval()
     state = model.state_dict()
     folder = tmp_path_factory.mktemp(name)
