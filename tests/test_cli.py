@@ -155,54 +155,6 @@ def test_a_diverging_dew_train_names_its_switch_and_trains_on_with_it(tmp_path, 
     )
 
 
-@pytest.mark.slow
-def test_two_dew_sweep_workers_share_one_optuna_study(tmp_path):
-    pytest.importorskip("optuna")
-    path, _ = _write_config(tmp_path, eval_every=6, checkpoint_every=None)
-    space = tmp_path / "space.toml"
-    space.write_text('"optim.learning_rate" = { low = 1e-4, high = 1e-1, log = true }\n')
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    command = [
-        sys.executable,
-        "-m",
-        "dew.cli",
-        "sweep",
-        str(path),
-        str(space),
-        "--trials",
-        "4",
-        "--search",
-        "optuna",
-        "--storage",
-        storage,
-        "--study-name",
-        "shared",
-        "--quiet",
-    ]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    workers = [
-        subprocess.Popen(
-            command,
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    outputs = [worker.communicate(timeout=400) for worker in workers]
-    for worker, (_, err) in zip(workers, outputs, strict=True):
-        assert worker.returncode == 0, err
-    ledger = ledger_json(tmp_path / "runs" / "tiny" / "ledger.json")
-    assert sorted(trial["index"] for trial in ledger["trials"]) == [0, 1, 2, 3]
-    trained = sorted(
-        int(folder.name.removeprefix("trial-"))
-        for folder in (tmp_path / "runs" / "tiny").glob("trial-*")
-    )
-    assert trained == [0, 1, 2, 3]
-
-
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [

@@ -269,38 +269,17 @@ def test_a_tracker_that_cannot_open_is_one_line_from_every_process(tmp_path):
     assert "Traceback" not in err and "coordination" not in err
 
 
-def test_dew_sweep_processes_2_keeps_one_ledger(tmp_path):
-    space = tmp_path / "space.toml"
-    space.write_text('"optim.learning_rate" = [0.01, 0.003]\n')
-    argv = ["sweep", "tiny_lm", space, "--trials", "2", "--search", "grid", "--processes", "2"]
-    code, out, err = dew(
-        *argv, "--steps", "3", "--checkpoint-dir", tmp_path / "runs", "--name", "rate", *SMALL
-    )
-    assert code == 0, err
-    ledger = ledger_json(tmp_path / "runs" / "rate" / "ledger.json")
-    assert [entry["index"] for entry in ledger["trials"]] == [0, 1]
-    assert [entry["overrides"] for entry in ledger["trials"]] == [
-        {"optim.learning_rate": 0.01},
-        {"optim.learning_rate": 0.003},
-    ]
-    assert all(isinstance(entry["value"], float) for entry in ledger["trials"])
-    assert ledger["running"] == []
-    for index in range(2):
-        trial = tmp_path / "runs" / "rate" / f"trial-{index}"
-        assert (trial / "run.json").is_file()
-        assert len((trial / "scalars.jsonl").read_text().splitlines()) > 0
-    assert "best trial" in out
-
-
-def test_dew_sweep_processes_2_with_optuna_on_a_sqlite_storage(tmp_path):
-    """A multi-process sweep on a real database: process zero alone talks to the Optuna
-    storage; Optuna's own client reads the study back with the ledger's trials and values."""
+def test_dew_sweep_processes_2_keeps_one_ledger_and_one_optuna_study(tmp_path):
+    """A multi-process sweep on a real database: one ledger, one run folder a trial, and
+    process zero alone talks to the Optuna storage; Optuna's own client reads the study back
+    with the ledger's trials and values. (Process zero's search decides the points for every
+    search: the `driver` tests above.)"""
     optuna = pytest.importorskip("optuna")
     space = tmp_path / "space.toml"
     space.write_text('"optim.learning_rate" = {low = 0.001, high = 0.03, log = true}\n')
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     argv = ["sweep", "tiny_lm", space, "--trials", "2", "--search", "optuna", "--processes", "2"]
-    code, _, err = dew(
+    code, out, err = dew(
         *argv,
         "--storage", storage,
         "--study-name", "rates",
@@ -312,6 +291,13 @@ def test_dew_sweep_processes_2_with_optuna_on_a_sqlite_storage(tmp_path):
     assert code == 0, err
     ledger = ledger_json(tmp_path / "runs" / "rate" / "ledger.json")
     assert [entry["index"] for entry in ledger["trials"]] == [0, 1]
+    assert all(isinstance(entry["value"], float) for entry in ledger["trials"])
+    assert ledger["running"] == []
+    for index in range(2):
+        trial = tmp_path / "runs" / "rate" / f"trial-{index}"
+        assert (trial / "run.json").is_file()
+        assert len((trial / "scalars.jsonl").read_text().splitlines()) > 0
+    assert "best trial" in out
     study = optuna.load_study(study_name="rates", storage=storage)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert [t.number for t in complete] == [0, 1]

@@ -1,6 +1,7 @@
 """The objective base: abstract or final as in Equinox, the final preview over the preview hook,
 the default metrics each built-in objective declares, and the batch keys each one reads."""
 
+import functools
 import inspect
 
 import equinox as eqx
@@ -162,8 +163,10 @@ def _squared_error(model, inputs, targets, sample_weight, key, training):
     return jnp.mean(jnp.square(jax.vmap(model)(inputs) - targets))
 
 
+@functools.cache
 def _every_objective():
-    """One of each objective dew ships (an image and a clip diffusion model both)."""
+    """One of each objective dew ships (an image and a clip diffusion model both), built at
+    the first test that reads it, not while the suite is collected."""
     vit = ViT(16, 4, 3, width=16, depth=1, heads=2, key=jax.random.key(2))
     images, clips = (
         DiT(16, 4, 3, width=16, depth=1, heads=2, frames=frames, key=jax.random.key(3))
@@ -180,7 +183,6 @@ def _every_objective():
     }
 
 
-EVERY_OBJECTIVE = _every_objective()
 READS = {  # what each reads from a training batch, and what names each key
     "LMObjective": {"text": None},
     "MaskedDiffusionObjective": {"text": None},
@@ -194,9 +196,9 @@ READS = {  # what each reads from a training batch, and what names each key
 }
 
 
-@pytest.mark.parametrize("name", sorted(EVERY_OBJECTIVE))
+@pytest.mark.parametrize("name", sorted(READS))
 def test_every_objective_declares_the_keys_it_reads_and_its_checks_agree(name):
-    objective = EVERY_OBJECTIVE[name]
+    objective = _every_objective()[name]
     assert dict(objective.batch_keys(Split.TRAIN)) == READS[name]
     evaluated = dict(objective.batch_keys(Split.VALIDATION))
     assert evaluated == ({"chosen": None} if name == "DPOObjective" else READS[name])
@@ -216,7 +218,7 @@ def test_every_objective_declares_the_keys_it_reads_and_its_checks_agree(name):
 
 
 def test_a_missing_key_is_named_with_what_names_it_and_the_keys_the_batch_has():
-    classifier = EVERY_OBJECTIVE["ClassifierObjective"]
+    classifier = _every_objective()["ClassifierObjective"]
     batch = {"images": np.zeros((2, 4)), "labels": np.zeros(2, np.int32)}
     with pytest.raises(MissingBatchKeyError) as caught:
         check_batch_keys(classifier, batch, Split.TRAIN)
@@ -224,12 +226,12 @@ def test_a_missing_key_is_named_with_what_names_it_and_the_keys_the_batch_has():
         "ClassifierObjective reads batch key 'features' (its `inputs` field), but the batch "
         "has 'images', 'labels'."
     )
-    dpo = EVERY_OBJECTIVE["DPOObjective"]
+    dpo = _every_objective()["DPOObjective"]
     pairs = {"chosen": np.zeros((2, 4), np.int32), "prompt_mask": np.zeros((2, 4), bool)}
     check_batch_keys(dpo, pairs, Split.VALIDATION)  # `evaluate` reads the chosen rows alone
     with pytest.raises(ValueError, match=r"^DPOObjective reads batch key 'rejected', but the "):
         check_batch_keys(dpo, pairs, Split.TRAIN)
-    supervised = EVERY_OBJECTIVE["SupervisedObjective"]
+    supervised = _every_objective()["SupervisedObjective"]
     with pytest.raises(ValueError, match=r"keys 'inputs' and 'targets', but the batch has no keys"):
         check_batch_keys(supervised, {}, Split.TRAIN)
     rows = (np.zeros((2, 4)), np.zeros(2))
