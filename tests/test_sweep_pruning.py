@@ -148,6 +148,71 @@ def test_a_rerun_neither_retrains_a_pruned_trial_nor_loses_its_intermediate_valu
         assert study.best_trial.number == 5  # the lowest score of a complete trial
 
 
+def test_sweep_pruner_is_optuna_search_s_pruner(tmp_path):
+    """`sweep(..., pruner=...)`, as `dew sweep --pruner`: the pruner of its `optuna_search`."""
+    calls = []
+    search = optuna_search(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s")
+    pruner = _Seeing()
+    trials = sweep(
+        _config(), SPACE, train=_fake(calls), trials=6, ledger=tmp_path / "l.json",
+        search=search, pruner=pruner,
+    )  # fmt: skip
+    assert [trial.pruned for trial in trials] == [False, False, True, False, True, False]
+    assert pruner.seen and search.pruner is None  # the search given is left as it was
+
+
+def _bare_optuna(storage, pruner):
+    """The fake sweep's trials, their scores reported to a bare Optuna study of the same
+    name: each trial's (pruned, reports) as Optuna's own loop decides them."""
+    study = optuna.create_study(storage=storage, study_name="s", pruner=pruner)
+    outcomes = []
+    for index in range(6):
+        trial, reports, pruned = study.ask(), {}, False
+        for step in range(1, 5):
+            reports[step] = _score(index, step)
+            trial.report(reports[step], step)
+            pruned = trial.should_prune()
+            if pruned:
+                break
+        state = optuna.trial.TrialState.PRUNED if pruned else None
+        study.tell(trial, None if pruned else reports[4], state=state)
+        outcomes.append((pruned, reports))
+    return outcomes
+
+
+def test_hyperband_prunes_the_trials_bare_optuna_prunes(tmp_path):
+    """`pruner="hyperband"` is Optuna's `HyperbandPruner()`: on the same study name (its
+    brackets hash it with the trial numbers) and the same reported scores, the sweep prunes
+    the trials, at the steps, that Optuna's own ask/report/tell loop prunes."""
+    trials = sweep(
+        _config(), SPACE, train=_fake([]), trials=6, ledger=tmp_path / "l.json",
+        search=optuna_search(storage=f"sqlite:///{tmp_path / 'dew.db'}", study_name="s"),
+        pruner="hyperband",
+    )  # fmt: skip
+    bare = _bare_optuna(f"sqlite:///{tmp_path / 'bare.db'}", optuna.pruners.HyperbandPruner())
+    assert [(trial.pruned, trial.reports) for trial in trials] == bare
+    assert [trial.index for trial in trials if trial.pruned] == [2, 4]  # the high ones
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'dew.db'}")
+    assert [t.state.name for t in study.trials] == [
+        "PRUNED" if trial.pruned else "COMPLETE" for trial in trials
+    ]
+
+
+def test_a_pruner_needs_an_optuna_search_and_is_given_once(tmp_path):
+    train = _fake([])
+    ledger = tmp_path / "l.json"
+    with pytest.raises(ValueError, match=r"^pruner='median' needs search=optuna_search .* got "):
+        sweep(_config(), SPACE, train=train, trials=2, ledger=ledger, pruner="median")
+    twice = optuna_search(pruner="median")
+    with pytest.raises(ValueError, match="both name a pruner; give it once"):
+        sweep(
+            _config(), SPACE, train=train, trials=2, ledger=ledger, search=twice, pruner="hyperband"
+        )
+    assert not ledger.exists()  # refused before the ledger is opened
+    trials = sweep(_config(), SPACE, train=train, trials=2, ledger=ledger, pruner="none")
+    assert len(trials) == 2  # "none" (as --pruner none) asks nothing of the search
+
+
 def test_a_sweep_without_a_pruner_reports_nothing(tmp_path):
     calls = []
     trials = sweep(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -44,6 +45,23 @@ def _canonical(point: Mapping[str, Any]) -> dict[str, Any]:
     return decode_json_value(json.loads(json.dumps(encode_json_value(dict(point)))))
 
 
+def _with_pruner(search: Search, pruner: Any) -> Search:
+    """`search` with `sweep(pruner=...)` in it: an `optuna_search` given one pruner, once."""
+    if pruner is None or pruner == "none":
+        return search
+    if not isinstance(search, OptunaSearch):
+        raise ValueError(
+            f"pruner={pruner!r} needs search=optuna_search (an Optuna pruner decides from the "
+            f"scores the study's other trials reported), got the {search.name} search."
+        )
+    if search.pruner is not None and search.pruner != "none" and search.pruner is not pruner:
+        raise ValueError(
+            f"pruner={pruner!r} and optuna_search(pruner={search.pruner!r}) both name a "
+            "pruner; give it once."
+        )
+    return dataclasses.replace(search, pruner=pruner)
+
+
 def sweep(
     config: RunConfig,
     space: Mapping[str, Any],
@@ -54,6 +72,7 @@ def sweep(
     tracker: ScalarTracker | None = None,
     search: Search = random_search,
     direction: str = "minimize",
+    pruner: Any = None,
 ) -> list[Trial]:
     """Train one trial per point of `space` and return the ledger's finished trials.
 
@@ -77,6 +96,10 @@ def sweep(
     - `search`: `random_search` (default), `grid_search`, `optuna_search` or another `Search`.
     - `direction`: `"minimize"` (default) or `"maximize"` the score: the ledger records it
       (`dew runs` shows a sweep's best trial by it) and refuses a rerun with the other.
+    - `pruner`: `"median"`, `"hyperband"`, an `optuna.pruners` pruner, or `None` / `"none"`
+      (default: no pruning), as `dew sweep --pruner`: the same as passing it to
+      `optuna_search(pruner=...)`, so it needs `search=optuna_search` (an Optuna pruner
+      decides from the other trials' reported scores, which only an Optuna study keeps).
 
     **Returns:** the ledger's finished trials in index order (with a shared ledger, other
     workers' trials too), each with `overrides` and `value` (and the pruned ones with
@@ -136,6 +159,7 @@ def sweep(
         raise TypeError(f"train must be a callable taking a RunConfig, got {train!r}.")
     if direction not in ("minimize", "maximize"):
         raise ValueError(f"direction must be 'minimize' or 'maximize', got {direction!r}.")
+    search = _with_pruner(search, pruner)
     normalized = _checked_space(config, space)
     search.check(normalized)
     if is_multiprocess() and getattr(search, "pruner", None) not in (None, "none"):
