@@ -8,7 +8,8 @@ import pathlib
 
 def ledger_json(path):
     """`{**header, "budget", "trials": [...], "running": [...]}` of the version-2 ledger at
-    `path`, entries in index order; a last line without its newline is left out."""
+    `path`, entries in index order (a pruned trial's with `"pruned": True`); a last line
+    without its newline is left out."""
     first, *lines, _tail = pathlib.Path(path).read_text().split("\n")
     header = json.loads(first)
     assert header["version"] == 2, header
@@ -20,10 +21,10 @@ def ledger_json(path):
         elif kind == "running":
             assert body["index"] not in running and body["index"] not in finished, line
             running[body["index"]] = body
-        else:
-            assert kind == "finished" and body["index"] not in finished, line
+        else:  # a trial's end: finished, or stopped by its sweep's pruner (decision 0055)
+            assert kind in ("finished", "pruned") and body["index"] not in finished, line
             running.pop(body["index"], None)
-            finished[body["index"]] = body
+            finished[body["index"]] = {**body, "pruned": True} if kind == "pruned" else body
     return {
         **header,
         "budget": budget,

@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from _ledgers import ledger_json
 
 from dew.cli import main
 from dew.config import (
@@ -159,6 +160,11 @@ def test_sweep_pruner_is_optuna_search_s_pruner(tmp_path):
     )  # fmt: skip
     assert [trial.pruned for trial in trials] == [False, False, True, False, True, False]
     assert pruner.seen and search.pruner is None  # the search given is left as it was
+    read = ledger_json(tmp_path / "l.json")  # the ledger read with `json` alone
+    assert [entry.get("pruned", False) for entry in read["trials"]] == [
+        trial.pruned for trial in trials
+    ]
+    assert read["running"] == [] and read["trials"][2]["reports"] == [[1, 10.0]]
 
 
 def _bare_optuna(storage, pruner):
