@@ -211,3 +211,66 @@ def test_the_fixture_s_server_is_postgresql(postgres_url):
         version = connection.execute(sqlalchemy.text("select version()")).scalar()
     engine.dispose()
     assert version.startswith("PostgreSQL ")
+
+
+_GRID_WORKER = """
+import sys
+
+import optuna
+from _sweep_worker import base_config, make_train
+
+from dew.config.sweep import optuna_search, sweep
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+ledger, side_log, storage, go = sys.argv[1:5]
+grid = [float(rate) for rate in sys.argv[5:]]
+while not __import__("os").path.exists(go):  # every worker asks at once
+    __import__("time").sleep(0.01)
+sampler = optuna.samplers.GridSampler({"optim.learning_rate": grid}, seed=0)
+search = optuna_search(storage=storage, study_name="grid", sampler=sampler)
+sweep(
+    base_config(), {"optim.learning_rate": grid}, train=make_train(side_log, 0.05),
+    trials=len(grid), ledger=ledger, search=search,
+)
+"""
+
+
+def test_optuna_s_grid_sampler_on_one_ledger_trains_each_grid_point_once(
+    tmp_path, optuna, postgres_url
+):
+    """Optuna's `GridSampler` (optuna_search(sampler=...), through the Python API) with four
+    workers on one ledger, released together on a fresh study of eight points: every point
+    and every index trains once. optuna#2039 (several workers drawing one grid point) is
+    closed upstream: Optuna 5 gives the first grid-size trials the grid point of their trial
+    number (bare Optuna, four workers released together, 3 runs: no duplicate either); dew's
+    trials are created through the same `Trial` (whose `before_trial` assigns it), and the
+    ledger hands out each index once."""
+    grid = [0.1 / 2**index for index in range(8)]
+    ledger, side_log, go = tmp_path / "ledger.json", tmp_path / "side.log", tmp_path / "go"
+    tests = os.path.dirname(__file__)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, *sys.path])}
+    command = [sys.executable, "-c", _GRID_WORKER, ledger, side_log, postgres_url, go, *grid]
+    workers = [
+        subprocess.Popen(
+            list(map(str, command)), env=environment, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(4)
+    ]  # fmt: skip
+    go.touch()
+    for worker in workers:
+        _, errors = worker.communicate(timeout=300)
+        assert worker.returncode == 0, errors
+
+    started = sorted(
+        int(line.split()[1]) for line in side_log.read_text().splitlines() if line[:5] == "start"
+    )
+    assert started == list(range(8))  # every index trained, each once
+    finished = ledger_json(ledger)["trials"]
+    rates = sorted(entry["overrides"]["optim.learning_rate"] for entry in finished)
+    assert rates == sorted(grid)  # every grid point once
+    study = optuna.load_study(study_name="grid", storage=postgres_url)
+    assert [trial.state.name for trial in study.trials] == ["COMPLETE"] * 8
+    assert sorted(trial.params["optim.learning_rate"] for trial in study.trials) == sorted(grid)
+    workers_seen = {line.split()[2] for line in side_log.read_text().splitlines()}
+    assert len(workers_seen) >= 2  # the points were shared out, not trained by one worker
