@@ -148,20 +148,36 @@ def postgres_url(postgres, request):
     return postgres.create_database(name)
 
 
-def pytest_ignore_collect(collection_path, config):
-    """`tests/parity` is not even imported where the `-m` expression leaves the parity tests
-    out, as the README's plain `pytest` does: its modules import torch, torchmetrics and
-    open_clip at collection (5-7 s in each xdist worker) for tests that are then deselected.
-    Every module there is marked `parity` as a whole."""
-    if collection_path != pathlib.Path(__file__).parent / "parity":
-        return None
+def _selects(config, marks):
+    """Whether the `-m` expression selects a test with `marks` (True without one, or with
+    one this cannot judge: pytest decides then)."""
     expression = config.getoption("markexpr")
     if not expression:
-        return None
+        return True
     from _pytest.mark.expression import Expression
 
     try:
-        selected = Expression.compile(expression).evaluate(lambda name, **_: name == "parity")
-    except Exception:  # an expression this cannot judge: collect, and let pytest decide
-        return None
-    return None if selected else True
+        return Expression.compile(expression).evaluate(lambda name, **_: name in marks)
+    except Exception:
+        return True
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Modules whose tests the `-m` expression leaves out are not even imported. Where it
+    leaves the parity tests out, as the README's plain `pytest` does, `tests/parity` (whose
+    modules import torch, torchmetrics and open_clip: 5-7 s in each xdist worker; every
+    module there is marked `parity` as a whole). Where it leaves unmarked tests out, as
+    `pytest -m "slow or parity"` does, every test module that does not mention either mark
+    (most of them: 12 s of the run's collection in each worker)."""
+    here = pathlib.Path(__file__).parent
+    if collection_path == here / "parity":
+        return None if _selects(config, {"parity"}) else True
+    if (
+        collection_path.parent == here
+        and collection_path.name.startswith("test_")
+        and collection_path.suffix == ".py"
+        and not _selects(config, set())
+    ):
+        text = collection_path.read_text(encoding="utf-8")
+        return None if "slow" in text or "parity" in text else True
+    return None
