@@ -1,5 +1,6 @@
 """Equinox backbones."""
 
+from dew.nn.backbones._remat import REMAT_POLICIES as REMAT_POLICIES
 from dew.nn.backbones.bidirectional_transformer import (
     BidirectionalTransformer as BidirectionalTransformer,
 )
@@ -7,4 +8,4 @@ from dew.nn.backbones.causal_transformer import CausalTransformer as CausalTrans
 from dew.nn.backbones.dit import DiT as DiT
 from dew.nn.backbones.vit import ViT as ViT
 
-__all__ = ["BidirectionalTransformer", "CausalTransformer", "DiT", "ViT"]
+__all__ = ["REMAT_POLICIES", "BidirectionalTransformer", "CausalTransformer", "DiT", "ViT"]

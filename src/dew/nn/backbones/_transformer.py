@@ -11,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 from dew._integers import check_integer
 from dew.nn._compiled_init import initialise
 from dew.nn.backbones._layers import dense, layer_norm
+from dew.nn.backbones._remat import apply_blocks, remat_policy
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "COMPUTE_DTYPES", "KVCache", "TransformerStack"]
 
@@ -222,6 +223,7 @@ class TransformerStack(eqx.Module):
     max_seq_len: int = eqx.field(static=True)
     dtype: str = eqx.field(static=True)
     attention_impl: str = eqx.field(static=True)
+    remat: str | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -235,6 +237,7 @@ class TransformerStack(eqx.Module):
         max_seq_len: int,
         dtype: str,
         attention_impl: str,
+        remat: str | None = None,
         key: PRNGKeyArray,
     ):
         # Two compiled programs whatever the depth: the parts around the blocks (and the
@@ -250,6 +253,7 @@ class TransformerStack(eqx.Module):
         self.max_seq_len = max_seq_len
         self.dtype = dtype
         self.attention_impl = attention_impl
+        self.remat = remat
 
     def _computing(self) -> "TransformerStack":
         """The stack with its parameters cast to the compute dtype."""
@@ -269,8 +273,13 @@ class TransformerStack(eqx.Module):
             )
         model = self._computing()
         x = jax.vmap(model.token_embedding)(tokens) + model.position_embedding[:seq]
-        for block in model.blocks:
-            x = block(x, causal=causal, implementation=self.attention_impl)
+        implementation = self.attention_impl
+        x = apply_blocks(
+            model.blocks,
+            x,
+            self.remat,
+            lambda block, x: block(x, causal=causal, implementation=implementation),
+        )
         x = layer_norm(model.final_norm, x)
         return dense(model.head, x).astype(jnp.float32)
 
@@ -348,10 +357,12 @@ def build_stack(
     max_seq_len: int,
     dtype: str,
     attention_impl: str,
+    remat: bool | str | None = None,
     key: PRNGKeyArray,
 ) -> TransformerStack:
     """Check a backbone's configuration (errors name `kind`), then build its stack: an
-    embedding of `vocab_size + extra_tokens` rows and logits over the `vocab_size` tokens."""
+    embedding of `vocab_size + extra_tokens` rows and logits over the `vocab_size` tokens,
+    its blocks rematerialised as `remat` asks (`dew.nn.backbones._remat`)."""
     sizes = {
         "emb_features": emb_features,
         "num_layers": num_layers,
@@ -362,11 +373,13 @@ def build_stack(
     check_configuration(
         kind, vocab_size=vocab_size, dtype=dtype, attention_impl=attention_impl, **sizes
     )
+    policy = remat_policy(kind, remat)
     return TransformerStack(
         vocab_size=vocab_size + extra_tokens,
         out_features=vocab_size,
         dtype=dtype,
         attention_impl=attention_impl,
+        remat=policy,
         key=key,
         **sizes,
     )

@@ -13,7 +13,7 @@ class BidirectionalTransformer(eqx.Module):
     the `vocab_size` real tokens at every position. Its inputs may also hold the mask
     token `vocab_size`, so its embedding has `vocab_size + 1` rows.
 
-    Same arguments as `CausalTransformer`.
+    Same arguments as `CausalTransformer` (`remat` included).
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -39,6 +39,7 @@ class BidirectionalTransformer(eqx.Module):
         max_seq_len: int,
         dtype: str = "float32",
         attention_impl: str = "xla",
+        remat: bool | str = False,
         *,
         key: PRNGKeyArray,
     ):
@@ -53,6 +54,7 @@ class BidirectionalTransformer(eqx.Module):
             max_seq_len=max_seq_len,
             dtype=dtype,
             attention_impl=attention_impl,
+            remat=remat,
             key=key,
         )
         self.vocab_size = vocab_size

@@ -22,6 +22,12 @@ class CausalTransformer(eqx.Module):
     - `attention_impl`: `"xla"` (any backend: `jax.nn.dot_product_attention`'s XLA
       arithmetic, written as two products batched over the heads) or `"cudnn"` (CUDA
       GPUs, bfloat16: `jax.nn.dot_product_attention`'s fused kernel), with a causal mask.
+    - `remat`: `False` (default), `True` or a policy name of
+      `dew.nn.backbones.REMAT_POLICIES`: each block under `jax.checkpoint` with that policy
+      (`True`: `"nothing_saveable"`), so a training step keeps a block's input rather than
+      its activations and recomputes them in the backward pass: less memory for the same
+      gradients, at the cost of a second forward pass through the blocks. No parameter
+      changes; `prefill` and `decode` (no gradients) run the blocks as they are.
     - `key`: the initialisation key, keyword-only and required (as in `eqx.nn`).
 
     The module maps one sequence; `jax.vmap` it over a batch. `prefill` and `decode`
@@ -53,6 +59,7 @@ class CausalTransformer(eqx.Module):
         max_seq_len: int,
         dtype: str = "float32",
         attention_impl: str = "xla",
+        remat: bool | str = False,
         *,
         key: PRNGKeyArray,
     ):
@@ -66,6 +73,7 @@ class CausalTransformer(eqx.Module):
             max_seq_len=max_seq_len,
             dtype=dtype,
             attention_impl=attention_impl,
+            remat=remat,
             key=key,
         )
         self.vocab_size = vocab_size

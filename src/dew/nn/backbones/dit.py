@@ -11,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from dew.nn._compiled_init import initialise
 from dew.nn.backbones._layers import dense, layer_norm
+from dew.nn.backbones._remat import apply_blocks, remat_policy
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
     SelfAttention,
@@ -127,6 +128,8 @@ class DiT(eqx.Module):
       diffusion objective checks its batches).
     - `dtype`: `"float32"` or `"bfloat16"`, the computation dtype. Parameters stay
       float32; the output is returned in float32.
+    - `remat`: `False` (default), `True` or a name of `dew.nn.backbones.REMAT_POLICIES`:
+      each block under `jax.checkpoint` with that policy, as `CausalTransformer`'s.
     - `key`: the initialisation key (required).
 
     The conditioning vector is an MLP of sinusoidal features of `t` plus the label's
@@ -165,6 +168,7 @@ class DiT(eqx.Module):
     frames: int | None = eqx.field(static=True)
     num_classes: int | None = eqx.field(static=True)
     dtype: str = eqx.field(static=True)
+    remat: str | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -178,6 +182,7 @@ class DiT(eqx.Module):
         frames: int | None = None,
         num_classes: int | None = None,
         dtype: str = "float32",
+        remat: bool | str = False,
         key: PRNGKeyArray,
     ):
         check_vision_configuration(
@@ -216,6 +221,7 @@ class DiT(eqx.Module):
         self.frames = frames
         self.num_classes = num_classes
         self.dtype = dtype
+        self.remat = remat_policy("DiT", remat)
 
     @property
     def null_label(self) -> int:
@@ -261,8 +267,7 @@ class DiT(eqx.Module):
         condition = model.time_mlp(_time_embedding(t, h.shape[-1]).astype(h.dtype))
         if model.label_embedding is not None:
             condition = condition + model.label_embedding(label)
-        for block in model.blocks:
-            h = block(h, condition)
+        h = apply_blocks(model.blocks, h, self.remat, lambda block, h: block(h, condition))
         shift, scale = (
             part[None] for part in jnp.split(model.final_modulation(jax.nn.silu(condition)), 2)
         )

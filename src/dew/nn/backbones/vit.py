@@ -9,6 +9,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from dew.nn._compiled_init import initialise
 from dew.nn.backbones._layers import dense, layer_norm
+from dew.nn.backbones._remat import apply_blocks, remat_policy
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
     SelfAttention,
@@ -67,6 +68,8 @@ class ViT(eqx.Module):
       must divide `width`); each block's MLP is `4 * width` wide.
     - `dtype`: `"float32"` or `"bfloat16"`, the computation dtype. Parameters stay
       float32; features are returned in float32.
+    - `remat`: `False` (default), `True` or a name of `dew.nn.backbones.REMAT_POLICIES`:
+      each block under `jax.checkpoint` with that policy, as `CausalTransformer`'s.
     - `key`: the initialisation key (required).
 
     `model(image, mask)` takes an optional boolean `(patches,)` mask of the visible
@@ -103,6 +106,7 @@ class ViT(eqx.Module):
     patch_size: int = eqx.field(static=True)
     channels: int = eqx.field(static=True)
     dtype: str = eqx.field(static=True)
+    remat: str | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -114,6 +118,7 @@ class ViT(eqx.Module):
         heads: int,
         *,
         dtype: str = "float32",
+        remat: bool | str = False,
         key: PRNGKeyArray,
     ):
         check_vision_configuration(
@@ -137,6 +142,7 @@ class ViT(eqx.Module):
         self.patch_size = patch_size
         self.channels = channels
         self.dtype = dtype
+        self.remat = remat_policy("ViT", remat)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -202,8 +208,7 @@ class ViT(eqx.Module):
             attend = jnp.ones((self.patches, self.patches), bool)
         else:
             attend = (mask[None, :] & mask[:, None]) | jnp.eye(self.patches, dtype=bool)
-        for block in model.blocks:
-            h = block(h, attend)
+        h = apply_blocks(model.blocks, h, self.remat, lambda block, h: block(h, attend))
         h = layer_norm(model.final_norm, h)
         if mask is not None:
             h = jnp.where(mask[:, None], h, jnp.zeros((), h.dtype))
