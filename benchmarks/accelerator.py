@@ -1,0 +1,241 @@
+"""A ~100M-parameter causal transformer on an accelerator: `Trainer.fit` and `dew.evaluate`
+against a hand-written `jax.jit` + optax loop on the same model, with tokens per second and MFU.
+
+Issue 29, item 7. This script asserts nothing and always exits 0.
+
+The model (`--size gpu`, the default on a GPU or TPU): `CausalTransformer(vocab_size=32768,
+emb_features=768, num_layers=12, num_heads=12, mlp_features=3072, max_seq_len=1024,
+dtype="bfloat16")`, 110.3M parameters (GPT-2 small's blocks, a 32k vocabulary), the parameters
+and the optimizer state in float32 and the blocks computing in bfloat16 with float32 logits (the
+backbone's `dtype`: the mixed-bfloat16 arithmetic; `Trainer(precision=...)`, issue 29 item 1,
+is not built yet), attention through `jax.nn.dot_product_attention` (`attention_impl="cudnn"`,
+its fused kernel, on a CUDA GPU; `"xla"` elsewhere). Batches of 16 rows of 1,025 token IDs
+(16,384 target tokens a step), NumPy-seeded, put on the device before timing. `--size cpu` (the
+default without an accelerator) is the same script at a CPU-sized model (vocab 256, emb 128, 2
+layers, seq 128, batch 8).
+
+Sides, per step, on the same device batch and the same `LMObjective(model, seq_len)`:
+
+- `trainer`: `Trainer(objective, optax.adamw(3e-4), key).fit(data, steps=..., log_every=10,
+  progress=False, state=state)`, each round continuing from the last round's state.
+- `hand`: `jax.jit(step, donate_argnums=0)`, where `step` is `jax.value_and_grad` of the
+  objective's loss, `optimizer.update` and `optax.apply_updates`; every 10th step its outputs
+  are fetched with `jax.device_get`, as the trainer fetches its window at a log step.
+- `evaluate`: `dew.evaluate(objective, params, batches, metrics=[perplexity()], key=key)` over
+  8 batches, against a floor: a jitted per-batch negative log-likelihood sum carried on the
+  device, one fetch at the end.
+
+FLOPs: XLA's own count of the hand step (`compiled.cost_analysis()["flops"]`), printed beside
+the estimate `6 * N * tokens + 12 * layers * seq * emb * tokens` (N the parameters without the
+embeddings' lookup: the matrix products' multiply-adds, forward and backward, plus attention's
+two products). MFU: FLOPs per step / step time / the device's peak dense bfloat16 rate from
+`PEAKS` (vendor figures; none on CPU, where MFU is not printed).
+
+Run: `python benchmarks/accelerator.py` (about 3 minutes on an H200 including compilation),
+`--size cpu|gpu`, `--rounds N`, `--steps N` (steps a round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+PEAKS = {  # dense bfloat16 TFLOP/s per chip, vendor figures (no sparsity)
+    "H100": 989.4,
+    "H200": 989.4,
+    "A100": 312.0,
+    "TPU v4": 275.0,
+    "TPU v5 lite": 197.0,
+    "TPU v5e": 197.0,
+    "TPU v5p": 459.0,
+}
+LOG_EVERY = 10
+
+
+@dataclass(frozen=True)
+class Size:
+    vocab: int
+    emb: int
+    layers: int
+    heads: int
+    mlp: int
+    seq: int
+    batch: int
+
+
+SIZES = {
+    "gpu": Size(32768, 768, 12, 12, 3072, 1024, 16),
+    "cpu": Size(256, 128, 2, 4, 512, 128, 8),
+}
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), help="default: gpu on an accelerator")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20, help="steps a round (a multiple of 10)")
+    return parser.parse_args()
+
+
+def peak(device: Any) -> float | None:
+    """The device's peak dense bfloat16 TFLOP/s from `PEAKS`, or None (CPU, unknown)."""
+    kind = getattr(device, "device_kind", "")
+    for name, tflops in PEAKS.items():
+        if name.lower() in kind.lower():
+            return tflops
+    return None
+
+
+def timed(run: Any, steps: int) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        run(steps)
+        return (time.perf_counter() - start) / steps
+    finally:
+        gc.enable()
+
+
+def main() -> None:
+    args = parse()
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from dew import Trainer, evaluate, metrics
+    from dew.data import Dataset
+    from dew.nn.backbones import CausalTransformer
+    from dew.objectives.base import combine, token_log_probs
+    from dew.objectives.lm import LMObjective
+
+    device = jax.devices()[0]
+    accelerator = device.platform != "cpu"
+    size = SIZES[args.size or ("gpu" if accelerator else "cpu")]
+    impl = "cudnn" if device.platform == "gpu" else "xla"
+    print(
+        f"jax {jax.__version__}, device {device.device_kind} ({device.platform}), cores "
+        f"{os.cpu_count()}, load {os.getloadavg()[0]:.1f}"
+    )
+    model = CausalTransformer(
+        vocab_size=size.vocab, emb_features=size.emb, num_layers=size.layers,
+        num_heads=size.heads, mlp_features=size.mlp, max_seq_len=size.seq, dtype="bfloat16",
+        attention_impl=impl, key=jax.random.key(0),
+    )  # fmt: skip
+    objective = LMObjective(model, seq_len=size.seq)
+    params = objective.init_params()
+    count = sum(int(leaf.size) for leaf in jax.tree.leaves(params))
+    rows = np.random.default_rng(0).integers(0, size.vocab, (size.batch, size.seq + 1))
+    batch = {"text": jax.device_put(jnp.asarray(rows, jnp.int32))}
+    tokens = size.batch * size.seq
+    print(f"model: {count / 1e6:.1f}M parameters, emb {size.emb}, {size.layers} layers, seq "
+          f"{size.seq}, batch {size.batch} ({tokens} tokens a step), bfloat16 compute, "
+          f"attention {impl}")  # fmt: skip
+
+    optimizer = optax.adamw(3e-4)
+    key = jax.random.key(0)
+
+    def step(carry: Any, batch: Any) -> Any:
+        params, opt_state = carry
+        (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(params, batch, key)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), {"loss": loss, **aux}
+
+    hand_step = jax.jit(step, donate_argnums=0)
+    fresh = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), params)
+    carry = [(fresh, optimizer.init(fresh))]
+    compiled = hand_step.lower(carry[0], batch).compile()
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    flops = float(analysis.get("flops", float("nan")))
+    matrix = count - size.vocab * size.emb - size.seq * size.emb  # no lookup tables
+    estimate = 6 * matrix * tokens + 12 * size.layers * size.seq * size.emb * tokens
+    print(
+        f"FLOPs a step: XLA {flops / 1e12:.3f} T, estimate 6N + attention "
+        f"{estimate / 1e12:.3f} T (XLA / estimate {flops / estimate:.2f})"
+    )
+
+    def hand(steps: int) -> None:
+        state = carry[0]
+        for index in range(1, steps + 1):
+            state, outputs = hand_step(state, batch)
+            if index % LOG_EVERY == 0:
+                last.update((name, float(v)) for name, v in jax.device_get(outputs).items())
+        jax.block_until_ready(state)
+        carry[0] = state
+
+    trainer = Trainer(objective, optimizer, key)
+    data = Dataset(train=lambda partition: itertools.repeat(batch))
+    fitted = [None, 0]
+
+    def fit(steps: int) -> None:
+        fitted[1] += steps
+        fitted[0] = trainer.fit(
+            data, steps=fitted[1], log_every=LOG_EVERY, progress=False, state=fitted[0]
+        )
+        jax.block_until_ready(fitted[0].params)
+
+    eval_batches = [batch] * 8
+    perplexity = [metrics.perplexity()]
+
+    last: dict[str, Any] = {}
+
+    def dew_pass(_: int) -> None:
+        last.update(evaluate(objective, params, eval_batches, metrics=perplexity, key=key).scores)
+
+    @jax.jit
+    def floor_nll(total: Any, params: Any, text: Any) -> Any:
+        logits = jax.vmap(combine(params, model))(text[:, :-1])
+        return total + (-token_log_probs(logits, text[:, 1:])).sum()
+
+    def floor_pass(_: int) -> None:
+        total = jnp.zeros(())
+        for each in eval_batches:
+            total = floor_nll(total, params, each["text"])
+        last["floor"] = float(jax.device_get(total))
+
+    sides = {"trainer": fit, "hand": hand, "evaluate": dew_pass, "floor": floor_pass}
+    for name, run in sides.items():  # compile and warm up
+        start = time.perf_counter()
+        run(2 * LOG_EVERY if name in ("trainer", "hand") else 1)
+        print(f"warm-up {name}: {time.perf_counter() - start:.1f} s")
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    order = list(sides)
+    for _ in range(args.rounds):
+        for name in order:
+            steps = args.steps if name in ("trainer", "hand") else 1
+            times[name].append(timed(sides[name], steps))
+        order = order[1:] + order[:1]
+
+    top = peak(device)
+    print(f"\nmedians of {args.rounds} rounds; peak bf16 {top or 'unknown'} TFLOP/s")
+    for name, label in (("trainer", "Trainer.fit"), ("hand", "hand-written jit + optax")):
+        median = statistics.median(times[name])
+        line = (f"{label:26s} {median * 1e3:9.2f} ms/step  "
+                f"[{min(times[name]) * 1e3:.2f}-{max(times[name]) * 1e3:.2f}]  "
+                f"{tokens / median:12,.0f} tokens/s")  # fmt: skip
+        if top is not None:
+            line += f"  MFU {flops / median / (top * 1e12):.1%}"
+        print(line)
+    ratio = statistics.median(times["trainer"]) / statistics.median(times["hand"])
+    paired = statistics.median(a / b for a, b in zip(times["trainer"], times["hand"], strict=True))
+    print(f"Trainer.fit / hand: {ratio:.3f}x (paired {paired:.3f}x; target <= 1.02x)")
+    eval_tokens = tokens * len(eval_batches)
+    for name, label in (("evaluate", "dew.evaluate (8 batches)"), ("floor", "jitted NLL floor")):
+        median = statistics.median(times[name])
+        print(f"{label:26s} {median * 1e3:9.2f} ms/pass {eval_tokens / median:12,.0f} tokens/s")
+    ratio = statistics.median(times["evaluate"]) / statistics.median(times["floor"])
+    print(f"dew.evaluate / floor: {ratio:.3f}x")
+    print("strategies: data (one device) only; fsdp and fsdp+tensor are issue 29 item 3, not built")
+
+
+if __name__ == "__main__":
+    main()
