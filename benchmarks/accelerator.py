@@ -24,7 +24,8 @@ Sides, per step, on the same batch and the same `LMObjective(model, seq_len)`:
 - Both with the batch as a loader yields it (NumPy, on the host: the trainer checks its token
   IDs there and each step copies it to the device), and again with the batch already on the
   device (`, device batch`: the trainer's compiled step then checks the IDs itself, a host
-  callback each step, which waits for the device).
+  callback each step, which waits for the device), and `trainer, fused`: `fit(...,
+  steps_per_call=10)`, ten steps a compiled call (a `lax.scan`), host batches, against `hand`.
 - `evaluate`: `dew.evaluate(objective, params, batches, metrics=[perplexity()], key=key)` over
   8 batches, against a floor: a jitted per-batch negative log-likelihood sum carried on the
   device, one fetch at the end.
@@ -184,13 +185,18 @@ def main() -> None:
     trainer = Trainer(objective, optimizer, key)
     fitted: list[Any] = [None, 0]
 
-    def fit_on(each: Any) -> Any:
+    def fit_on(each: Any, steps_per_call: int = 1) -> Any:
         data = Dataset(train=lambda partition: itertools.repeat(each))
 
         def fit(steps: int) -> None:
             fitted[1] += steps
             fitted[0] = trainer.fit(
-                data, steps=fitted[1], log_every=LOG_EVERY, progress=False, state=fitted[0]
+                data,
+                steps=fitted[1],
+                log_every=LOG_EVERY,
+                progress=False,
+                state=fitted[0],
+                steps_per_call=steps_per_call,
             )
             jax.block_until_ready(fitted[0].params)
 
@@ -220,6 +226,7 @@ def main() -> None:
         "hand": hand_on(host_batch),
         "trainer, device batch": fit_on(batch),
         "hand, device batch": hand_on(batch),
+        "trainer, fused": fit_on(host_batch, LOG_EVERY),
         "evaluate": dew_pass,
         "floor": floor_pass,
     }
@@ -253,8 +260,8 @@ def main() -> None:
         if top is not None:
             line += f"  MFU {counted / median / (top * 1e12):.1%}"
         print(line)
-    for suffix in ("", ", device batch"):
-        dew, floor = times["trainer" + suffix], times["hand" + suffix]
+    for suffix in ("", ", device batch", ", fused"):
+        dew, floor = times["trainer" + suffix], times["hand" + suffix.replace(", fused", "")]
         ratio = statistics.median(dew) / statistics.median(floor)
         paired = statistics.median(a / b for a, b in zip(dew, floor, strict=True))
         print(f"Trainer.fit / hand{suffix}: {ratio:.3f}x (paired {paired:.3f}x; target <= 1.02x)")
