@@ -1349,6 +1349,7 @@ def test_workers_sharing_a_ledger_train_each_grid_point_once(tmp_path, optuna, s
     assert sorted(points) == sorted(grid)  # every grid point trained, none twice
 
 
+@pytest.mark.filterwarnings("ignore:BruteForceSampler is experimental")
 def test_only_samplers_that_avoid_running_trials_sample_under_the_ledger_s_lock(tmp_path, optuna):
     from dew.config.sweep._space import _checked_space as checked_space
 
