@@ -1226,8 +1226,8 @@ def test_a_search_of_ones_own(tmp_path):
 
 @pytest.mark.parametrize(
     ("moment", "index"),
-    [("ask", 5), ("ask", 2), ("create", 3)],
-    ids=["asked-last", "asked-midway", "created-before-its-params"],
+    [("ask", 5), ("ask", 2), ("create", 3), ("reserve", 4)],
+    ids=["asked-last", "asked-midway", "created-before-its-params", "claimed-while-sampling"],
 )
 @pytest.mark.slow  # about 6 s; CI runs it with the slow tests
 def test_an_optuna_worker_killed_before_its_ledger_write_loses_no_index(
@@ -1259,6 +1259,117 @@ def test_an_optuna_worker_killed_before_its_ledger_write_loses_no_index(
         assert trial.value == finished[trial.number]["value"]
 
 
+def _ledger_lock_is_free(ledger):
+    """Whether this process can take the ledger's lock (byte 0 of `<ledger>.lock`) now."""
+    import fcntl
+
+    descriptor = os.open(f"{ledger}.lock", os.O_RDWR)
+    try:
+        fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(descriptor)  # drops the lock if it was taken
+    return True
+
+
+def _wait_for(path, workers, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert all(worker.poll() is None for worker in workers), [w.communicate() for w in workers]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+@pytest.mark.slow  # two worker processes: about 8 s
+def test_an_optuna_worker_samples_outside_the_shared_ledger_s_lock(tmp_path, optuna):
+    """Worker A holds its sampler while drawing trial 0 (created and claimed, not recorded):
+    worker B, opening the same ledger and storage meanwhile, takes and trains trials 1 and
+    2 (so A's sampling holds no lock B needs), does not adopt A's trial 0 as an orphan, and
+    ends without calling it missing; A then trains 0 (decision 0056)."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    ledger, side_log = tmp_path / "ledger.json", tmp_path / "side.log"
+    held, go_on = tmp_path / "held", tmp_path / "go-on"
+    arguments = ["--ledger", ledger, "--side-log", side_log, "--trials", 3, "--sleep", 0.0]
+    arguments += ["--search", "optuna", "--storage", storage, "--study", "held"]
+    first = _worker(*arguments, "--hold-draw", 0, "--held", held, "--go-on", go_on)
+    try:
+        _wait_for(held, [first])
+        assert _ledger_lock_is_free(ledger)  # A's sampler draws outside the lock
+        second = _worker(*arguments)
+        output, errors = second.communicate(timeout=120)
+        assert second.returncode == 0, errors
+        assert output.split() == ["1", "2"]  # A's trial 0 is not finished yet
+        study = optuna.load_study(study_name="held", storage=storage)
+        assert study.trials[0].state.name == "RUNNING" and study.trials[0].params == {}
+    finally:
+        go_on.touch()
+    output, errors = first.communicate(timeout=120)
+    assert first.returncode == 0, errors
+    assert output.split() == ["0", "1", "2"]
+    starts = [line.split() for line in _lines(side_log) if line.startswith("start")]
+    assert sorted(int(index) for _, index, _ in starts) == [0, 1, 2]  # each trained once
+    assert [pid for _, index, pid in starts if index == "0"] == [str(first.pid)]
+    study = optuna.load_study(study_name="held", storage=storage)
+    assert [trial.state.name for trial in study.trials] == ["COMPLETE"] * 3
+
+
+@pytest.mark.slow  # three worker processes: about 10 s
+@pytest.mark.parametrize("sampler", ["grid", "brute"])
+def test_workers_sharing_a_ledger_train_each_grid_point_once(tmp_path, optuna, sampler):
+    """Optuna's GridSampler and BruteForceSampler still sample under the ledger's lock
+    (they avoid the points of the running trials, optuna#2039): while worker A's sampler
+    draws trial 0 it holds the lock, and A, B and C train the 12 points of the grid once
+    each."""
+    from _sweep_worker import GRID
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    ledger, side_log = tmp_path / "ledger.json", tmp_path / "side.log"
+    held, go_on = tmp_path / "held", tmp_path / "go-on"
+    arguments = ["--ledger", ledger, "--side-log", side_log, "--trials", 12, "--sleep", 0.05]
+    arguments += ["--search", "optuna", "--storage", storage, "--study", "grid"]
+    arguments += ["--sampler", sampler]
+    workers = [_worker(*arguments, "--hold-draw", 0, "--held", held, "--go-on", go_on)]
+    try:
+        _wait_for(held, workers)
+        assert not _ledger_lock_is_free(ledger)  # A's sampler draws under the lock
+        workers += [_worker(*arguments) for _ in (1, 2)]
+    finally:
+        go_on.touch()
+    for worker in workers:
+        _, errors = worker.communicate(timeout=120)
+        assert worker.returncode == 0, errors
+    starts = [line.split() for line in _lines(side_log) if line.startswith("start")]
+    assert sorted(int(index) for _, index, _ in starts) == list(range(12))
+    points = [tuple(sorted(entry["overrides"].items())) for entry in ledger_json(ledger)["trials"]]
+    grid = {
+        tuple(sorted(zip(GRID, values, strict=True)))
+        for values in itertools.product(*GRID.values())
+    }
+    assert sorted(points) == sorted(grid)  # every grid point trained, none twice
+
+
+@pytest.mark.filterwarnings("ignore:BruteForceSampler is experimental")
+def test_only_samplers_that_avoid_running_trials_sample_under_the_ledger_s_lock(tmp_path, optuna):
+    from dew.config.sweep._space import _checked_space as checked_space
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    space = checked_space(config(), {"optim.learning_rate": [0.1, 0.01]})
+    samplers = {
+        "grid": optuna.samplers.GridSampler({"optim.learning_rate": [0.1, 0.01]}),
+        "brute": optuna.samplers.BruteForceSampler(),
+        "tpe": optuna.samplers.TPESampler(),
+        "random": optuna.samplers.RandomSampler(),
+    }
+    reserves = {}
+    for name, sampler in samplers.items():
+        search = optuna_search(storage=storage, study_name=name, sampler=sampler)
+        reserves[name] = search.start(space, trials=2, finished=[], running=[]).reserves
+    assert reserves == {"grid": False, "brute": False, "tpe": True, "random": True}
+    memory = optuna_search(sampler=optuna.samplers.TPESampler())  # one process's own study
+    assert not memory.start(space, trials=2, finished=[], running=[]).reserves
+
+
 def test_another_ledgers_running_optuna_trial_is_not_taken(tmp_path, optuna):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     search = optuna_search(storage=storage, study_name="shared")
@@ -1282,16 +1393,19 @@ def test_a_sweep_never_ends_quietly_with_an_index_missing(tmp_path, optuna, monk
     search = optuna_search(storage=storage, study_name="gap")
     space = {"optim.learning_rate": Uniform(1e-4, 1e-1, log=True)}
     ledger = tmp_path / "l.json"
-    asked = sweep_module._OptunaRun.ask
+    reserved = sweep_module._OptunaRun.reserve
 
-    def lose_trial_1(self, taken):  # trial 1 is created, then its process "dies" quietly
-        proposal = asked(self, taken)
-        return asked(self, taken) if proposal is not None and proposal[0] == 1 else proposal
+    def lose_trial_1(self, taken, claim, release):  # trial 1 is created, its process "dies"
+        index = reserved(self, taken, claim, release)
+        if index == 1:
+            release(1)
+            index = reserved(self, taken, claim, release)
+        return index
 
-    monkeypatch.setattr(sweep_module._OptunaRun, "ask", lose_trial_1)
+    monkeypatch.setattr(sweep_module._OptunaRun, "reserve", lose_trial_1)
     with pytest.raises(RuntimeError, match=r"ended with trials \[1\] unfinished"):
         sweep(config(), space, train=Recorder(), trials=3, ledger=ledger, search=search)
-    monkeypatch.setattr(sweep_module._OptunaRun, "ask", asked)
+    monkeypatch.setattr(sweep_module._OptunaRun, "reserve", reserved)
     train = Recorder()
     trials = sweep(config(), space, train=train, trials=3, ledger=ledger, search=search)
     assert train.names == ["exp/trial-1"]

@@ -185,14 +185,17 @@ def test_the_sweep_s_state_errors_are_one_line_and_exit_status_2(
     import dew.config.sweep as sweep_module
     from dew.config.sweep import _ledger
 
-    asked = sweep_module._OptunaRun.ask
+    reserved = sweep_module._OptunaRun.reserve
     if error == "unfinished":  # trial 1 is created, then its process "dies" quietly
 
-        def lose_trial_1(self, taken):
-            proposal = asked(self, taken)
-            return asked(self, taken) if proposal is not None and proposal[0] == 1 else proposal
+        def lose_trial_1(self, taken, claim, release):
+            index = reserved(self, taken, claim, release)
+            if index == 1:
+                release(1)
+                index = reserved(self, taken, claim, release)
+            return index
 
-        monkeypatch.setattr(sweep_module._OptunaRun, "ask", lose_trial_1)
+        monkeypatch.setattr(sweep_module._OptunaRun, "reserve", lose_trial_1)
         message = "ended with trials [1] unfinished and no live process training them"
     else:  # another process holds index 1 in the ledger, but not in this process's study
         taken = _ledger._State.taken

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 from dew.config.sweep._search import Search, SearchRun, SweepStateError, Trial
@@ -30,6 +30,13 @@ def _import_optuna() -> Any:
 _OPTUNA_CHOICE = (type(None), bool, int, float, str)
 PRUNERS = ("median", "hyperband", "none")
 """The pruners `optuna_search(pruner=...)` and `dew sweep --pruner` take by name."""
+
+
+def _locked_samplers(optuna: Any) -> tuple[type, ...]:
+    """Optuna's samplers whose choice depends on the points the study's running trials hold
+    (they avoid them), so they draw under the ledger's lock (optuna#2039)."""
+    names = ("GridSampler", "BruteForceSampler")
+    return tuple(getattr(optuna.samplers, name) for name in names if hasattr(optuna.samplers, name))
 
 
 def _pruner(optuna: Any, pruner: Any) -> Any:
@@ -60,7 +67,12 @@ class OptunaSearch(Search):
     may share one ledger path on one machine (writes are locked), or keep one ledger each.
     Each trial is created carrying its ledger's name (user attribute `OWNER_ATTR`), so a
     rerun trains at its number a trial a killed worker created but never recorded, and never
-    takes another ledger's trial.
+    takes another ledger's trial. With a storage, a worker creates (or takes) its trial and
+    claims its index under the shared ledger's lock, but the sampler draws the point outside
+    it, so workers sharing a ledger sample at once (decision 0056); except Optuna's
+    `GridSampler` and `BruteForceSampler`, whose choice depends on the points the other
+    running trials hold (optuna#2039: concurrent workers draw the same grid point), which
+    sample under the lock, so one shared ledger never trains a grid point twice.
 
     - `sampler`: an Optuna sampler (`None`: Optuna's default, TPE).
     - `direction`: `"minimize"` (default) or `"maximize"` the trial values.
@@ -136,10 +148,14 @@ class OptunaSearch(Search):
         finished: Sequence[Trial],
         running: Sequence[tuple[int, dict[str, Any]]],
         owner: str | None = None,
+        live: Callable[[int], bool] | None = None,
     ) -> SearchRun:
         """Begin proposing trials; `owner` names the ledger (`sweep` passes it), which each
-        trial records as user attribute `OWNER_ATTR` from the moment the study creates it."""
-        return _OptunaRun(self, space, trials, finished, running, owner)
+        trial records as user attribute `OWNER_ATTR` from the moment the study creates it.
+        `live(index)` says whether a live process holds trial `index`'s claim in the ledger
+        (`sweep` passes it; by default none does): such a trial, created but not yet
+        recorded, is that process's, not an orphan to adopt."""
+        return _OptunaRun(self, space, trials, finished, running, owner, live)
 
 
 class _OptunaRun(SearchRun):
@@ -151,13 +167,16 @@ class _OptunaRun(SearchRun):
         finished: Sequence[Trial],
         running: Sequence[tuple[int, dict[str, Any]]],
         owner: str | None,
+        live: Callable[[int], bool] | None = None,
     ) -> None:
         optuna = self.optuna = _import_optuna()
         self.owner = owner
+        self.live = live
         self.prunes = search.pruner not in (None, "none") and not isinstance(
             search.pruner, optuna.pruners.NopPruner
         )
         self._asked: dict[int, Any] = {}  # trial number -> its optuna.trial.Trial, to report
+        self._reserved: dict[int, Any] = {}  # trial number -> its Trial, reserved, not drawn
         self.orphans: list[int] = []
         distributions = optuna.distributions
         self.distributions = {}
@@ -175,6 +194,10 @@ class _OptunaRun(SearchRun):
         self.trials = trials
         self.storage = search.storage
         self.study = open_study(optuna, search, _pruner(optuna, search.pruner))
+        # An in-memory study is one process's own: nothing to gain outside the lock.
+        self.reserves = search.storage is not None and not isinstance(
+            self.study.sampler, _locked_samplers(optuna)
+        )
         with storage_errors(search.storage, opening=True):
             self._open(search, finished, running)
 
@@ -272,9 +295,11 @@ class _OptunaRun(SearchRun):
         running: Sequence[tuple[int, dict[str, Any]]],
     ) -> None:
         """Trials this ledger's processes created that are still running in the study but
-        are in neither part of the ledger: a process died between creating one and
-        recording it. Both happen under the ledger's lock, which the caller holds, so no
-        live process owns them. Those inside the budget are asked for again (first, at their
+        are in neither part of the ledger, and whose index no live process holds (`live`):
+        a process died between creating one and recording it. (A process creates a trial and
+        claims its index under the ledger's lock, which the caller holds, then may draw its
+        point outside the lock before recording it under the lock again: while it draws, it
+        holds the claim.) Those inside the budget are asked for again (first, at their
         number, with the parameters the study already holds); the others are put back as
         waiting (`_park`)."""
         recorded = {trial.index for trial in finished} | {index for index, _ in running}
@@ -283,6 +308,7 @@ class _OptunaRun(SearchRun):
                 trial.state != self.optuna.trial.TrialState.RUNNING
                 or number in recorded
                 or not self._owned(trial)
+                or (self.live is not None and self.live(number))
             ):
                 continue
             if number < self.trials:
@@ -297,10 +323,17 @@ class _OptunaRun(SearchRun):
         states = self.optuna.trial.TrialState
         self.study._storage.set_trial_state_values(trial_id, state=states.WAITING)
 
-    def _waiting(self, trials: Sequence[Any], taken: Set[int]) -> Any:
+    def _waiting(
+        self,
+        trials: Sequence[Any],
+        taken: Set[int],
+        claim: Callable[[int], bool] = lambda index: True,
+        release: Callable[[int], None] = lambda index: None,
+    ) -> Any:
         """A waiting trial of `trials` (the study's) inside the budget (one a worker put back,
-        or one enqueued with `study.enqueue_trial`), taken race-free as Optuna's `study.ask`
-        takes one and marked as this ledger's; None when there is none."""
+        or one enqueued with `study.enqueue_trial`), its index claimed (`claim`; skipped
+        when a live process holds it), taken race-free as Optuna's `study.ask` takes one
+        and marked as this ledger's; None when there is none."""
         storage = self.study._storage
         states = self.optuna.trial.TrialState
         for trial in trials:
@@ -308,12 +341,15 @@ class _OptunaRun(SearchRun):
                 trial.state != states.WAITING
                 or trial.number >= self.trials
                 or trial.number in taken
+                or not claim(trial.number)
             ):
                 continue
             try:
-                if not storage.set_trial_state_values(trial._trial_id, state=states.RUNNING):
-                    continue  # another worker took it first
+                took = storage.set_trial_state_values(trial._trial_id, state=states.RUNNING)
             except self.optuna.exceptions.UpdateFinishedTrialError:
+                took = False
+            if not took:  # another worker took it first
+                release(trial.number)
                 continue
             if self.owner is not None:
                 storage.set_trial_user_attr(trial._trial_id, OWNER_ATTR, self.owner)
@@ -370,13 +406,54 @@ class _OptunaRun(SearchRun):
             self._park(trial._trial_id)
             return None
         if trial.number in taken:
-            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
-            raise SweepStateError(
-                f"Optuna gave trial number {trial.number}, which the ledger already holds: "
-                "processes sharing a ledger must share an Optuna storage "
-                "(optuna_search(storage=..., study_name=...))."
-            )
+            self._refuse(trial)
         return self._asking(trial)
+
+    def _refuse(self, trial: Any) -> None:
+        self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+        raise SweepStateError(
+            f"Optuna gave trial number {trial.number}, which the ledger already holds: "
+            "processes sharing a ledger must share an Optuna storage "
+            "(optuna_search(storage=..., study_name=...))."
+        )
+
+    def reserve(
+        self, taken: Set[int], claim: Callable[[int], bool], release: Callable[[int], None]
+    ) -> int | None:
+        with storage_errors(self.storage):
+            return self._reserve(taken, claim, release)
+
+    def _reserve(
+        self, taken: Set[int], claim: Callable[[int], bool], release: Callable[[int], None]
+    ) -> int | None:
+        """`_ask` without the sampler's draw, each trial's index claimed: an orphan, a
+        waiting trial or a new one (an orphan or a waiting trial whose index a live process
+        holds is skipped)."""
+        storage, study_id = self.study._storage, self.study._study_id
+        while self.orphans:
+            number = self.orphans.pop(0)
+            if number in taken or not claim(number):
+                continue
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            self._reserved[number] = self.optuna.trial.Trial(self.study, trial_id)
+            return number
+        trials = storage.get_all_trials(study_id, deepcopy=False)  # one read, as in `_ask`
+        trial = self._waiting(trials, taken, claim, release)
+        if trial is None:
+            if len(trials) >= self.trials:
+                return None
+            trial = self._create()
+            if trial.number >= self.trials:  # another worker took the last number first
+                self._park(trial._trial_id)
+                return None
+            if trial.number in taken or not claim(trial.number):
+                self._refuse(trial)
+        self._reserved[trial.number] = trial
+        return trial.number
+
+    def draw(self, index: int) -> dict[str, Any]:
+        with storage_errors(self.storage):
+            return self._asking(self._reserved.pop(index))[1]
 
     def _asking(self, trial: Any) -> tuple[int, dict[str, Any]]:
         """`trial`'s number and point, the trial kept to report to."""
@@ -418,6 +495,17 @@ class _OptunaRun(SearchRun):
         self._asked.pop(trial.index, None)
 
     def _tell(self, trial: Trial) -> None:
+        # Optuna's GridSampler calls `study.stop()` when it tells the grid's last trial, which
+        # outside `study.optimize` raises (after the trial is stored); a sweep stops by its
+        # budget, so the request is taken as `optimize` takes it and left unread.
+        local = self.study._thread_local
+        looping, local.in_optimize_loop = local.in_optimize_loop, True
+        try:
+            self._tell_study(trial)
+        finally:
+            local.in_optimize_loop = looping
+
+    def _tell_study(self, trial: Trial) -> None:
         if trial.pruned:
             state = self.optuna.trial.TrialState.PRUNED
             self.study.tell(trial.index, state=state, skip_if_finished=True)

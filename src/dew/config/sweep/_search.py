@@ -6,7 +6,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -49,10 +49,21 @@ class SearchRun(abc.ABC):
     `unfinished(finished)` names the indices still missing at the end; `close()` releases
     what the run holds. A run that `prunes` takes each trial's validation scores as it
     trains (`report`) and says when its pruner stops the trial.
+
+    `ask` runs under the ledger's lock, so processes sharing a ledger ask one at a time. A
+    run whose point takes long to choose (a sampler) may instead set `reserves` and split
+    the ask in two: `reserve(taken, claim, release)` under the lock takes the next index and
+    claims it (`claim(index)` holds the index's lock in the ledger, False when a live
+    process holds it; `release(index)` lets go of one it claimed but does not use), then
+    `draw(index)` chooses its point outside the lock, and the sweep records the trial as
+    running under the lock again (decision 0056).
     """
 
     prunes: bool = False
     """Whether `report` may stop a trial (a search with a pruner)."""
+
+    reserves: bool = False
+    """Whether the sweep calls `reserve` and `draw` instead of `ask`."""
 
     def report(self, index: int, step: int, value: float) -> bool:
         """Take trial `index`'s validation score at evaluation `step`; True when the pruner
@@ -62,6 +73,18 @@ class SearchRun(abc.ABC):
     @abc.abstractmethod
     def ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:
         """The next trial's index and point, or `None` when done."""
+
+    def reserve(
+        self, taken: Set[int], claim: Callable[[int], bool], release: Callable[[int], None]
+    ) -> int | None:
+        """Under the ledger's lock: the next trial's index, claimed with `claim` and not in
+        `taken`, or `None` when done (only called when `reserves`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not reserve trials.")
+
+    def draw(self, index: int) -> dict[str, Any]:
+        """Outside the ledger's lock: the point of trial `index`, which `reserve` returned
+        (only called when `reserves`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not reserve trials.")
 
     def tell(self, trial: Trial) -> None:  # noqa: B027  (optional hook)
         """Report a finished trial (by default nothing is told)."""

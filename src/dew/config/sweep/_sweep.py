@@ -189,7 +189,11 @@ def sweep(
                     trials=trials,
                     finished=[trial for _, trial in sorted(state.finished.items())],
                     running=resume,
-                    **({"owner": book.owner} if isinstance(search, OptunaSearch) else {}),
+                    **(
+                        {"owner": book.owner, "live": lambda index: _held(book, index)}
+                        if isinstance(search, OptunaSearch)
+                        else {}
+                    ),
                 )
                 stack.callback(run.close)
                 book.begin()  # the space and search recorded before anything trains
@@ -234,14 +238,19 @@ def _follow(config: RunConfig, name: str, train: Callable[[RunConfig], float]) -
     ]
 
 
+def _held(book: _Ledger, index: int) -> bool:
+    """Whether a live process holds trial `index`'s claim (not this one: a process's own
+    claim is granted it again, and released here)."""
+    if book.claim(index):
+        book.release(index)
+        return False
+    return True
+
+
 def _check_complete(book: _Ledger, run: SearchRun, finished: Mapping[int, Trial]) -> None:
     """Under the lock: fail naming the indices the search handed out but nobody finished,
     unless a live process still trains them (it holds their claim)."""
-    missing = []
-    for index in run.unfinished(frozenset(finished)):
-        if book.claim(index):  # no live process holds it
-            book.release(index)
-            missing.append(index)
+    missing = [index for index in run.unfinished(frozenset(finished)) if not _held(book, index)]
     if missing:
         raise SweepStateError(
             f"the sweep of ledger {str(book.path)!r} ended with trials {missing} unfinished "
@@ -293,24 +302,50 @@ def _run_trials(
 
 
 def _next(book: _Ledger, run: SearchRun) -> tuple[int, dict[str, Any]] | None:
-    """Under the lock: ask for the next trial, claim it and record it as running."""
+    """The next trial, claimed and recorded as running: asked for under the lock, or, for a
+    run that `reserves`, reserved and claimed under the lock, drawn outside it, and
+    recorded under it again (decision 0056)."""
+    if not run.reserves:
+        with book.locked():
+            state = book.load()
+            proposal = run.ask(state.taken())
+            if proposal is None:
+                return None
+            index, point = _checked(book, *proposal)
+            if index in state.finished or index in state.running or not book.claim(index):
+                raise SweepStateError(f"the search proposed trial {index}, which is already taken.")
+            book.start(index, point)
+            return index, point
     with book.locked():
-        state = book.load()
-        proposal = run.ask(state.taken())
-        if proposal is None:
-            return None
-        index, point = proposal
-        try:  # what the ledger would refuse to read back is refused before it is written
-            entry = encode_json_value({"index": index, "overrides": dict(point)})
-            trial = read_entry(
-                entry, "the proposal", space=book.fields, budget=book.trials, finished=False
-            )
-        except _EntryError as error:
-            raise ValueError(
-                f"the search proposed {dict(point)!r} for trial {index!r}: {error}."
-            ) from None
-        index, point = trial.index, _canonical(trial.overrides)
-        if index in state.finished or index in state.running or not book.claim(index):
-            raise SweepStateError(f"the search proposed trial {index}, which is already taken.")
-        book.start(index, point)
-        return index, point
+        reserved = run.reserve(book.load().taken(), book.claim, book.release)
+    if reserved is None:
+        return None
+    # The claim is held from here to the trial's end: to a process reopening the ledger
+    # meanwhile, the trial created but not yet recorded is this live process's, no orphan.
+    try:
+        point = run.draw(reserved)
+        with book.locked():
+            state = book.load()
+            index, point = _checked(book, reserved, point)
+            if index != reserved or index in state.finished or index in state.running:
+                raise SweepStateError(f"the search proposed trial {index}, which is already taken.")
+            book.start(index, point)
+    except BaseException:
+        book.release(reserved)
+        raise
+    return index, point
+
+
+def _checked(book: _Ledger, index: Any, point: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """A proposal as the ledger would read it back; one it would refuse is refused before it
+    is written."""
+    try:
+        entry = encode_json_value({"index": index, "overrides": dict(point)})
+        trial = read_entry(
+            entry, "the proposal", space=book.fields, budget=book.trials, finished=False
+        )
+    except _EntryError as error:
+        raise ValueError(
+            f"the search proposed {dict(point)!r} for trial {index!r}: {error}."
+        ) from None
+    return trial.index, _canonical(trial.overrides)
