@@ -273,28 +273,10 @@ class _OptunaRun(SearchRun):
             return self._ask(taken)
 
     def _ask(self, taken: Set[int]) -> tuple[int, dict[str, Any]] | None:
-        while self.orphans:
-            number = self.orphans.pop(0)
-            if number in taken:
-                continue
-            storage, study_id = self.study._storage, self.study._study_id
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-            return self._asking(self.optuna.trial.Trial(self.study, trial_id))
-        # One read of the study per ask, as Optuna's own `study.ask` makes (with an RDB
-        # storage each read is a query of every unfinished trial and its five tables).
-        trials = self.study._storage.get_all_trials(self.study._study_id, deepcopy=False)
-        waiting = self._waiting(trials, taken)
-        if waiting is not None:
-            return self._asking(waiting)
-        if len(trials) >= self.trials:
-            return None
-        trial = self._create()
-        if trial.number >= self.trials:  # another worker took the last number first
-            self._park(trial._trial_id)
-            return None
-        if trial.number in taken:
-            self._refuse(trial)
-        return self._asking(trial)
+        """The whole ask under the caller's lock: `_reserve` with no claims to take (the
+        caller claims the index), then the sampler's draw."""
+        index = self._reserve(taken, lambda index: True, lambda index: None)
+        return None if index is None else self._asking(self._reserved.pop(index))
 
     def _refuse(self, trial: Any) -> None:
         self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
@@ -324,7 +306,9 @@ class _OptunaRun(SearchRun):
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
             self._reserved[number] = self.optuna.trial.Trial(self.study, trial_id)
             return number
-        trials = storage.get_all_trials(study_id, deepcopy=False)  # one read, as in `_ask`
+        # One read of the study per ask, as Optuna's own `study.ask` makes (with an RDB
+        # storage each read is a query of every unfinished trial and its five tables).
+        trials = storage.get_all_trials(study_id, deepcopy=False)
         trial = self._waiting(trials, taken, claim, release)
         if trial is None:
             if len(trials) >= self.trials:
