@@ -34,6 +34,7 @@ from dew.config.sweep import (
     IntUniform,
     Search,
     SearchRun,
+    SweepStateError,
     Trial,
     Uniform,
     grid_search,
@@ -1368,6 +1369,25 @@ def test_only_samplers_that_avoid_running_trials_sample_under_the_ledger_s_lock(
     assert reserves == {"grid": False, "brute": False, "tpe": True, "random": True}
     memory = optuna_search(sampler=optuna.samplers.TPESampler())  # one process's own study
     assert not memory.start(space, trials=2, finished=[], running=[]).reserves
+
+
+def test_a_run_that_asks_under_the_lock_reserves_and_draws_what_it_asks():
+    """`SearchRun.reserve` and `draw` by default: the whole `ask` under the lock, the index
+    claimed, the point handed back by `draw`; a claim a live process holds is refused."""
+    from dew.config.sweep._space import _checked_space as checked_space
+
+    space = checked_space(config(), {"optim.learning_rate": [0.1, 0.01, 0.001]})
+    asked = grid_search.start(space, trials=3, finished=[], running=[])
+    reserving = grid_search.start(space, trials=3, finished=[], running=[])
+    claimed = []
+    for taken in (set(), {0}, {0, 1}):
+        index = reserving.reserve(taken, lambda i: claimed.append(i) or True, lambda i: None)
+        assert (index, reserving.draw(index)) == asked.ask(taken)
+    assert claimed == [0, 1, 2]
+    assert reserving.reserve({0, 1, 2}, lambda i: True, lambda i: None) is None
+    fresh = grid_search.start(space, trials=3, finished=[], running=[])
+    with pytest.raises(SweepStateError, match="proposed trial 0, which is already taken"):
+        fresh.reserve(set(), lambda i: False, lambda i: None)
 
 
 def test_another_ledgers_running_optuna_trial_is_not_taken(tmp_path, optuna):

@@ -78,13 +78,21 @@ class SearchRun(abc.ABC):
         self, taken: Set[int], claim: Callable[[int], bool], release: Callable[[int], None]
     ) -> int | None:
         """Under the ledger's lock: the next trial's index, claimed with `claim` and not in
-        `taken`, or `None` when done (only called when `reserves`)."""
-        raise NotImplementedError(f"{type(self).__name__} does not reserve trials.")
+        `taken`, or `None` when done. By default the whole `ask`, its point kept for `draw`
+        (a run that `reserves` draws it outside the lock instead)."""
+        proposal = self.ask(taken)
+        if proposal is None:
+            return None
+        index, point = proposal
+        if not claim(index):
+            raise SweepStateError(f"the search proposed trial {index}, which is already taken.")
+        self.__dict__.setdefault("_drawn", {})[index] = point
+        return index
 
     def draw(self, index: int) -> dict[str, Any]:
         """Outside the ledger's lock: the point of trial `index`, which `reserve` returned
-        (only called when `reserves`)."""
-        raise NotImplementedError(f"{type(self).__name__} does not reserve trials.")
+        (by default the one `ask` proposed with it)."""
+        return self.__dict__["_drawn"].pop(index)
 
     def tell(self, trial: Trial) -> None:  # noqa: B027  (optional hook)
         """Report a finished trial (by default nothing is told)."""
