@@ -321,6 +321,14 @@ def test_bad_values_name_the_flag_or_variable(given, env, message):
     [
         (["train", "--processes", "0"], "--processes must be >= 1, got 0"),
         (["eval", "x", "--process-timeout", "0"], "--process-timeout must be > 0 seconds, got 0"),
+        (
+            ["train", "--initialization-timeout", "0"],
+            "--initialization-timeout must be >= 1 second, got 0",
+        ),
+        (
+            ["sweep", "x", "--initialization-timeout", "2.5"],
+            "argument --initialization-timeout: invalid int value: '2.5'",
+        ),
         (["train", "--coordinator-address", "nohost"], "must be HOST:PORT (e.g. 10.0.0.1:1234)"),
         (["train", "--num-processes", "0"], "--num-processes must be >= 1, got 0"),
         (

@@ -16,6 +16,7 @@ writes tracking output, run records and ledgers (`is_process_zero`).
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import jax
@@ -77,6 +78,10 @@ def initialize(
     `jax.distributed.initialize` (`heartbeat_timeout_seconds`, `local_device_ids`, ...).
     A process whose peers never arrive fails after `initialization_timeout` seconds.
 
+    Over gloo, the processes connect to each other at once, in one small gather, with this
+    process's standard output closed to gloo's own "Rank 0 is connected to 1 peer ranks"
+    line (which it would print at the run's first collective, in the middle of the user's).
+
     **Raises:** `ValueError` when a process count or index is not a whole number.
     """
     if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
@@ -92,6 +97,26 @@ def initialize(
         initialization_timeout=initialization_timeout,
         **options,
     )
+    if jax.process_count() > 1 and jax.config.jax_cpu_collectives_implementation == "gloo":
+        _connect_quietly()
+
+
+def _connect_quietly() -> None:
+    """One gather of a single number, which makes gloo connect this process to its peers,
+    with file descriptor 1 pointed at the null device meanwhile: gloo prints its connection
+    line from C++ to standard output, past Python's `sys.stdout`."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    sys.stdout.flush()
+    kept = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+        multihost_utils.process_allgather(np.zeros(1, np.int32))
+    finally:
+        os.dup2(kept, 1)
+        os.close(kept)
 
 
 def _whole(name: str, text: str) -> int:

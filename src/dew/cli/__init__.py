@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hasattr(args, "processes"):
             settings = cluster_settings(args, os.environ)
             if settings is not None:
-                _join(settings)
+                _join(settings, args.initialization_timeout, f"dew {_command_words(args)}")
                 joined = True
         if getattr(args, "registers", False):  # before any configuration is read
             _register(args)

@@ -2,11 +2,16 @@
 flags and `JAX_*` variables ask for, and `dew.distributed.initialize` with them."""
 
 import argparse
+import os
+import sys
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from dew.cli._errors import _message
 
+_JAX_GRACE_SECONDS = 5
+"""How much longer than `--initialization-timeout` JAX's own deadline is: dew's comes first."""
 _CLUSTER_FLAGS = ("coordinator_address", "num_processes", "process_id", "distributed")
 _CLUSTER_ENV = {
     "coordinator_address": "JAX_COORDINATOR_ADDRESS",
@@ -20,7 +25,8 @@ def _flag(name: str) -> str:
 
 
 def _check_processes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse bad `--processes`, `--process-timeout` and cluster flag values (exit 2)."""
+    """Refuse bad `--processes`, `--process-timeout`, `--initialization-timeout` and cluster
+    flag values (exit 2)."""
     if args.processes is not None:
         if args.processes < 1:
             parser.error(f"--processes must be >= 1, got {args.processes}")
@@ -32,6 +38,10 @@ def _check_processes(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             )
     if not args.process_timeout > 0:  # NaN too
         parser.error(f"--process-timeout must be > 0 seconds, got {args.process_timeout}")
+    if args.initialization_timeout < 1:
+        parser.error(
+            f"--initialization-timeout must be >= 1 second, got {args.initialization_timeout}"
+        )
     if args.num_processes is not None and args.num_processes < 1:
         parser.error(f"--num-processes must be >= 1, got {args.num_processes}")
     if args.process_id is not None and args.process_id < 0:
@@ -102,20 +112,43 @@ def cluster_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> di
     return {name: settings.get(name) for name in _CLUSTER_ENV}
 
 
-def _join(settings: Mapping[str, Any]) -> None:
-    """`dew.distributed.initialize` with `settings`, its failures as one clear error."""
+def _join(settings: Mapping[str, Any], timeout: int = 300, label: str = "dew") -> None:
+    """`dew.distributed.initialize` with `settings`, its failures as one clear error.
+
+    When the coordinator or a peer has not joined within `timeout` seconds, the process
+    prints one line (headed `label`) and exits with status 2: JAX's own deadline, which
+    is set a little later, would end the process with a C++ check failure and a stack
+    trace, past any Python handler."""
     from dew.distributed import initialize
 
     where = settings["coordinator_address"] or "the address JAX detects"
+    count = settings["num_processes"]
+    processes = f"all {count} processes" if count else "every process"
+
+    def give_up() -> None:
+        print(
+            f"{label}: cannot join the multi-process run at {where}: the coordinator and "
+            f"{processes} did not join within {timeout} s (--initialization-timeout); start "
+            "every process of the run, or allow them longer",
+            file=sys.stderr,
+        )
+        sys.stderr.flush()
+        os._exit(2)
+
+    watchdog = threading.Timer(timeout, give_up)
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        initialize(**settings)
+        initialize(**settings, initialization_timeout=timeout + _JAX_GRACE_SECONDS)
     except ValueError as error:  # JAX's: nothing detected, or values it refuses
         raise ValueError(
             f"cannot join the multi-process run ({error}); give --coordinator-address, "
             "--num-processes and --process-id (or their JAX_* variables), or run under a "
             "cluster JAX detects (SLURM, Cloud TPU, Open MPI) with --distributed."
         ) from error
-    except RuntimeError as error:  # the coordinator never answered, or peers never came
+    except RuntimeError as error:  # the coordinator refused this process
         raise ConnectionError(
             f"cannot join the multi-process run at {where}: {_message(error)}"
         ) from error
+    finally:
+        watchdog.cancel()

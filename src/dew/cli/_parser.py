@@ -378,6 +378,10 @@ PROCESS_TIMEOUT = 86400.0
 """`--process-timeout`'s default: a day, the longest a local multi-process run may take."""
 
 
+INITIALIZATION_TIMEOUT = 300
+"""`--initialization-timeout`'s default, in seconds: `jax.distributed.initialize`'s own."""
+
+
 def _process_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "multi-process runs (jax.distributed)",
@@ -395,6 +399,14 @@ def _process_options(parser: argparse.ArgumentParser) -> None:
         default=PROCESS_TIMEOUT,
         metavar="SECONDS",
         help="with --processes: stop every process when the run takes longer (default a day)",
+    )
+    group.add_argument(
+        "--initialization-timeout",
+        type=int,
+        default=INITIALIZATION_TIMEOUT,
+        metavar="SECONDS",
+        help="how long a process waits for the coordinator and its peers to join before it "
+        f"fails (default {INITIALIZATION_TIMEOUT})",
     )
     group.add_argument(
         "--coordinator-address", metavar="HOST:PORT", help="process zero's host and a free port"
