@@ -245,7 +245,7 @@ def _own_nodes(scope: ast.AST):
 # other place must call dew.naming (document 001: no other code joins or splits tags).
 NOT_TAGS = {
     ("dew.config._fields", "_run_name"): "a run name is a relative folder path",
-    ("dew.cli._trackers", "_build"): "a sweep's trial runs `<sweep>/trial-<i>` group by folder",
+    ("dew.cli._tracker_options", "group"): "a trial run `<sweep>/trial-<i>` groups by folder",
     ("dew.config.sweep._sweep", "_follow"): "a trial's run name `<sweep>/trial-<i>`",
     ("dew.config.sweep._sweep", "_run_trials"): "a trial's run name `<sweep>/trial-<i>`",
     ("dew.config._recipe", "run_folder"): "a checkpoint URI under a bucket's root",

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from dew.cli import main
-from dew.cli._trackers import _MLFLOW_LOGGERS, _quiet_loggers, _store, open_trackers
+from dew.cli._tracker_options import _MLFLOW_LOGGERS, _quiet_loggers, _store
+from dew.cli._trackers import open_trackers
 from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
 from dew.registry import datasets
 from dew.tracking import read_journal

@@ -2,6 +2,7 @@
 `Preview` carries what names its rows."""
 
 import ast
+import importlib.util
 import json
 import pathlib
 
@@ -13,7 +14,8 @@ import pytest
 
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
 from dew.data.tokenizers import BytesTokenizer
-from dew.tracking import Preview, preview_files
+from dew.telemetry.records import FitEnded
+from dew.tracking import AbstractRunTracker, Preview, preview_files
 from dew.tracking._preview import (
     Animation,
     Picture,
@@ -92,36 +94,96 @@ def test_preview_files_are_the_pieces_files(value):
     assert preview_files(value) == [piece.file for piece in render_preview(value)]
 
 
-def test_each_tracker_words_a_refused_preview_as_it_always_did():
-    from dew.tracking import tensorboard, wandb
-    from dew.tracking._preview import Refusal
+class Shows(AbstractRunTracker):
+    """A tracker that shows previews: it reads their pieces, and keeps what it was told."""
 
+    def __init__(self):
+        self.shown = []
+
+    def _describe(self):
+        return "Shows"
+
+    def _log_params(self, values):
+        pass
+
+    def _log_metrics(self, values, *, step):
+        pass
+
+    def _log_record(self, name, record, *, step):
+        self.shown.append(("record", name, step, record))
+
+    def _log_preview(self, name, pieces, *, step):
+        self.shown.append(("preview", name, step, tuple(pieces)))
+
+    def _log_value(self, name, value, *, step):
+        self.shown.append(("value", name, step, value))
+
+    def _close(self):
+        pass
+
+
+def test_each_tracker_words_a_refused_preview_in_its_own_terms(tmp_path):
+    """`log_artifact` refuses an artifact with no preview form for every tracker, naming the
+    tracker (its class) and what it has no form of (TensorBoard: a summary)."""
     scores = TokenScores(jnp.ones((1, 2)), jnp.ones((1, 2)))
     masks = Masks(jnp.ones((2, 3)))
-    takes = "take Images, Clips, TokenRows or Representations previews."
+    takes = "Images, Clips, TokenRows or Representations previews."
+    shows = Shows()
+    reports = {  # render_preview and preview_files word it outside any tracker
+        "render_preview": lambda value: render_preview(value, name="masks"),
+        "Shows": lambda value: shows.log_artifact("masks", value, step=0),
+    }
     expected = {
-        Refusal(): (
-            f"TokenScores has no preview form; trackers {takes}",
-            f"no preview renderer for Masks; trackers {takes}",
+        "render_preview": (
+            f"TokenScores has no preview form; trackers take {takes}",
+            f"no preview form for Masks artifact 'masks'; trackers take {takes}",
         ),
-        tensorboard._REFUSAL: (
+        "Shows": (
+            f"TokenScores has no preview form; Shows takes {takes}",
+            f"no preview form for Masks artifact 'masks'; Shows takes {takes}",
+        ),
+    }
+    if importlib.util.find_spec("tensorboard") is not None:
+        from dew.tracking import TensorBoardTracker
+
+        board = TensorBoardTracker(tmp_path)
+        reports["TensorBoardTracker"] = lambda value: board.log_artifact("masks", value, step=0)
+        expected["TensorBoardTracker"] = (
             "TokenScores has no summary form; TensorBoardTracker takes Images, Clips, "
             "TokenRows or Representations previews.",
             "no summary form for Masks artifact 'masks'; TensorBoardTracker takes Images, "
             "Clips, TokenRows or Representations previews.",
-        ),
-        wandb._REFUSAL: (
-            "TokenScores has no preview form; WandbTracker takes Images, Clips, TokenRows or "
-            "Representations previews.",
-            "no preview form for Masks; WandbTracker takes Images, Clips, TokenRows or "
-            "Representations previews.",
-        ),
-    }
-    for refusal, (for_scores, for_masks) in expected.items():
+        )
+    for reporter, (for_scores, for_masks) in expected.items():
         for value, message in ((scores, for_scores), (masks, for_masks)):
             with pytest.raises(TypeError) as caught:
-                render_preview(value, name="masks", refusal=refusal)
+                reports[reporter](value)
             assert str(caught.value) == message
+    assert shows.shown == []
+    if "TensorBoardTracker" in reports:
+        board.close()
+    with pytest.raises(TypeError, match=r"^TokenScores has no preview form; trackers take"):
+        preview_files(scores)
+
+
+def test_a_tracker_gets_each_artifact_sorted_once_with_its_name_and_step_checked():
+    tracker = Shows()
+    record = FitEnded(status="completed", step=3)
+    tracker.log_artifact("fit_ended", record, step=np.int64(3))
+    tracker.log_artifact("lm/validation/samples", IMAGES, step=4)
+    tracker.log_artifact("notes", {"text": "x"})
+    (kind, name, step, seen), preview, value = tracker.shown
+    assert (kind, name, step, type(step), seen) == ("record", "fit_ended", 3, int, record)
+    assert preview[:3] == ("preview", "lm/validation/samples", 4)
+    assert [piece.file for piece in preview[3]] == preview_files(IMAGES)
+    assert value == ("value", "notes", None, {"text": "x"})
+    with pytest.raises(ValueError, match="a preview's name is stage/split/name, got 'samples'"):
+        tracker.log_artifact("samples", IMAGES, step=1)
+    with pytest.raises(ValueError, match="artifact name 'a/b' may not contain '/'"):
+        tracker.log_artifact("a/b", record, step=1)
+    with pytest.raises(TypeError, match="step"):
+        tracker.log_artifact("notes", "x", step=1.5)
+    assert len(tracker.shown) == 3  # refused before any hook ran
 
 
 def _imported_names(path):

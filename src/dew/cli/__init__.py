@@ -31,7 +31,8 @@ _register`; `dew._plugins`), then those the configuration's `trainer.imports` na
 imports neither.
 
 `dew train` and `dew sweep` take `--tracker local,tensorboard,mlflow,wandb` (`_trackers`):
-the trackers added to the run folder's local journal, which is always written.
+the trackers added to the run folder's local journal, which is always written, each registered
+once with its library, extra and options in `_tracker_options`.
 
 `dew train`, `dew sweep` and `dew eval` run as several processes of one `jax.distributed`
 run: `--processes N` starts N local processes (`dew._launch`); on a cluster each process

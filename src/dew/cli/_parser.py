@@ -348,30 +348,27 @@ def _add_examples(parser: argparse.ArgumentParser, words: str = "") -> None:
 
 
 def _tracker_options(parser: argparse.ArgumentParser) -> None:
-    from dew.cli._tracker_options import TRACKERS, tracker_names
+    from dew.cli._tracker_options import tracker_choices, tracker_names, trackers
 
     group = parser.add_argument_group(
         "trackers",
         "The run folder's local journal is always written; --tracker adds other trackers. "
         "A sweep gives each trial trackers of its own.",
     )
+    notes = [
+        f"{name} {trackers[name].writes}" for name in trackers.names() if trackers[name].writes
+    ]
     group.add_argument(
         "--tracker",
         type=tracker_names,
         default="local",
         metavar="NAMES",
-        help=f"comma-separated, any of {','.join(TRACKERS)} (default local); tensorboard "
-        "writes <run folder>/tensorboard",
+        help=f"comma-separated, any of {','.join(tracker_choices())} (default local)"
+        + "".join(f"; {note}" for note in notes),
     )
-    group.add_argument(
-        "--mlflow-uri",
-        metavar="URI",
-        help="the MLflow store (default: MLFLOW_TRACKING_URI, else sqlite:///<checkpoint "
-        "dir>/mlflow.db)",
-    )
-    group.add_argument(
-        "--wandb-offline", action="store_true", help="W&B writes the run offline (wandb sync)"
-    )
+    for name in trackers.names():
+        for option in trackers[name].options:
+            option.add_to(group)
 
 
 PROCESS_TIMEOUT = 86400.0

@@ -1,5 +1,5 @@
-"""`--tracker`, `--mlflow-uri` and `--wandb-offline`: the trackers a `dew train` or `dew sweep`
-run reports to beside its local journal, built (`_tracker_options` reads the options).
+"""The trackers `--tracker` adds for a `dew train` or `dew sweep` run beside its local
+journal, opened (`_tracker_options` registers them and reads the options).
 
 The local journal (`LocalTracker` in the run folder) is always written: `dew runs`, `dew eval`
 and `dew plot` read it, and run.json comes with it. `--tracker` names the trackers added to it
@@ -20,76 +20,18 @@ process zero of a multi-process run builds them, the others report to none.
 
 import argparse
 import contextlib
-import logging
 import os
 import pathlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from dew.cli._errors import _message
-from dew.cli._tracker_options import checked_trackers
+from dew.cli._tracker_options import TrackedRun, checked_trackers, trackers
+from dew.telemetry.records import Record
 from dew.tracking import Tracker
 from dew.tracking._base import AbstractRunTracker
+from dew.tracking._preview import Pieces
 
 __all__ = ["open_trackers", "tensorboard_hint"]
-
-TENSORBOARD_FOLDER = "tensorboard"
-"""The folder of a run's TensorBoard event files, inside its run folder."""
-MLFLOW_DATABASE = "mlflow.db"
-
-
-def _store(args: argparse.Namespace, config: Any) -> str:
-    """`--mlflow-uri`, else `MLFLOW_TRACKING_URI`, else `<runs root>/mlflow.db` (SQLite)."""
-    from dew.checkpoints._location import checkpoint_location, is_remote
-    from dew.config._recipe import LOCAL_ROOT
-
-    if args.mlflow_uri is not None:
-        return args.mlflow_uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    root = checkpoint_location(config.trainer.checkpoint_dir, "trainer.checkpoint_dir")
-    folder = pathlib.Path(LOCAL_ROOT if is_remote(root) else root)
-    return f"sqlite:///{(folder / MLFLOW_DATABASE).resolve()}"
-
-
-def _build(name: str, args: argparse.Namespace, config: Any, folder: pathlib.Path) -> Any:
-    run = config.trainer.name
-    group = run.split("/")[0]  # a sweep's trials `<sweep>/trial-<i>` share the sweep's
-    # A tracker that cannot open is the user's to fix (a store's path, a missing driver, a
-    # login): a ValueError naming the tracker, which every process of a multi-process run
-    # agrees on (dew.config._recipe opens the trackers as one phase).
-    if name == "tensorboard":
-        from dew.tracking.tensorboard import TensorBoardTracker
-
-        logdir = folder / TENSORBOARD_FOLDER
-        try:
-            return TensorBoardTracker(logdir)
-        except OSError as error:
-            message = _message(error)
-            raise ValueError(f"TensorBoard cannot write in {str(logdir)!r}: {message}") from error
-    if name == "mlflow":
-        from mlflow.exceptions import MlflowException
-
-        from dew.tracking.mlflow import MLflowTracker
-
-        store = _store(args, config)
-        try:
-            return MLflowTracker(group, run, uri=store)
-        except MlflowException as error:
-            message = error.message.strip()
-            raise ValueError(f"MLflow cannot open the store {store!r}: {message}") from error
-        except (OSError, ImportError) as error:  # a store's folder, a database's driver
-            raise ValueError(
-                f"MLflow cannot open the store {store!r}: {_message(error)}"
-            ) from error
-    import wandb.errors
-
-    from dew.tracking.wandb import WandbTracker
-
-    try:
-        return WandbTracker(group, run, offline=bool(args.wandb_offline), dir=folder)
-    except (wandb.errors.Error, OSError) as error:  # not logged in, a bad project name, ...
-        raise ValueError(f"W&B cannot start the run: {_message(error)}") from error
 
 
 class _OnFirstReport(AbstractRunTracker):
@@ -117,7 +59,13 @@ class _OnFirstReport(AbstractRunTracker):
     def _log_metrics(self, values: Mapping[str, Any], *, step: Any) -> None:
         self._open().log_metrics(values, step=step)
 
-    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
+    def _log_record(self, name: str, record: Record, *, step: int | None) -> None:
+        self._open().log_artifact(name, record, step=step)
+
+    def _log_preview(self, name: str, pieces: Pieces, *, step: int | None) -> None:
+        self._open().log_artifact(name, pieces.value, step=step)
+
+    def _log_value(self, name: str, value: Any, *, step: int | None) -> None:
         self._open().log_artifact(name, value, step=step)
 
     def _close(self) -> None:  # what it built is closed by `open_trackers`
@@ -133,9 +81,10 @@ def open_trackers(
 ) -> Iterator[Tracker | None]:
     """The trackers `--tracker` adds for the run `config.trainer.name`, as one tracker for
     `RunConfig.train(tracker=...)`: `None` when there are none, and on every process but
-    zero. They are built at the run's first report (`announce` is then called with the
-    TensorBoard event folder) and closed when the block ends; a block that raises ends the
-    MLflow and W&B runs failed."""
+    zero. They are built at the run's first report, each by its registered `CommandTracker`
+    (`announce` is then called with each folder a tracker announces: TensorBoard's event
+    folder), and closed when the block ends; a block that raises ends the MLflow and W&B runs
+    failed."""
     from dew._processes import is_process_zero
     from dew.config._recipe import run_folder
     from dew.tracking import Trackers
@@ -147,36 +96,15 @@ def open_trackers(
     with contextlib.ExitStack() as stack:
 
         def build() -> Tracker:
-            if "mlflow" in names:  # until the trackers close, as they write
-                stack.enter_context(_quiet_loggers(_MLFLOW_LOGGERS))
             _, folder = run_folder(config, config.trainer.name)
-            built = [stack.enter_context(_build(name, args, config, folder)) for name in names]
-            if "tensorboard" in names and announce is not None:
-                announce(folder / TENSORBOARD_FOLDER)
+            announced: list[pathlib.Path] = []
+            run = TrackedRun(args, config, folder, stack.enter_context, announced.append)
+            built = [stack.enter_context(trackers[name](run)) for name in names]
+            for logdir in announced if announce is not None else ():
+                announce(logdir)
             return built[0] if len(built) == 1 else Trackers(*built)
 
         yield _OnFirstReport(build)
-
-
-_MLFLOW_LOGGERS = ("mlflow", "alembic")
-"""The loggers that print INFO lines (`Creating initial MLflow database tables...`, alembic's
-migrations) when MLflow opens a SQLite store: MLflow gives them handlers of their own."""
-
-
-@contextlib.contextmanager
-def _quiet_loggers(names: tuple[str, ...]) -> Iterator[None]:
-    """Within this block, the loggers `names` print warnings and errors only; their levels
-    are restored after it. The command's doing, never `import dew`'s: a library user's
-    logging stays theirs."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
 
 
 def tensorboard_hint(folder: str | os.PathLike[str]) -> str:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from dew.telemetry.records import FitEnded
+from dew.naming import check_index
+from dew.telemetry.records import FitEnded, Record
+from dew.tracking._preview import Pieces, check_artifact_name, is_preview
 from dew.tracking._protocol import set_notes
 
 __all__ = ["AbstractRunTracker", "AbstractTracker"]
@@ -77,11 +79,28 @@ class AbstractRunTracker(AbstractTracker):
     """The lifecycle every tracker dew ships shares: open, then closed; failed or not.
 
     The four public methods are final: each refuses to run on a closed tracker, then
-    calls the hook a subclass fills in (`_log_params`, `_log_metrics`, `_log_artifact`,
-    `_close`). A subclass also says how the refusal names it (`_describe`). The hooks
-    get the arguments as given and check them (a step with `dew.naming.check_index`,
-    an artifact name with `dew.tracking._preview.check_artifact_name`), so each tracker
-    names a bad value in its own terms before it writes anything.
+    calls the hooks a subclass fills in (`_log_params`, `_log_metrics`, `_close`, and for
+    artifacts `_log_record`, `_log_preview`, `_log_value`). A subclass also says how the
+    refusal names it (`_describe`). `_log_params` and `_log_metrics` get the arguments as
+    given and check them (a step with `dew.naming.check_index`), so each tracker names a bad
+    value in its own terms before it writes anything.
+
+    `log_artifact` checks an artifact's name (`dew.tracking._preview.check_artifact_name`:
+    a preview name for a preview, a path segment for anything else) and its step (an integer
+    >= 0, or None) for every tracker, then sorts the artifact once:
+
+    - a record (`dew.telemetry.records.Record`) goes to `_log_record(name, record, *, step)`;
+    - a preview (an artifact, or a `dew.tracking.Preview` of one) to
+      `_log_preview(name, pieces, *, step)`: `pieces` (`dew.tracking._preview.Pieces`) are
+      the neutral pieces it renders to, rendered when first read, and `pieces.value` the
+      preview as logged. Reading them refuses an artifact with no preview form with a
+      `TypeError` that names the tracker's class and says it has no `_preview_form` form
+      (`"preview"`; TensorBoard's is `"summary"`);
+    - anything else to `_log_value(name, value, *, step)`.
+
+    `step` is an `int`, or None when none was given. A tracker that keeps or forwards what
+    it is told (`InMemoryTracker`, `Trackers`) takes `record`, `pieces.value` and `value`
+    as they are.
 
     - `closed`: True once `close()` has run. Closing again does nothing; any other
       report raises `RuntimeError("<description> is closed; it records nothing more.")`.
@@ -111,6 +130,8 @@ class AbstractRunTracker(AbstractTracker):
     _failed: bool = False
     _leaving: tuple[type[BaseException] | None, BaseException, TracebackType | None] | None = None
     """While `__exit__` closes on an exception: that exception, as `__exit__` got it."""
+    _preview_form: ClassVar[str] = "preview"
+    """The word for what an artifact with no preview form lacks, in the tracker's refusal."""
 
     @property
     def closed(self) -> bool:
@@ -135,8 +156,17 @@ class AbstractRunTracker(AbstractTracker):
         """Record metric tag to scalar at `step` (the tracker is open)."""
 
     @abc.abstractmethod
-    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        """Record a typed record, a preview artifact or another value (the tracker is open)."""
+    def _log_record(self, name: str, record: Record, *, step: int | None) -> None:
+        """Record a typed record (the tracker is open; `name` and `step` are checked)."""
+
+    @abc.abstractmethod
+    def _log_preview(self, name: str, pieces: Pieces, *, step: int | None) -> None:
+        """Record a preview: its `pieces`, read before anything is written (reading them
+        refuses an artifact with no preview form), or `pieces.value` as it was logged."""
+
+    @abc.abstractmethod
+    def _log_value(self, name: str, value: Any, *, step: int | None) -> None:
+        """Record any other value (the tracker is open; `name` and `step` are checked)."""
 
     @abc.abstractmethod
     def _close(self) -> None:
@@ -156,7 +186,16 @@ class AbstractRunTracker(AbstractTracker):
 
     def log_artifact(self, name: str, value: Any, *, step: int | np.integer | None = None) -> None:
         self._check_open()
-        self._log_artifact(name, value, step=step)
+        check_artifact_name(name, value)
+        checked = None if step is None else check_index("step", step)
+        if isinstance(value, Record):
+            self._log_record(name, value, step=checked)
+        elif is_preview(value):
+            taker = f"{type(self).__name__} takes"
+            pieces = Pieces(value, name, taker=taker, form=self._preview_form)
+            self._log_preview(name, pieces, step=checked)
+        else:
+            self._log_value(name, value, step=checked)
         if isinstance(value, FitEnded) and value.status != "completed":
             self._failed = True
 

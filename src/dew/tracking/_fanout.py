@@ -4,8 +4,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dew.naming import check_index
+from dew.telemetry.records import Record
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._preview import check_artifact_name
+from dew.tracking._preview import Pieces
 from dew.tracking._protocol import ScalarTracker, set_notes, takes_artifacts
 
 __all__ = ["Trackers"]
@@ -78,10 +79,17 @@ class Trackers(AbstractRunTracker):
         checked = check_index("step", step)
         self._each(lambda tracker: tracker.log_metrics(values, step=checked))
 
-    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_artifact_name(name, value)
-        checked = None if step is None else check_index("step", step)
-        self._each(lambda tracker: tracker.log_artifact(name, value, step=checked), self._artifacts)
+    def _log_record(self, name: str, record: Record, *, step: int | None) -> None:
+        self._log_artifact(name, record, step=step)
+
+    def _log_preview(self, name: str, pieces: Pieces, *, step: int | None) -> None:
+        self._log_artifact(name, pieces.value, step=step)  # as logged: a Preview renders once
+
+    def _log_value(self, name: str, value: Any, *, step: int | None) -> None:
+        self._log_artifact(name, value, step=step)
+
+    def _log_artifact(self, name: str, value: Any, *, step: int | None) -> None:
+        self._each(lambda tracker: tracker.log_artifact(name, value, step=step), self._artifacts)
 
     def _close(self) -> None:
         leaving = self._leaving

@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dew.naming import flatten_parameters
+from dew.telemetry.records import Record
 from dew.tracking._base import AbstractRunTracker
+from dew.tracking._preview import Pieces
 
 __all__ = ["InMemoryTracker"]
 
@@ -16,7 +18,9 @@ class InMemoryTracker(AbstractRunTracker):
 
     - `params`: flattened parameter path to value (`flatten_parameters`).
     - `scalars`: metric tag to a list of `(step, value)` in the order received.
-    - `artifacts`: artifact name to a list of `(step, value)` in the order received.
+    - `artifacts`: artifact name to a list of `(step, value)` in the order received, each
+      value as it was logged (a preview is kept, never rendered). Names and steps are
+      checked as every tracker checks them (`AbstractRunTracker.log_artifact`).
 
     ```python
     >>> tracker = InMemoryTracker()
@@ -43,7 +47,17 @@ class InMemoryTracker(AbstractRunTracker):
         for tag, value in values.items():
             self.scalars.setdefault(tag, []).append((step, value))
 
-    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
+    def _log_record(self, name: str, record: Record, *, step: int | None) -> None:
+        self._log_artifact(name, record, step=step)
+
+    def _log_preview(self, name: str, pieces: Pieces, *, step: int | None) -> None:
+        self._log_artifact(name, pieces.value, step=step)
+
+    def _log_value(self, name: str, value: Any, *, step: int | None) -> None:
+        self._log_artifact(name, value, step=step)
+
+    def _log_artifact(self, name: str, value: Any, *, step: int | None) -> None:
+        """Keep any artifact as it was logged (a subclass that fails on one overrides this)."""
         self.artifacts.setdefault(name, []).append((step, value))
 
     def _close(self) -> None:

@@ -11,8 +11,9 @@ is shown with label numbers and token IDs. Each piece knows the file it is store
 the last segment of its tag (`dew.naming.artifact_tag`); TensorBoard and W&B map the
 pieces to their own summaries and media. A preview is logged under a preview name,
 `stage/split/name` (`dew.naming.preview_name`), so two stages' previews never share a
-tag or a folder; `check_artifact_name` is the one check of an artifact's name every
-tracker makes.
+tag or a folder; `check_artifact_name` is the one check of an artifact's name, which
+`AbstractRunTracker.log_artifact` makes for every tracker before it hands a preview's
+`Pieces` (rendered when first read) to the tracker's `_log_preview`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any, NamedTuple
 
@@ -39,8 +41,8 @@ __all__ = [
     "Animation",
     "Piece",
     "Picture",
+    "Pieces",
     "Preview",
-    "Refusal",
     "Spread",
     "TokenTable",
     "Transcript",
@@ -48,6 +50,7 @@ __all__ = [
     "is_preview",
     "preview_files",
     "preview_folder",
+    "refusal",
     "render_preview",
 ]
 
@@ -240,27 +243,69 @@ class Spread(NamedTuple):
 Piece = Picture | Animation | TokenTable | Transcript | Spread
 
 
-@dataclasses.dataclass(frozen=True)
-class Refusal:
-    """How a tracker words a preview it cannot show.
+def refusal(
+    value: Any, name: str | None = None, *, taker: str = "trackers take", form: str = "preview"
+) -> TypeError:
+    """The `TypeError` refusing `value`, an artifact with no preview form, logged as `name`.
 
-    - `takes`: who takes which previews (`"trackers take"`).
-    - `form`: the word for what `TokenScores` lacks (`"preview"`, `"summary"`).
-    - `unknown`: the opening for any other value; `{kind}` is its type's name and
-      `{name}` the artifact's name.
+    `taker` says who takes which previews (`"trackers take"`, `"LocalTracker takes"`), `form`
+    the word for what `value` lacks (`"preview"`, TensorBoard's `"summary"`):
+    `TokenScores has no preview form; LocalTracker takes Images, Clips, TokenRows or
+    Representations previews.`, and for another type `no preview form for Masks artifact
+    'masks'; ...`.
+    """
+    if isinstance(value, TokenScores):
+        opening = f"TokenScores has no {form} form"
+    else:
+        logged = "" if name is None else f" artifact {name!r}"
+        opening = f"no {form} form for {type(value).__name__}{logged}"
+    return TypeError(f"{opening}; {taker} {_PREVIEWS}.")
+
+
+class Pieces:
+    """A preview as it was logged (`value`: an artifact, or a `Preview` of one) and the pieces
+    it renders to (`render_preview`), rendered when first read, once: iterate over them, index
+    them, or take their `files`.
+
+    `AbstractRunTracker.log_artifact` hands them to a tracker's `_log_preview`. A tracker that
+    shows previews reads the pieces before it writes anything: the first read refuses an
+    artifact with no preview form (`refusal`, worded by `taker` and `form`). One that keeps or
+    forwards what it is told (`InMemoryTracker`, `Trackers`) takes `value` and renders nothing.
+    (Not a `Sequence`: a runtime type check of one reads an item, which would render.)
     """
 
-    takes: str = "trackers take"
-    form: str = "preview"
-    unknown: str = "no preview renderer for {kind}"
+    def __init__(
+        self,
+        value: Any,
+        name: str | None = None,
+        *,
+        taker: str = "trackers take",
+        form: str = "preview",
+    ) -> None:
+        self.value = value
+        self._name, self._taker, self._form = name, taker, form
 
-    def error(self, value: Any, name: str | None) -> TypeError:
-        """The `TypeError` refusing `value`, logged as `name`."""
-        if isinstance(value, TokenScores):
-            opening = f"TokenScores has no {self.form} form"
-        else:
-            opening = self.unknown.format(kind=type(value).__name__, name=repr(name))
-        return TypeError(f"{opening}; {self.takes} {_PREVIEWS}.")
+    @functools.cached_property
+    def _rendered(self) -> tuple[Piece, ...]:
+        value = self.value
+        artifact = value.artifact if isinstance(value, Preview) else value
+        if not isinstance(artifact, PREVIEW_TYPES):
+            raise refusal(artifact, self._name, taker=self._taker, form=self._form)
+        return (value if isinstance(value, Preview) else Preview(artifact)).pieces
+
+    def __iter__(self) -> Iterator[Piece]:
+        return iter(self._rendered)
+
+    def __getitem__(self, index: int) -> Piece:
+        return self._rendered[index]
+
+    def __len__(self) -> int:
+        return len(self._rendered)
+
+    @property
+    def files(self) -> list[tuple[str, bytes]]:
+        """The files the pieces are stored as, `(name, content)` pairs (`preview_files`)."""
+        return [piece.file for piece in self]
 
 
 def _captions(artifact: Images | Clips, classes: tuple[str, ...] | None) -> list[str] | None:
@@ -313,9 +358,7 @@ def _pieces(preview: Preview) -> tuple[Piece, ...]:
     return (Spread(histogram(value.features)),)
 
 
-def render_preview(
-    value: Any, *, name: str | None = None, refusal: Refusal = Refusal()
-) -> tuple[Piece, ...]:
+def render_preview(value: Any, *, name: str | None = None) -> tuple[Piece, ...]:
     """The neutral pieces a preview renders to.
 
     **Arguments:**
@@ -323,15 +366,11 @@ def render_preview(
     - `value`: `Images`, `Clips`, `TokenRows` or `Representations`, or a `Preview` of one
       (rendered once however often it is asked).
     - `name`: the artifact's name, for the error.
-    - `refusal`: how the error is worded.
 
-    **Raises:** `TypeError` (worded by `refusal`) for `TokenScores`, which has no
-    preview form, and for any other value.
+    **Raises:** `TypeError` (`refusal`) for `TokenScores`, which has no preview form, and for
+    any other value.
     """
-    artifact = value.artifact if isinstance(value, Preview) else value
-    if not isinstance(artifact, PREVIEW_TYPES):
-        raise refusal.error(artifact, name)
-    return (value if isinstance(value, Preview) else Preview(artifact)).pieces
+    return tuple(Pieces(value, name))
 
 
 def preview_files(value: Any) -> list[tuple[str, bytes]]:

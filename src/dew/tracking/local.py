@@ -33,7 +33,7 @@ from dew.tracking._journal import (
     repair_tail,
     warn_malformed,
 )
-from dew.tracking._preview import check_artifact_name, is_preview, preview_files, preview_folder
+from dew.tracking._preview import Pieces, preview_folder
 from dew.tracking._summary import EVERY, summarize, write_summary
 
 __all__ = ["LocalTracker"]
@@ -196,28 +196,30 @@ class LocalTracker(AbstractRunTracker):
             write_summary(self.path, self._summary)
         self._unsummarized = 0
 
-    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_artifact_name(name, value)
-        if step is not None:
-            step = check_index("step", step)
-        entry: dict[str, Any] = {"name": name, "step": step}
-        if isinstance(value, Record):
-            entry["record"] = value.to_dict()
-            if isinstance(value, FitStarted) and value.start_step < self._last_step:
-                self._mark_resume(value.start_step)
-            if isinstance(value, RunRecord):
-                self._write_run_record(value)
-        elif is_preview(value):
-            files = preview_files(value)  # render first: a refused preview leaves no folder
-            folder = self.path / preview_folder(name, step)
-            folder.mkdir(parents=True, exist_ok=True)
-            written = []
-            for suffix, content in files:
-                _json.write_atomic(folder / suffix, content, durable=False)
-                written.append(str((folder / suffix).relative_to(self.path)))
-            entry["files"] = written
-        else:
-            entry["value"] = _json.encode(value, f"artifact {name!r}", default=_unjsonable(name))
+    def _log_record(self, name: str, record: Record, *, step: int | None) -> None:
+        entry = {"name": name, "step": step, "record": record.to_dict()}
+        if isinstance(record, FitStarted) and record.start_step < self._last_step:
+            self._mark_resume(record.start_step)
+        if isinstance(record, RunRecord):
+            self._write_run_record(record)
+        self._append_entry(entry)
+
+    def _log_preview(self, name: str, pieces: Pieces, *, step: int | None) -> None:
+        files = pieces.files  # render first: a refused preview leaves no folder
+        folder = self.path / preview_folder(name, step)
+        folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        for suffix, content in files:
+            _json.write_atomic(folder / suffix, content, durable=False)
+            written.append(str((folder / suffix).relative_to(self.path)))
+        self._append_entry({"name": name, "step": step, "files": written})
+
+    def _log_value(self, name: str, value: Any, *, step: int | None) -> None:
+        encoded = _json.encode(value, f"artifact {name!r}", default=_unjsonable(name))
+        self._append_entry({"name": name, "step": step, "value": encoded})
+
+    def _append_entry(self, entry: dict[str, Any]) -> None:
+        """Append one line to `records.jsonl`."""
         append_line(self._records, self.path / RECORDS, json.dumps(entry, allow_nan=False) + "\n")
 
     def _mark_resume(self, step: int) -> None:

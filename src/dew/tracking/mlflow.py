@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 from dew.naming import check_index, check_path_segment, flatten_parameters, parse_parameter_path
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._preview import check_artifact_name, is_preview, preview_files, preview_folder
+from dew.tracking._preview import Pieces, preview_folder
 
 __all__ = ["DEFAULT_ARTIFACTS", "DEFAULT_STORE", "MLflowTracker"]
 
@@ -124,8 +124,8 @@ def _param_text(value: Any) -> str:
     return repr(value)
 
 
-def _step_name(step: Any) -> str:
-    return "none" if step is None else str(check_index("step", step))
+def _step_name(step: int | None) -> str:
+    return "none" if step is None else str(step)
 
 
 class MLflowTracker(AbstractRunTracker):
@@ -290,24 +290,22 @@ class MLflowTracker(AbstractRunTracker):
         self._paths.add(path)
         return path
 
-    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_artifact_name(name, value)
-        step_name = _step_name(step)
-        if isinstance(value, Record):
-            record_type = check_path_segment("record type", value.type)
-            path = self._unique("records", f"{record_type}-{step_name}")
+    def _log_record(self, name: str, record: Record, *, step: int | None) -> None:
+        record_type = check_path_segment("record type", record.type)
+        path = self._unique("records", f"{record_type}-{_step_name(step)}")
+        with self._allowed():
+            self.client.log_text(self.run_id, record.to_json(), path)
+
+    def _log_preview(self, name: str, pieces: Pieces, *, step: int | None) -> None:
+        files = pieces.files
+        where = preview_folder(name, step).as_posix()
+        with tempfile.TemporaryDirectory(prefix="dew-mlflow-") as folder:
+            for suffix, content in files:
+                (pathlib.Path(folder) / suffix).write_bytes(content)
             with self._allowed():
-                self.client.log_text(self.run_id, value.to_json(), path)
-            return
-        if is_preview(value):
-            files = preview_files(value)
-            where = preview_folder(name, step).as_posix()
-            with tempfile.TemporaryDirectory(prefix="dew-mlflow-") as folder:
-                for suffix, content in files:
-                    (pathlib.Path(folder) / suffix).write_bytes(content)
-                with self._allowed():
-                    self.client.log_artifacts(self.run_id, folder, where)
-            return
+                self.client.log_artifacts(self.run_id, folder, where)
+
+    def _log_value(self, name: str, value: Any, *, step: int | None) -> None:
         try:
             text = json.dumps(encode_json_value(value), allow_nan=False)
         except (TypeError, ValueError) as error:
@@ -315,7 +313,7 @@ class MLflowTracker(AbstractRunTracker):
                 f"MLflowTracker cannot record artifact {name!r}: {type(value).__name__} is not "
                 "a record, a preview artifact or a JSON value."
             ) from error
-        path = self._unique("artifacts", f"{name}-{step_name}")
+        path = self._unique("artifacts", f"{name}-{_step_name(step)}")
         with self._allowed():
             self.client.log_text(self.run_id, text, path)
 

@@ -27,26 +27,11 @@ from dew.naming import (
 )
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._preview import (
-    Animation,
-    Picture,
-    Piece,
-    Refusal,
-    TokenTable,
-    Transcript,
-    check_artifact_name,
-    is_preview,
-    render_preview,
-)
+from dew.tracking._preview import Animation, Picture, Piece, Pieces, TokenTable, Transcript
 
 __all__ = ["TensorBoardTracker", "scalars_layout"]
 
 PARAMS_TAG = "params"
-_REFUSAL = Refusal(
-    takes="TensorBoardTracker takes",
-    form="summary",
-    unknown="no summary form for {kind} artifact {name}",
-)
 
 
 @functools.cache
@@ -216,6 +201,8 @@ class TensorBoardTracker(AbstractRunTracker):
     ```
     """
 
+    _preview_form = "summary"  # "TokenScores has no summary form; TensorBoardTracker takes ..."
+
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
         self._tb = _tensorboard()
         self.logdir = pathlib.Path(logdir)
@@ -303,16 +290,25 @@ class TensorBoardTracker(AbstractRunTracker):
             tensor=self._tb.make_tensor_proto(encoded, dtype=np.object_),
         )
 
-    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_artifact_name(name, value)
-        event = self._event(0 if step is None else _check_step(step))
-        if isinstance(value, Record):
-            self._text(event, artifact_tag(ArtifactKind.RECORD, value.type), value.to_json())
-        elif is_preview(value):
-            for piece in render_preview(value, name=name, refusal=_REFUSAL):
-                self._piece(event, artifact_tag(ArtifactKind.PREVIEW, name, piece.part), piece)
-        else:
-            self._text(event, artifact_tag(ArtifactKind.VALUE, name), _artifact_text(value))
+    def _log_record(self, name: str, record: Record, *, step: int | None) -> None:
+        event = self._event(0 if step is None else step)
+        self._text(event, artifact_tag(ArtifactKind.RECORD, record.type), record.to_json())
+        self._write_artifact(event)
+
+    def _log_preview(self, name: str, pieces: Pieces, *, step: int | None) -> None:
+        rendered = tuple(pieces)  # before the event: a refused preview writes nothing
+        event = self._event(0 if step is None else step)
+        for piece in rendered:
+            self._piece(event, artifact_tag(ArtifactKind.PREVIEW, name, piece.part), piece)
+        self._write_artifact(event)
+
+    def _log_value(self, name: str, value: Any, *, step: int | None) -> None:
+        event = self._event(0 if step is None else step)
+        self._text(event, artifact_tag(ArtifactKind.VALUE, name), _artifact_text(value))
+        self._write_artifact(event)
+
+    def _write_artifact(self, event: Any) -> None:
+        """Write an artifact's event, after the HParams session info where it is due."""
         self._write_hparams()
         self._write(event)
 

@@ -22,21 +22,9 @@ from dew.naming import (
 )
 from dew.telemetry.records import Record, encode_json_value
 from dew.tracking._base import AbstractRunTracker
-from dew.tracking._preview import (
-    Animation,
-    Picture,
-    Piece,
-    Refusal,
-    TokenTable,
-    Transcript,
-    check_artifact_name,
-    is_preview,
-    render_preview,
-)
+from dew.tracking._preview import Animation, Picture, Piece, Pieces, TokenTable, Transcript
 
 __all__ = ["WandbTracker"]
-
-_REFUSAL = Refusal(takes="WandbTracker takes", unknown="no preview form for {kind}")
 
 
 def _config_value(value: Any) -> Any:
@@ -180,34 +168,40 @@ class WandbTracker(AbstractRunTracker):
         self.run.log(data, step=step)
         self._step = step
 
-    def _log_artifact(self, name: str, value: Any, *, step: Any) -> None:
-        check_artifact_name(name, value)
-        step = self._step if step is None else self._check_step(step)
-        wandb = self._wandb
-        if isinstance(value, Record):
-            tag = artifact_tag(ArtifactKind.RECORD, value.type)
-            data = {tag: wandb.Html(_pre(value.to_json()), inject=False)}
-        elif is_preview(value):
-            pieces = render_preview(value, name=name, refusal=_REFUSAL)
-            with tempfile.TemporaryDirectory(prefix="dew-wandb-") as folder:
-                data = {
-                    artifact_tag(ArtifactKind.PREVIEW, name, piece.part): self._media(
-                        piece, pathlib.Path(folder)
-                    )
-                    for piece in pieces
-                }
-                self.run.log(data, step=step)
-            self._step = step
-            return
-        else:
-            try:
-                text = json.dumps(encode_json_value(value), allow_nan=False)
-            except (TypeError, ValueError) as error:
-                raise TypeError(
-                    f"WandbTracker cannot record artifact {name!r}: {type(value).__name__} is "
-                    "not a record, a preview artifact or a JSON value."
-                ) from error
-            data = {artifact_tag(ArtifactKind.VALUE, name): wandb.Html(_pre(text), inject=False)}
+    def _log_record(self, name: str, record: Record, *, step: int | None) -> None:
+        step = self._artifact_step(step)
+        tag = artifact_tag(ArtifactKind.RECORD, record.type)
+        self._log({tag: self._wandb.Html(_pre(record.to_json()), inject=False)}, step)
+
+    def _log_preview(self, name: str, pieces: Pieces, *, step: int | None) -> None:
+        step = self._artifact_step(step)
+        rendered = tuple(pieces)
+        with tempfile.TemporaryDirectory(prefix="dew-wandb-") as folder:
+            data = {
+                artifact_tag(ArtifactKind.PREVIEW, name, piece.part): self._media(
+                    piece, pathlib.Path(folder)
+                )
+                for piece in rendered
+            }
+            self._log(data, step)  # W&B reads the files while the folder is there
+
+    def _log_value(self, name: str, value: Any, *, step: int | None) -> None:
+        step = self._artifact_step(step)
+        try:
+            text = json.dumps(encode_json_value(value), allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"WandbTracker cannot record artifact {name!r}: {type(value).__name__} is "
+                "not a record, a preview artifact or a JSON value."
+            ) from error
+        tag = artifact_tag(ArtifactKind.VALUE, name)
+        self._log({tag: self._wandb.Html(_pre(text), inject=False)}, step)
+
+    def _artifact_step(self, step: int | None) -> int:
+        """An artifact's step: the latest step seen when None (W&B would drop an older one)."""
+        return self._step if step is None else self._check_step(step)
+
+    def _log(self, data: dict[str, Any], step: int) -> None:
         self.run.log(data, step=step)
         self._step = step
 
