@@ -333,3 +333,38 @@ def test_the_sweeps_default_direction_is_its_scores(tmp_path):
     assert _sweep_direction(given, "win_rate", scored, ledger) == "minimize"
     with pytest.raises(ValueError, match="'foreground_fraction' has no direction"):
         _sweep_direction(given, "foreground_fraction", (metrics.ForegroundFraction(),), fresh)
+
+
+@pytest.mark.slow  # two tiny trials through the command
+def test_dew_sweep_maximizes_a_score_that_is_better_higher(tmp_path, capsys):
+    from _ledgers import ledger_json
+
+    from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
+    from dew.registry import datasets
+
+    sizes = {"vocab_size": 16, "emb_features": 16, "num_layers": 1, "num_heads": 2}
+    config = RunConfig(
+        model=ModelConfig("causal_transformer", {**sizes, "mlp_features": 32, "max_seq_len": 16}),
+        data=datasets["token_windows"](seq_len=8, num_tokens=2048),
+        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
+        trainer=TrainerConfig(
+            name="tiny",
+            checkpoint_dir=str(tmp_path / "runs"),
+            steps=6,
+            batch_size=8,
+            log_every=3,
+            eval_every=6,
+            checkpoint_every=None,
+        ),
+    )
+    config.dump_toml(tmp_path / "run.toml")
+    (tmp_path / "space.toml").write_text('"optim.learning_rate" = [0.03, 0.0001]\n')
+    arguments = ["sweep", str(tmp_path / "run.toml"), str(tmp_path / "space.toml")]
+    arguments += ["--trials", "2", "--search", "grid", "--quiet", "--metric", "token_accuracy"]
+    assert main(arguments) == 0
+    printed = capsys.readouterr().out.splitlines()
+    ledger = ledger_json(tmp_path / "runs" / "tiny" / "ledger.json")
+    assert ledger["direction"] == "maximize"  # token_accuracy's own, no --direction given
+    values = {trial["index"]: trial["value"] for trial in ledger["trials"]}
+    top = max(values, key=values.get)
+    assert printed[-1].startswith(f"best trial {top}  token_accuracy {values[top]:.4f}")
