@@ -225,6 +225,8 @@ def test_a_fit_records_its_metrics_directions_in_fit_started(objective):
     [(_, started)] = tracker.artifacts["fit_started"]
     assert started.metric_directions == {"perplexity": "minimize", "win_rate": "maximize"}
     assert json.loads(started.to_json())["metric_directions"]["win_rate"] == "maximize"
+    assert repr(started) == "FitStarted(stage='lm', start_step=0, steps=2)"  # as before
+    assert "metric_directions" not in FitStarted("lm", 0, 2).to_json()  # no metrics: as before
 
 
 def _engine(stopper, directions=None):
@@ -275,17 +277,10 @@ def test_a_stopper_without_a_direction_to_use_raises(kwargs, message):
 
 def _run(root, name, values, directions):
     """A run folder with `lm/validation/<metric>` values and a `FitStarted` recording
-    `directions`; `None`: a record written before the field was (no key at all)."""
-    folder = root / name
-    with LocalTracker(folder) as tracker:
-        started = FitStarted("lm", 0, 4, directions or {})
-        tracker.log_artifact("fit_started", started, step=0)
+    `directions` (none: the record as written before the field was, without the key)."""
+    with LocalTracker(root / name) as tracker:
+        tracker.log_artifact("fit_started", FitStarted("lm", 0, 4, directions), step=0)
         tracker.log_metrics({f"lm/validation/{m}": v for m, v in values.items()}, step=4)
-    if directions is None:
-        records = folder / "records.jsonl"
-        text = records.read_text()
-        assert ', "metric_directions": {}' in text
-        records.write_text(text.replace(', "metric_directions": {}', ""))
 
 
 def _order(capsys, root, *arguments):
@@ -303,7 +298,7 @@ def test_runs_sort_reads_the_recorded_direction(tmp_path, capsys):
 
 def test_runs_recorded_before_directions_sort_by_the_names_as_before(tmp_path, capsys):
     for name, rate, accuracy in (("a", 0.2, 0.9), ("b", 0.8, 0.1), ("c", 0.5, math.nan)):
-        _run(tmp_path, name, {"win_rate": rate, "accuracy": accuracy}, None)
+        _run(tmp_path, name, {"win_rate": rate, "accuracy": accuracy}, {})
     assert "metric_directions" not in (tmp_path / "a" / "records.jsonl").read_text()
     assert _order(capsys, tmp_path, "--sort", "win_rate") == ["a", "c", "b"]  # lower first
     assert _order(capsys, tmp_path, "--sort", "accuracy") == ["a", "b", "c"]  # NaN last

@@ -181,7 +181,17 @@ class FitStarted(Record):
     stage: str
     start_step: int
     steps: int
-    metric_directions: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    metric_directions: Mapping[str, str | None] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """`Record.to_dict`, without `metric_directions` when it is empty: a fit with no
+        metrics writes the record as before the field was."""
+        data = super().to_dict()
+        if not self.metric_directions:
+            del data["metric_directions"]
+        return data
 
     def __post_init__(self) -> None:
         super().__post_init__()
