@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import SupportsFloat
+from collections.abc import Mapping
+from typing import Any, SupportsFloat
 
+from dew._directions import MAXIMIZE, MINIMIZE, check_direction, direction_of
 from dew._integers import check_integer
 from dew.naming import Split, check_metric_name
 
@@ -37,8 +39,13 @@ class EarlyStopper:
 
     **Arguments:**
 
-    - `metric`: the monitored metric's bare name (`loss`), never a tag.
-    - `mode`: `"min"` when lower is better, `"max"` when higher is better.
+    - `metric`: the monitored metric's bare name (`loss`), never a tag; or the metric
+      itself (`metrics.accuracy()`), whose name and direction it takes.
+    - `mode`: `"minimize"` when lower is better, `"maximize"` when higher is better
+      (`"min"`, `"max"` read as them); `None` (default): the metric's own direction, as
+      the metric given declares it, or, for a bare name, as the fit's metric of that name
+      declares it (`Trainer.fit` tells the stopper), else as its name suggests
+      (`loss`: lower is better; decision 0064).
     - `patience`: how many consecutive updates without improvement are tolerated;
       the next one stops. `patience=0` stops at the first update that does not improve.
     - `source`: the `Split` the metric is read from (validation by default).
@@ -47,7 +54,7 @@ class EarlyStopper:
     A non-finite value (NaN) never improves.
 
     ```python
-    >>> stopper = EarlyStopper(metric="loss", mode="min", patience=1)
+    >>> stopper = EarlyStopper(metric="loss", mode="minimize", patience=1)
     >>> state = stopper.init()
     >>> for step, loss in enumerate([3.0, 2.0, 2.5, 2.4]):
     ...     state = stopper.update(state, loss, step=step)
@@ -60,16 +67,25 @@ class EarlyStopper:
     ```
     """
 
-    metric: str
-    mode: str = "min"
+    metric: str | Any
+    mode: str | None = None
     patience: int = 0
     source: Split | str = Split.VALIDATION
     min_delta: float = 0.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.metric, str) and hasattr(self.metric, "direction"):
+            declared = self.metric.direction  # a dew.metrics.Metric: its name and direction
+            object.__setattr__(self, "metric", self.metric.name)
+            if self.mode is None and declared is None:
+                raise ValueError(
+                    f"metric {self.metric!r} has no direction (it is best near the data's "
+                    "own value); pass mode='minimize' or 'maximize'."
+                )
+            object.__setattr__(self, "mode", self.mode if self.mode is not None else declared)
         check_metric_name(self.metric)
-        if self.mode not in ("min", "max"):
-            raise ValueError(f"mode {self.mode!r} is not one of 'min', 'max'.")
+        if self.mode is not None:
+            object.__setattr__(self, "mode", check_direction(self.mode, "mode"))
         check_integer("patience", self.patience, minimum=0)
         try:
             object.__setattr__(self, "source", Split(self.source))
@@ -83,6 +99,20 @@ class EarlyStopper:
         """The bare name of the monitored metric."""
         return self.metric
 
+    @property
+    def direction(self) -> str:
+        """`mode`, or without one the direction the metric's name suggests (`loss`:
+        `"minimize"`)."""
+        return self.mode or direction_of(self.metric) or MINIMIZE
+
+    def directed(self, directions: Mapping[str, str | None]) -> EarlyStopper:
+        """This stopper with `mode` set from `directions` (bare name to direction, as a
+        fit's metrics declare them) where it has none and they name its metric."""
+        declared = directions.get(self.metric)
+        if self.mode is not None or declared is None:
+            return self
+        return dataclasses.replace(self, mode=declared)
+
     def init(self) -> EarlyStoppingState:
         """The state before any measurement."""
         return EarlyStoppingState()
@@ -93,12 +123,12 @@ class EarlyStopper:
             return False
         if best is None:
             return True
-        if self.mode == "min":
+        if self.direction == MINIMIZE:
             return value < best - self.min_delta
         return value > best + self.min_delta
 
     def _better_inf(self, value: float) -> bool:
-        return (value < 0) if self.mode == "min" else (value > 0)
+        return (value > 0) if self.direction == MAXIMIZE else (value < 0)
 
     def update(
         self, state: EarlyStoppingState, value: SupportsFloat, *, step: int

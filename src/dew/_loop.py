@@ -74,6 +74,8 @@ class LoopEngine:
     - `sinks`: event sinks; `tracker`: borrowed, receives records (a runner that
       reports metrics to it passes a `TrackerEventSink` among the sinks).
     - `early_stopper`, `stopping`: the stopper and its state so far (`None`: fresh).
+    - `metric_directions`: the direction each metric declares, by bare name: recorded in
+      `FitStarted`, and read by an early stopper without a `mode` (decision 0064).
     - `progress`: print one line per report; draw a bar (over `total` units of
       `unit`, from `initial`) when standard error is a terminal.
     """
@@ -92,12 +94,16 @@ class LoopEngine:
         total: int | None = None,
         initial: int = 0,
         unit: str = "step",
+        metric_directions: Mapping[str, str | None] | None = None,
     ) -> None:
         self.stage = stage
         self.current = current
         self.history = history
         self.sinks = tuple(sinks)
         self.tracker = tracker
+        self.metric_directions = dict(metric_directions or {})
+        if early_stopper is not None and early_stopper.mode is None:
+            early_stopper = early_stopper.directed(self.metric_directions)
         self.early_stopper = early_stopper
         if early_stopper is not None and stopping is None:
             stopping = early_stopper.init()
@@ -240,9 +246,8 @@ class LoopEngine:
         tracker that took the start also sees the end, and the reporting error is raised.
         """
         try:
-            self.record(
-                "fit_started", FitStarted(stage=self.stage, start_step=start, steps=steps), start
-            )
+            started = FitStarted(self.stage, start, steps, self.metric_directions)
+            self.record("fit_started", started, start)
         except Exception as error:
             self.bar.close()
             ended = FitEnded(

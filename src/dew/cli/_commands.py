@@ -53,6 +53,35 @@ def _introduce(args: argparse.Namespace, config: Any, objective: Any) -> None:
             _say(line)
 
 
+def _directions(metrics: Sequence[Any]) -> dict[str, str | None]:
+    """Each metric's bare name and the direction it declares (decision 0064)."""
+    from dew.metrics import MetricSet
+
+    return MetricSet(metrics).directions
+
+
+def _sweep_direction(
+    args: argparse.Namespace, metric: str, metrics: Sequence[Any], ledger: str
+) -> str:
+    """The sweep's direction: `--direction`, else the one its ledger records (a rerun
+    continues as it began), else the one the score `metric` declares (a metric the
+    objective does not score, such as the training `loss`, by its name; decision 0064)."""
+    from dew._directions import direction_of
+    from dew.config.sweep._ledger import read_ledger
+
+    if args.direction is not None:
+        return args.direction
+    if pathlib.Path(ledger).is_file():
+        return read_ledger(ledger).direction
+    direction = direction_of(metric, _directions(metrics))
+    if direction is None:
+        raise ValueError(
+            f"the sweep's score {metric!r} has no direction (it is best near the data's own "
+            "value); pass --direction minimize or --direction maximize."
+        )
+    return direction
+
+
 def _start_step(folder: pathlib.Path) -> int:
     """The step the run folder's latest fit started from (its journal's last `FitStarted`);
     0 when the journal cannot tell."""
@@ -90,7 +119,11 @@ def _train(args: argparse.Namespace) -> int:
     _, folder = run_folder(config, name)
     step = int(state.step)
     trained = step - _start_step(folder)
-    for line in end_lines(state.metric_history, step=step, trained=trained, seconds=seconds):
+    directions = _directions(metrics)
+    history = state.metric_history
+    for line in end_lines(
+        history, step=step, trained=trained, seconds=seconds, directions=directions
+    ):
         _say(line)
     _say(f"run folder {folder}")
     return 0
@@ -135,7 +168,7 @@ def _number(value: Any) -> Any:
     return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def _search(args: argparse.Namespace) -> Any:
+def _search(args: argparse.Namespace, direction: str) -> Any:
     from dew.config.sweep import grid_search, optuna_search, random_search
 
     if args.search == "grid":
@@ -151,7 +184,7 @@ def _search(args: argparse.Namespace) -> Any:
     return optuna_search(
         storage=args.storage,
         study_name=args.study_name,
-        direction=args.direction,
+        direction=direction,
         pruner=args.pruner,
     )
 
@@ -263,7 +296,8 @@ def _sweep(args: argparse.Namespace) -> int:
     metric = args.metric or (metrics[0].name if metrics else "loss")
     _, local = run_folder(config, config.trainer.name)  # the sweep's own local folder
     ledger = _ledger_path(args, config)
-    search = _search(args)
+    direction = _sweep_direction(args, metric, metrics, ledger)
+    search = _search(args, direction)
 
     hinted: list[pathlib.Path] = []  # the trials' event files: one line for all of them
 
@@ -309,7 +343,7 @@ def _sweep(args: argparse.Namespace) -> int:
             ledger=ledger,
             tracker=tracker,
             search=search,
-            direction=args.direction,
+            direction=direction,
         )
     if os.environ.get(WORKER_ENV):  # one of --workers N: the launcher sums up
         return 0
@@ -317,7 +351,7 @@ def _sweep(args: argparse.Namespace) -> int:
         _say(trial_summary(finished, metric))
     scored = [t for t in trials if not math.isnan(t.value) and not t.pruned]
     if scored:
-        pick = max if args.direction == "maximize" else min
+        pick = max if direction == "maximize" else min
         best = pick(scored, key=lambda t: t.value)
         _say(f"best trial {best.index}  {metric} {best.value:.4f}  {best.overrides}")
     return 0

@@ -1,53 +1,44 @@
 """What `dew train` and `dew sweep` print around a run: the resolved configuration, a model
-summary, the end-of-run summary, and a metric's direction (decision 0023)."""
+summary, the end-of-run summary, and a metric's direction (decisions 0023, 0064)."""
 
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from dew._directions import MAXIMIZE, direction_of
 from dew.naming import Split, bare_metric_name, parse_metric_tag
 
-_HIGHER_IS_BETTER = (
-    "accuracy",
-    "psnr",
-    "ssim",
-    "clip_score",
-    "auc",
-    "auroc",
-    "f1",
-    "precision",
-    "recall",
-)
-"""Bare metric names containing one of these are better higher; every other one (losses,
-perplexity, errors, FID, CRPS) is better lower. dew's `Metric` records no direction."""
+Directions = Mapping[str, str | None]
+"""Bare metric names and the directions their metrics declare (`MetricSet.directions`, a
+`FitStarted` record's `metric_directions`); a name not in it is guessed from (decision 0064)."""
 
 
-_NEAR_THE_DATA = ("foreground_fraction", "foreground_parts")
-"""Bare metric names containing one of these, or starting with `real_` (the same statistic of
-the real rows), are better near the data's own value (`dew.metrics.shape_scores`), neither
-higher nor lower: the end-of-run summary gives their last value alone."""
+def direction(metric: str, directions: Directions | None = None) -> str | None:
+    """The direction of `metric` (a bare name or a full tag): the one `directions` records
+    for its bare name, else the guess from the name (`dew._directions.guessed_direction`)."""
+    return direction_of(bare_metric_name(metric), directions)
 
 
-def has_direction(metric: str) -> bool:
+def has_direction(metric: str, directions: Directions | None = None) -> bool:
     """Whether `metric` (a bare name or a full tag) is better higher or lower at all."""
-    bare = bare_metric_name(metric)
-    return not (bare.startswith("real_") or any(word in bare for word in _NEAR_THE_DATA))
+    return direction(metric, directions) is not None
 
 
-def higher_is_better(metric: str) -> bool:
+def higher_is_better(metric: str, directions: Directions | None = None) -> bool:
     """Whether a larger value of `metric` (a bare name or a full tag) is better."""
-    bare = bare_metric_name(metric)
-    return any(word in bare for word in _HIGHER_IS_BETTER)
+    return direction(metric, directions) == MAXIMIZE
 
 
-def best(series: Sequence[tuple[int, float]], metric: str) -> tuple[int, float] | None:
+def best(
+    series: Sequence[tuple[int, float]], metric: str, directions: Directions | None = None
+) -> tuple[int, float] | None:
     """The best `(step, value)` of `series` by `metric`'s direction (the earliest of ties);
     NaN never wins; `None` when nothing is finite or NaN-free to pick."""
     scored = [(step, value) for step, value in series if not math.isnan(value)]
     if not scored:
         return None
-    sign = -1.0 if higher_is_better(metric) else 1.0
+    sign = -1.0 if higher_is_better(metric, directions) else 1.0
     return min(scored, key=lambda point: sign * point[1])
 
 
@@ -156,10 +147,11 @@ def end_lines(
     step: int,
     trained: int,
     seconds: float,
+    directions: Directions | None = None,
 ) -> list[str]:
     """The end-of-run summary: the final values (`summary`), the time taken and the speed,
-    and each validation metric's last and (where it has a direction) best value with their
-    steps."""
+    and each validation metric's last and (where it has a direction: the one `directions`
+    records for it, else its name's) best value with their steps."""
     if trained > 0 and seconds > 0:
         speed = f"  {trained} steps in {seconds:.1f} s ({trained / seconds:.2f} steps/s)"
     else:
@@ -174,11 +166,11 @@ def end_lines(
         width = max(len(tag) for tag in validation)
         for tag, series in validation.items():
             at, value = series[-1]
-            top = best(series, tag) if has_direction(tag) else None
+            top = best(series, tag, directions) if has_direction(tag, directions) else None
             line = f"  {tag.ljust(width)}  last {value_text(value)} (step {at})"
             if top is not None:
-                direction = "higher" if higher_is_better(tag) else "lower"
-                line += f"  best {value_text(top[1])} (step {top[0]}, {direction} is better)"
+                way = "higher" if higher_is_better(tag, directions) else "lower"
+                line += f"  best {value_text(top[1])} (step {top[0]}, {way} is better)"
             lines.append(line)
     return lines
 

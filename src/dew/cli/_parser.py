@@ -36,7 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--storage", help="an Optuna storage URL shared by several workers")
     sweep.add_argument("--study-name", help="the Optuna study (needed with --storage)")
     sweep.add_argument("--metric", help="the score: a validation (else training) metric")
-    sweep.add_argument("--direction", choices=("minimize", "maximize"), default="minimize")
+    sweep.add_argument(
+        "--direction",
+        choices=("minimize", "maximize"),
+        help="of the score (default: the one --metric declares, or the ledger's on a rerun)",
+    )
     sweep.add_argument(
         "--pruner",
         default="none",

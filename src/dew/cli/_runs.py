@@ -14,7 +14,8 @@ import sys
 import textwrap
 from typing import Any
 
-from dew.cli._console import higher_is_better, value_text
+from dew._directions import MAXIMIZE
+from dew.cli._console import direction, value_text
 from dew.cli._table import Table, output_width
 from dew.naming import Split, parse_metric_tag, parse_parameter_path
 
@@ -32,6 +33,7 @@ class _Row:
     params: dict[str, Any]
     best_trial: dict[str, Any] | None = None  # a sweep's: index, overrides, value, direction
     kind: tuple[Any, Any] | None = None  # its objective's and model's names: its table
+    directions: dict[str, str | None] = dataclasses.field(default_factory=dict)  # by tag
 
 
 def _param_name(key: str) -> str | None:
@@ -111,9 +113,12 @@ def _row(
     journal's summary, decision 0046), its `records` and its `params`."""
     status, ended = "-", None
     trials = []
+    declared: dict[tuple[str, str], str | None] = {}  # (stage, bare name): its direction
     for _, _, record in records:  # the latest fit decides: a resumed one runs
         if record.type == "fit_started":
             status, ended = "running or killed", None
+            for metric, way in record.metric_directions.items():
+                declared[record.stage, metric] = way
         elif record.type == "fit_ended":
             status, ended = record.status, record.step
         elif record.type == "trial_finished":
@@ -129,12 +134,13 @@ def _row(
     if pruned_at is not None:  # stopped by its sweep's pruner, not completed
         status = f"pruned (step {pruned_at})"
     row = _Row(name, status, last, metrics, params, kind=_kind(params))
+    row.directions = {tag: declared[key] for tag in metrics if (key := _key(tag)) in declared}
     if trials:  # a sweep's journal: its best trial, not its last; its kind, its trials'
         ledger = _ledger(folder)  # None: no ledger ("minimize", the sweep's default)
         if ledger is not None:
             row.kind = row.kind or _configured_kind(ledger.data.get("config"))
-        direction = "minimize" if ledger is None else ledger.direction
-        sign = -1.0 if direction == "maximize" else 1.0
+        way = "minimize" if ledger is None else ledger.direction
+        sign = -1.0 if way == MAXIMIZE else 1.0
         pruned = (
             set()
             if ledger is None
@@ -142,6 +148,7 @@ def _row(
         )
         scored = [t for t in trials if not math.isnan(t.value) and t.trial not in pruned]
         row.status = f"sweep, {len(trials)} trials"
+        row.directions = dict.fromkeys(metrics, way)  # its score's: the ledger's
         if pruned:
             row.status += f", {len(pruned)} pruned"
         row.step = None
@@ -151,7 +158,7 @@ def _row(
                 "index": top.trial,
                 "overrides": dict(top.overrides),
                 "value": top.value,
-                "direction": direction,
+                "direction": way,
             }
             for tag in metrics:
                 metrics[tag] = (top.trial, top.value)
@@ -199,6 +206,15 @@ def _names(tag: str, split: Split, metric: str) -> bool:
     except (TypeError, ValueError):
         return False
     return parsed.split is split and parsed.metric == metric
+
+
+def _key(tag: str) -> tuple[str, str] | None:
+    """A metric tag's stage and bare metric name (`None`: a journal's odd key)."""
+    try:
+        parsed = parse_metric_tag(tag)
+    except (TypeError, ValueError):
+        return None
+    return parsed.stage, parsed.metric
 
 
 def _metric(tag: str) -> str:
@@ -284,7 +300,10 @@ def _sorted(rows: list[_Row], sort: str, reverse: bool = False) -> list[_Row]:
             f"--sort {sort!r}: no listed run has that metric; their metrics are "
             f"{', '.join(tags) or 'none'} (a bare name or a full tag)."
         )
-    sign = -1.0 if higher_is_better(tag) else 1.0  # best first
+    # The direction a listed run's journal records for the tag (decision 0064), else the
+    # guess from its name (a run recorded before metrics declared theirs).
+    recorded = (row.directions[tag] for row in rows if tag in row.directions)
+    sign = -1.0 if next(recorded, direction(tag)) == MAXIMIZE else 1.0  # best first
     if reverse:
         sign = -sign
     having = [row for row in rows if tag in row.metrics and not math.isnan(row.metrics[tag][1])]

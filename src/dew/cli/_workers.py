@@ -98,13 +98,14 @@ def _summary(args: argparse.Namespace, ledger: str) -> int:
     from dew.cli._commands import trial_summary
     from dew.config.sweep._ledger import read_ledger
 
-    finished = read_ledger(ledger).state.finished
+    read = read_ledger(ledger)
+    finished = read.state.finished
     metric = args.metric or "score"
     for _, trial in sorted(finished.items()):
         print(trial_summary(trial, metric))
     scored = [t for t in finished.values() if not math.isnan(t.value) and not t.pruned]
-    if scored:
-        pick = max if args.direction == "maximize" else min
+    if scored:  # by the direction the workers recorded (--direction, else the metric's)
+        pick = max if read.direction == "maximize" else min
         best = pick(scored, key=lambda trial: trial.value)
         print(f"best trial {best.index}  {metric} {best.value:.4f}  {best.overrides}")
     sys.stdout.flush()

@@ -10,6 +10,7 @@ from equinox import AbstractVar
 from jaxtyping import Array, Float, PyTree, Real
 
 from dew._checks import error_if
+from dew._directions import guessed_direction
 from dew.artifacts import Artifact
 from dew.metrics._sums import Sum
 
@@ -37,6 +38,15 @@ class Metric(eqx.Module, Generic[A]):
     `vmap` and `lax.scan`; host metrics keep NumPy float64 statistics and may
     merge in place.
 
+    A metric knows which way it is better: its `direction` is `"minimize"` (lower is
+    better: losses, errors, FID), `"maximize"` (higher is better: accuracies, PSNR) or
+    `None` (neither: a statistic best near the data's own value). Every built-in declares
+    it; a subclass sets the class variable (`direction: ClassVar[str | None] = "maximize"`),
+    and one that does not gets the guess from its name
+    (`dew._directions.guessed_direction`). A fit records its metrics' directions in its
+    `FitStarted` record, where the console's best values, `dew runs --sort`, `dew sweep`'s
+    default `--direction` and the early stopper's default `mode` read them (decision 0064).
+
     `finalize(init())`, the value of an empty pass, is NaN for every built-in:
     a mean over nothing is undefined, and dew reports it as data rather than
     dividing 0 by 0. `evaluate` reports no value at all for an empty pass.
@@ -49,6 +59,12 @@ class Metric(eqx.Module, Generic[A]):
     # whose statistics stream through memory (the whole pass at once is fastest), a small
     # number for metrics with large per-batch intermediates (SSIM's filtered maps).
     scan_chunk: ClassVar[int | None] = None
+
+    @property
+    def direction(self) -> str | None:
+        """`"minimize"`, `"maximize"` or `None` (no direction): for a subclass that
+        declares none, the guess from its name."""
+        return guessed_direction(self.name)
 
     def __check_init__(self) -> None:
         if not isinstance(self.name, str) or not _SNAKE_CASE.fullmatch(self.name):

@@ -135,6 +135,7 @@ class Accuracy(_RowMean):
     """
 
     name: str = eqx.field(static=True, default="accuracy")
+    direction: ClassVar[str | None] = "maximize"
 
     def statistics(self, artifact: ClassScores) -> RowMeanState:
         hits = _in_top_k(artifact.logits, _labels(artifact, self.name), 1)
@@ -147,6 +148,7 @@ class TopKAccuracy(_RowMean):
 
     k: int = eqx.field(static=True)
     name: str = eqx.field(static=True, default="top_k_accuracy")
+    direction: ClassVar[str | None] = "maximize"
 
     def __check_init__(self) -> None:
         check_integer("k", self.k, minimum=1)
@@ -166,6 +168,7 @@ class CrossEntropy(_RowMean):
     `take_along_axis`, no one-hot)."""
 
     name: str = eqx.field(static=True, default="cross_entropy")
+    direction: ClassVar[str | None] = "minimize"
 
     def statistics(self, artifact: ClassScores) -> RowMeanState:
         log_probs = jax.nn.log_softmax(jnp.asarray(artifact.logits, jnp.float32), axis=-1)
@@ -313,6 +316,7 @@ class Precision(_ConfusionMetric):
     classes: int = eqx.field(static=True)
     class_index: int | None = eqx.field(static=True, default=None)
     name: str = eqx.field(static=True, default="precision")
+    direction: ClassVar[str | None] = "maximize"
 
     def finalize(self, accumulated: ConfusionMatrix) -> Float[Array, ""]:
         return self._reduced(accumulated.precision(), accumulated)
@@ -325,6 +329,7 @@ class Recall(_ConfusionMetric):
     classes: int = eqx.field(static=True)
     class_index: int | None = eqx.field(static=True, default=None)
     name: str = eqx.field(static=True, default="recall")
+    direction: ClassVar[str | None] = "maximize"
 
     def finalize(self, accumulated: ConfusionMatrix) -> Float[Array, ""]:
         return self._reduced(accumulated.recall(), accumulated)
@@ -338,6 +343,7 @@ class F1(_ConfusionMetric):
     classes: int = eqx.field(static=True)
     class_index: int | None = eqx.field(static=True, default=None)
     name: str = eqx.field(static=True, default="f1")
+    direction: ClassVar[str | None] = "maximize"
 
     def finalize(self, accumulated: ConfusionMatrix) -> Float[Array, ""]:
         return self._reduced(accumulated.f1(), accumulated)
@@ -358,6 +364,7 @@ class ExpectedCalibrationError(Metric[ClassScores]):
 
     bins: int = eqx.field(static=True, default=15)
     name: str = eqx.field(static=True, default="expected_calibration_error")
+    direction: ClassVar[str | None] = "minimize"
     artifact_type: ClassVar[type[Artifact]] = ClassScores
 
     def __check_init__(self) -> None:
@@ -407,6 +414,7 @@ class AUROC(Metric[ClassScores]):
 
     thresholds: int = eqx.field(static=True, default=200)
     name: str = eqx.field(static=True, default="auroc")
+    direction: ClassVar[str | None] = "maximize"
     artifact_type: ClassVar[type[Artifact]] = ClassScores
 
     def __check_init__(self) -> None:

@@ -53,6 +53,7 @@ class CLIPScore(Metric[Images]):
 
     model: CLIP
     name: str = eqx.field(static=True, default="clip_score")
+    direction: ClassVar[str | None] = "maximize"
     weights_sha256: str | None = eqx.field(static=True, default=None)
     artifact_type: ClassVar[type[Artifact]] = Images
     host: ClassVar[bool] = True

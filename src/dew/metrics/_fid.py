@@ -231,6 +231,7 @@ class FID(Metric[Images]):
     network: Callable[[Array], Array]
     reference: FIDStatistics | None = eqx.field(default=None, converter=_statistics)
     name: str = eqx.field(static=True, default="fid")
+    direction: ClassVar[str | None] = "minimize"
     definition: FeatureDefinition | None = eqx.field(static=True, default=None)
 
     def feature_definition(self) -> dict[str, Any]:

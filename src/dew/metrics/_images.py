@@ -209,6 +209,7 @@ class MSE(_ImageMean):
     """Mean squared error between generated and reference images, per image."""
 
     name: str = eqx.field(static=True, default="mse")
+    direction: ClassVar[str | None] = "minimize"
 
     def per_image(self, generated: Array, reference: Array) -> Array:
         return per_image_mse(generated, reference)
@@ -218,6 +219,7 @@ class MAE(_ImageMean):
     """Mean absolute error between generated and reference images, per image."""
 
     name: str = eqx.field(static=True, default="mae")
+    direction: ClassVar[str | None] = "minimize"
 
     def per_image(self, generated: Array, reference: Array) -> Array:
         return per_image_mae(generated, reference)
@@ -240,6 +242,7 @@ class PSNR(_ImageMean):
 
     data_range: float = eqx.field(static=True, default=1.0)
     name: str = eqx.field(static=True, default="psnr")
+    direction: ClassVar[str | None] = "maximize"
 
     def __check_init__(self) -> None:
         _check_data_range(self.data_range)
@@ -255,6 +258,7 @@ class SSIM(_ImageMean):
 
     data_range: float = eqx.field(static=True, default=1.0)
     name: str = eqx.field(static=True, default="ssim")
+    direction: ClassVar[str | None] = "maximize"
 
     def __check_init__(self) -> None:
         _check_data_range(self.data_range)
@@ -268,6 +272,7 @@ class VideoPSNR(_FrameMean):
 
     data_range: float = eqx.field(static=True, default=1.0)
     name: str = eqx.field(static=True, default="psnr")
+    direction: ClassVar[str | None] = "maximize"
 
     def __check_init__(self) -> None:
         _check_data_range(self.data_range)
@@ -283,6 +288,7 @@ class VideoSSIM(_FrameMean):
 
     data_range: float = eqx.field(static=True, default=1.0)
     name: str = eqx.field(static=True, default="ssim")
+    direction: ClassVar[str | None] = "maximize"
 
     def __check_init__(self) -> None:
         _check_data_range(self.data_range)

@@ -111,6 +111,7 @@ class LinearProbe(_Probe):
     num_classes: int = eqx.field(static=True)
     l2: float = eqx.field(static=True, default=1e-3)
     name: str = eqx.field(static=True, default="batch_linear_probe_accuracy")
+    direction: ClassVar[str | None] = "maximize"
 
     def __check_init__(self) -> None:
         check_integer("num_classes", self.num_classes, minimum=1)
@@ -129,6 +130,7 @@ class KNNProbe(_Probe):
     num_classes: int = eqx.field(static=True)
     k: int = eqx.field(static=True, default=5)
     name: str = eqx.field(static=True, default="batch_knn_probe_accuracy")
+    direction: ClassVar[str | None] = "maximize"
 
     def __check_init__(self) -> None:
         check_integer("num_classes", self.num_classes, minimum=1)

@@ -118,6 +118,7 @@ class RowLoss(_RowMetric):
     """
 
     name: str = eqx.field(static=True, default="loss")
+    direction: ClassVar[str | None] = "minimize"
 
     def statistics(self, artifact: RegressionScores) -> RowMeanState:
         return _row_mean_state(artifact.losses, artifact.weights)
@@ -135,6 +136,7 @@ class RMSE(_RowMetric):
     """
 
     name: str = eqx.field(static=True, default="rmse")
+    direction: ClassVar[str | None] = "minimize"
 
     def statistics(self, artifact: RegressionScores) -> RowMeanState:
         self._require(artifact, "mean", "targets")
@@ -158,6 +160,7 @@ class PointCRPS(_RowMetric):
     """
 
     name: str = eqx.field(static=True, default="point_crps")
+    direction: ClassVar[str | None] = "minimize"
 
     def statistics(self, artifact: RegressionScores) -> RowMeanState:
         self._require(artifact, "mean", "std", "targets")

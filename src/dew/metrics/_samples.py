@@ -12,7 +12,7 @@ so the threshold sits halfway to their faintest shape; a sample's faint haze sta
 import abc
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -141,6 +141,7 @@ class ClassAccuracy(_SampleMean):
 
     classifier: Callable[[Array], Array]
     name: str = eqx.field(static=True, default="class_accuracy")
+    direction: ClassVar[str | None] = "maximize"
     clips: bool = eqx.field(static=True, default=False)
 
     def statistics(self, artifact: Any) -> MeanState:
@@ -197,6 +198,12 @@ class _Foreground(_SampleMean):
                 f"metric {self.name!r}: threshold must be a finite number >= 0, got {threshold!r}."
             )
 
+    @property
+    def direction(self) -> str | None:
+        """`None` (best near the real rows' value) for the real rows' statistics and for the
+        generated rows' foreground share and piece count; see `ForegroundColourSpread`."""
+        return None
+
     def statistics(self, artifact: Any) -> MeanState:
         images = self._rows(artifact, self.population)
         return self.per_image(images, foreground_mask(images, self.threshold))
@@ -227,6 +234,12 @@ class ForegroundColourSpread(_Foreground):
     threshold: float = eqx.field(static=True, default=FOREGROUND_THRESHOLD)
     clips: bool = eqx.field(static=True, default=False)
     name: str = eqx.field(static=True, default="foreground_colour_spread")
+
+    @property
+    def direction(self) -> str | None:
+        """`"minimize"` for the generated rows (0: one flat colour, as the real shapes are),
+        `None` for the real rows' own statistic."""
+        return "minimize" if self.population == "generated" else None
 
     def per_image(self, images: Array, mask: Array) -> MeanState:
         present = jnp.any(mask, axis=(1, 2)).astype(jnp.float32)

@@ -113,6 +113,17 @@ class MetricSet(Metric[Artifact]):
         return tuple(metric.name for metric in self.flat_metrics)
 
     @property
+    def direction(self) -> str | None:
+        """A set has no direction of its own (`None`): its metrics' are `directions`."""
+        return None
+
+    @property
+    def directions(self) -> dict[str, str | None]:
+        """Each metric's bare name and its `direction` (nested sets flattened), as a fit
+        records them in its `FitStarted` record (decision 0064)."""
+        return {metric.name: metric.direction for metric in self.flat_metrics}
+
+    @property
     def on_device(self) -> bool:
         """Whether every metric is a device metric, so the pass can run in one scan."""
         return not any(metric.host for metric in self.flat_metrics)

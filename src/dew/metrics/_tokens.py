@@ -86,6 +86,7 @@ class Perplexity(_TokenLossMetric):
     """
 
     name: str = eqx.field(static=True, default="perplexity")
+    direction: ClassVar[str | None] = "minimize"
 
     def finalize(self, accumulated: TokenLossState) -> Float[Array, ""]:
         return jnp.exp(_mean_token_loss(accumulated, self.name))
@@ -98,6 +99,7 @@ class MeanLoss(_TokenLossMetric):
     """
 
     name: str = eqx.field(static=True, default="mean_loss")
+    direction: ClassVar[str | None] = "minimize"
 
     def finalize(self, accumulated: TokenLossState) -> Float[Array, ""]:
         return _mean_token_loss(accumulated, self.name)
@@ -111,6 +113,7 @@ class TokenAccuracy(_TokenLossMetric):
     """
 
     name: str = eqx.field(static=True, default="token_accuracy")
+    direction: ClassVar[str | None] = "maximize"
 
     def statistics(self, artifact: TokenScores) -> TokenLossState:
         if artifact.correct is None:

@@ -172,12 +172,26 @@ class RunRecord(Record):
 
 @dataclasses.dataclass(frozen=True)
 class FitStarted(Record):
-    """A fit began: its stage, the step it starts from and the step it runs to."""
+    """A fit began: its stage, the step it starts from and the step it runs to, and the
+    direction each of its metrics declares (`metric_directions`: bare name to `"minimize"`,
+    `"maximize"` or `None`; empty in records written before metrics declared one, whose
+    readers guess from the names, decision 0064)."""
 
     type: ClassVar[str] = "fit_started"
     stage: str
     start_step: int
     steps: int
+    metric_directions: Mapping[str, str | None] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """`Record.to_dict`, without `metric_directions` when it is empty: a fit with no
+        metrics writes the record as before the field was."""
+        data = super().to_dict()
+        if not self.metric_directions:
+            del data["metric_directions"]
+        return data
 
     def __post_init__(self) -> None:
         super().__post_init__()

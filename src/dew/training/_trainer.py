@@ -376,6 +376,7 @@ class Trainer:
             total=steps,
             initial=min(start, steps),
             unit="step",
+            metric_directions=metric_set.directions,  # recorded in FitStarted (decision 0064)
         )
         saved_step = start if checkpoints is not None and start > 0 else None
         saving = saved_step  # the step of the last save begun (a Ctrl-C may cut it short)

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dew._directions import check_direction
 from dew.config.sweep._optuna_run import _import_optuna, _OptunaRun
 from dew.config.sweep._search import Search, SearchRun, Trial
 from dew.config.sweep._space import Choice, Space
@@ -41,7 +42,8 @@ class OptunaSearch(Search):
     sample under the lock, so one shared ledger never trains a grid point twice.
 
     - `sampler`: an Optuna sampler (`None`: Optuna's default, TPE).
-    - `direction`: `"minimize"` (default) or `"maximize"` the trial values.
+    - `direction`: `"minimize"` (default) or `"maximize"` the trial values (`"min"`,
+      `"max"` read as them).
     - `pruner`: `None` or `"none"` (default: no pruning), `"median"` (Optuna's
       `MedianPruner()`), `"hyperband"` (`HyperbandPruner()`) or an `optuna.pruners`
       pruner. With a pruner, each trial reports its validation score at every evaluation
@@ -61,8 +63,7 @@ class OptunaSearch(Search):
     pruner: Any = None
 
     def __post_init__(self) -> None:
-        if self.direction not in ("minimize", "maximize"):
-            raise ValueError(f"direction {self.direction!r} is not one of 'minimize', 'maximize'.")
+        object.__setattr__(self, "direction", check_direction(self.direction, "direction"))
         if isinstance(self.pruner, str) and self.pruner not in PRUNERS:
             raise ValueError(
                 f"pruner {self.pruner!r} is not one of {', '.join(map(repr, PRUNERS))} (or an "

@@ -77,9 +77,9 @@ def pruning_stopper(metric: str, *, mode: str | None = None) -> PruningStopper |
     an early stopper for `Trainer.fit` or `RunConfig.train(early_stopper=...)` that reports
     the validation `metric` (a bare name) at every evaluation event to the trial and stops
     the fit, as early stopping does, when the pruner prunes it: its last checkpoint is
-    saved, `fit` returns, and the sweep records the trial as pruned. `mode` is `"min"` or
-    `"max"` (default: the sweep's direction). `None` outside such a sweep, so a `train`
-    passes it whatever the search.
+    saved, `fit` returns, and the sweep records the trial as pruned. `mode` is `"minimize"`
+    or `"maximize"` (`"min"`, `"max"`; default: the sweep's direction). `None` outside such
+    a sweep, so a `train` passes it whatever the search.
 
     ```python
     >>> print(pruning_stopper("loss"))  # not inside a sweep with a pruner
@@ -91,5 +91,5 @@ def pruning_stopper(metric: str, *, mode: str | None = None) -> PruningStopper |
     if trial is None or not trial.prunes:
         return None
     if mode is None:
-        mode = "max" if trial.direction == "maximize" else "min"
+        mode = trial.direction
     return PruningStopper(metric=metric, mode=mode, source=Split.VALIDATION, trial=trial)

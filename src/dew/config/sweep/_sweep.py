@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dew._directions import canonical_direction
 from dew._processes import agreed_phase as _phase
 from dew._processes import broadcast_json, is_multiprocess, is_process_zero
 from dew.config import RunConfig, override
@@ -94,8 +95,10 @@ def sweep(
       `TrialFinished` record as artifact `"trial_finished"` at step `index` (not a
       tracker that takes scalars only, `dew.tracking.ScalarTracker`).
     - `search`: `random_search` (default), `grid_search`, `optuna_search` or another `Search`.
-    - `direction`: `"minimize"` (default) or `"maximize"` the score: the ledger records it
-      (`dew runs` shows a sweep's best trial by it) and refuses a rerun with the other.
+    - `direction`: `"minimize"` (default) or `"maximize"` the score (`"min"`, `"max"` read
+      as them): the ledger records it (`dew runs` shows a sweep's best trial by it) and
+      refuses a rerun with the other. `dew sweep` passes the direction its `--metric`
+      declares (`Metric.direction`) unless `--direction` is given (decision 0064).
     - `pruner`: `"median"`, `"hyperband"`, an `optuna.pruners` pruner, or `None` / `"none"`
       (default: no pruning), as `dew sweep --pruner`: the same as passing it to
       `optuna_search(pruner=...)`, so it needs `search=optuna_search` (an Optuna pruner
@@ -157,8 +160,12 @@ def sweep(
         )
     if not callable(train):
         raise TypeError(f"train must be a callable taking a RunConfig, got {train!r}.")
-    if direction not in ("minimize", "maximize"):
-        raise ValueError(f"direction must be 'minimize' or 'maximize', got {direction!r}.")
+    if canonical_direction(direction) is None:
+        raise ValueError(
+            f"direction must be 'minimize' or 'maximize', got {direction!r} ('min' and 'max' "
+            "are read as them)."
+        )
+    direction = canonical_direction(direction)
     search = _with_pruner(search, pruner)
     normalized = _checked_space(config, space)
     search.check(normalized)
