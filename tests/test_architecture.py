@@ -29,6 +29,7 @@ GROUND = (
     "_lazy",
     "_version",
     "_reductions",
+    "_accumulate",
 )  # below the core: import only one another
 SHELL = (
     "training",

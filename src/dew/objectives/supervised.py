@@ -98,6 +98,15 @@ class SupervisedObjective(Objective):
             return values, {}
         return jnp.sum(values * weights) / jnp.sum(weights), {}
 
+    def loss_weight(self, batch: Batch) -> Float[Array, ""]:
+        """The sum of the batch's `sample_weight`, else its rows: the loss's denominator
+        (`WeighsLoss`), what a micro-batch weighs in an accumulated step (a scalar loss
+        is taken to weigh its rows as the `sample_weight` it is given says)."""
+        inputs, _, sample_weight = self._fields(batch)
+        if sample_weight is None:
+            return jnp.asarray(_rows(inputs), jnp.float32)
+        return jnp.sum(jnp.asarray(sample_weight, jnp.float32))
+
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> RegressionScores:
         inputs, targets, sample_weight = self._fields(batch)
         model = combine(params, self.model)
