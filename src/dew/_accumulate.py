@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from dew._integers import check_integer
 
-__all__ = ["accumulated_gradients", "check_accumulate", "micro_batches"]
+__all__ = ["accumulated_gradients", "check_accumulate", "micro_batches", "wide_dtype"]
 
 
 def check_accumulate(accumulate: object, name: str = "accumulate") -> int:
@@ -65,10 +65,13 @@ def micro_batches(batch: Any, accumulate: int) -> Any:
     return jax.tree.map(split, batch)
 
 
-def _wide(dtype: Any) -> Any:
-    """The dtype a sum of `dtype` values is kept in: float32 at least (a bfloat16 model's
-    gradients are summed in float32 and cast back once)."""
-    return jnp.promote_types(dtype, jnp.float32)
+def wide_dtype(dtype: Any) -> Any:
+    """The dtype a sum of `dtype` values is kept in: a float of 32 bits at least (a bfloat16
+    model's gradients are summed in float32 and cast back once; float64 stays)."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize >= 4:
+        return dtype
+    return jnp.dtype(jnp.float32)
 
 
 def accumulated_gradients(
@@ -78,7 +81,7 @@ def accumulated_gradients(
     batch: Any,
     key: Any,
     accumulate: int,
-) -> tuple[Any, dict[str, Any], Any]:
+) -> tuple[tuple[Any, dict[str, Any]], Any]:
     """`((loss, aux), grads)` of `loss_of(params, batch, key)` over `accumulate`
     micro-batches: each micro-batch's loss, aux values and gradients weighted by
     `weight_of(micro_batch)` (`None`: its rows), summed in float32 or wider, and divided by
@@ -90,10 +93,12 @@ def accumulated_gradients(
     (loss_shape, aux_shape) = jax.eval_shape(loss_of, params, first, keys[0])
 
     def zeros(like: Any) -> Any:
-        return jnp.zeros(jnp.shape(like), _wide(like.dtype))
+        return jnp.zeros(jnp.shape(like), wide_dtype(like.dtype))
 
     def weighted(total: Any, value: Any, weight: Any) -> Any:
-        return total + jnp.asarray(value).astype(total.dtype) * weight.astype(total.dtype)
+        # A micro-batch of weight zero adds nothing, even where its own mean is 0/0.
+        term = jnp.asarray(value).astype(total.dtype) * weight.astype(total.dtype)
+        return total + jnp.where(weight != 0, term, jnp.zeros_like(term))
 
     def body(carry: tuple[Any, ...], micro: tuple[Any, Any]) -> tuple[tuple[Any, ...], None]:
         total_weight, total_loss, total_aux, total_grads = carry
@@ -110,7 +115,7 @@ def accumulated_gradients(
         )
         return carry, None
 
-    weight_dtype = _wide(loss_shape.dtype)
+    weight_dtype = wide_dtype(loss_shape.dtype)
     start = (
         jnp.zeros((), weight_dtype),
         zeros(loss_shape),

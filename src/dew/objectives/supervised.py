@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
+from dew._accumulate import wide_dtype
 from dew.artifacts import RegressionScores
 from dew.metrics import Metric, loss, point_crps, rmse
 from dew.naming import Split
@@ -105,7 +106,8 @@ class SupervisedObjective(Objective):
         inputs, _, sample_weight = self._fields(batch)
         if sample_weight is None:
             return jnp.asarray(_rows(inputs), jnp.float32)
-        return jnp.sum(jnp.asarray(sample_weight, jnp.float32))
+        weights = jnp.asarray(sample_weight)  # in the loss's precision (float64 stays)
+        return jnp.sum(weights.astype(wide_dtype(weights.dtype)))
 
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> RegressionScores:
         inputs, targets, sample_weight = self._fields(batch)
