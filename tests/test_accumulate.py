@@ -249,6 +249,31 @@ def test_accumulate_one_is_the_step_without_a_scan():
     assert compiled_steps(*compiled, accumulate=2)[0].host is not plain[0].host
 
 
+def test_an_accumulated_step_holds_one_micro_batchs_activations():
+    model = CausalTransformer(
+        vocab_size=64,
+        emb_features=32,
+        num_layers=2,
+        num_heads=2,
+        mlp_features=64,
+        max_seq_len=64,
+        key=jax.random.key(0),
+    )
+    objective = LMObjective(model, seq_len=64)
+    state, batch = _state(objective), {"text": jnp.zeros((64, 65), jnp.int32)}
+
+    def temporary_bytes(accumulate):
+        def step(state, batch):
+            return train_step(objective, SGD, state, batch, KEY, accumulate=accumulate)
+
+        compiled = jax.jit(step).lower(state, batch).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    # Measured on CPU (jax 0.10.2): 39.8 MB for the batch of 64 rows, 8.3 MB at
+    # accumulate=4 and 2.1 MB at 16.
+    assert temporary_bytes(4) < 0.35 * temporary_bytes(1)
+
+
 def _fit(objective, batches, *, rows, steps, log_every, **kwargs):
     tracker = InMemoryTracker()
     data = Dataset(train=lambda partition: iter(batches), records=rows * steps, batch=rows)
