@@ -39,8 +39,8 @@ collection paused; the sides' order rotates every round. The table gives, by the
 and by the process's CPU time (`time.process_time`, which other processes' load disturbs
 less), the median ms per optimizer step per side, dew / hand as the ratio of medians (read
 against the target), the median of the per-round paired ratios with their spread (lowest to
-highest round), and dew / scan. When the load average is above 2 the process pins itself to core 1 before JAX starts
-(`taskset -c 1` does the same).
+highest round), and dew / scan. When the load average is above 2 the process pins itself to
+core 1 before JAX starts (`taskset -c 1` does the same).
 
 Run: `python benchmarks/accumulate.py` (full), `--quick` (2 rounds, few steps), `--only NAME`
 (repeatable: tiny, wide, lm-small, lm-wide), `--rounds N`.
