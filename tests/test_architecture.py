@@ -30,6 +30,7 @@ GROUND = (
     "_version",
     "_reductions",
     "_directions",
+    "_accumulate",
 )  # below the core: import only one another
 SHELL = (
     "training",

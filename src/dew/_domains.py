@@ -19,6 +19,7 @@ The keys of a run (each name below is a function of this module):
     ├── objective_key    OBJECTIVE_DOMAIN        an objective builder's own (JEPA's predictor)
     └── run_key          RUN_DOMAIN              the Trainer's key, TrainState.key
         ├── train_step_key    TRAIN_STEP_DOMAIN, step    handed to the objective's loss
+        │   └── (accumulate=k) split(it, k)[i]           micro-batch i's loss (dew._accumulate)
         └── evaluation_key    EVALUATION_DOMAIN, step    an evaluation event (and dew eval's)
             ├── scoring_key   SCORING_DOMAIN, batch      handed to the objective's evaluate
             └── preview_key   PREVIEW_DOMAIN             handed to its generate_preview

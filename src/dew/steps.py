@@ -29,8 +29,9 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
+from dew._accumulate import accumulated_gradients, check_accumulate
 from dew.artifacts import Artifact
-from dew.objectives.base import Objective, ReadsEMAParams
+from dew.objectives.base import Objective, ReadsEMAParams, WeighsLoss
 
 __all__ = [
     "OPTIMIZER_METRICS",
@@ -378,6 +379,7 @@ def train_step(
     ema_decay: float | None = None,
     log_optimizer: bool = False,
     learning_rate: LearningRate | None = None,
+    accumulate: int = 1,
 ) -> tuple[TrainState, dict[str, Float[Array, ""]]]:
     """One optimizer step on `batch`: returns the next state and `{"loss": ..., **aux}`.
 
@@ -393,6 +395,12 @@ def train_step(
     the update), `grad_norm` and `update_norm` (global L2 norms, `optax.tree.norm`, of
     the gradients and of the updates). No learning rate to read, or an aux already named
     one of these, is a `ValueError` (at trace time).
+
+    With `accumulate=k > 1` the batch is split into `k` micro-batches (rows `i, i + k, ...`)
+    whose losses, aux metrics and gradients are summed in a `lax.scan`, each weighted by
+    the objective's `loss_weight` (`dew.objectives.base.WeighsLoss`; else its rows), and
+    averaged before the one optimizer update: the step and its outputs are the whole
+    batch's, up to float rounding (`dew._accumulate`). `k` must divide the batch's rows.
     """
     if ema_decay is not None and state.ema_params is None:
         raise ValueError(
@@ -409,7 +417,13 @@ def train_step(
             f"{objective.ema_decay}); pass train_step(..., ema_decay=objective.ema_decay) "
             "with a state from TrainState.create(..., ema=True)."
         )
-    (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params, batch, key)
+    if check_accumulate(accumulate) == 1:
+        (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params, batch, key)
+    else:
+        weight_of = objective.loss_weight if isinstance(objective, WeighsLoss) else None
+        (loss, aux), grads = accumulated_gradients(
+            loss_of, weight_of, state.params, batch, key, accumulate
+        )
     # optax's transforms mix Python floats with int32 step counts (Adam's bias
     # correction), which a caller's strict dtype promotion would refuse.
     with jax.numpy_dtype_promotion("standard"):

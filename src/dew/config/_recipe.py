@@ -103,7 +103,8 @@ def _record(config: "RunConfig", paths: dict[str, str] | None = None) -> RunReco
     return RunRecord(**config.to_dict(), paths=paths or {}, packages=packages)
 
 
-_NOT_IDENTITY = ("steps", "on_nonfinite")  # trainer fields a rerun of the same run may change
+# trainer fields a rerun of the same run may change (accumulate: the same updates, less memory)
+_NOT_IDENTITY = ("steps", "on_nonfinite", "accumulate")
 
 
 class _AnotherRunError(ValueError):
@@ -119,8 +120,9 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     """A run folder's existing run.json must describe the same run: the same configuration
     but for `trainer.steps` (the step budget is no part of a run's identity: a larger one
     extends the run), `trainer.on_nonfinite` (a run that stopped on a divergence resumes with
-    `on_nonfinite="continue"`), where the folder is (`LOCATION`) and the modules that
-    register its names (`REGISTRATIONS`), local paths compared absolute.
+    `on_nonfinite="continue"`), `trainer.accumulate` (the same updates in less memory),
+    where the folder is (`LOCATION`) and the modules that register its names
+    (`REGISTRATIONS`), local paths compared absolute.
     Returns the saved record (`None`: a new run); another configuration raises
     `_AnotherRunError` naming the sections that differ."""
     path = folder / "run.json"
@@ -316,6 +318,7 @@ def train_run(
             preview=settings.preview if preview is None else preview,
             progress=progress,
             train_reduction=settings.train_reduction,
+            accumulate=settings.accumulate,
             on_nonfinite=settings.on_nonfinite,
             log_optimizer=settings.log_optimizer,
             early_stopper=early_stopper,

@@ -236,6 +236,11 @@ class TrainerConfig(_Section):
     - `train_reduction`: `"mean"` (each training metric a log step reports is its mean
       over the steps since the last log step) or `"last"` (the log step's own value);
       `Trainer.fit`'s argument of that name.
+    - `accumulate`: an integer `>= 1` that divides `batch_size`: each step's batch is
+      split into that many micro-batches whose gradients are summed before one optimizer
+      update (`Trainer.fit`'s argument of that name: the update is the whole batch's, the
+      memory one micro-batch's). No part of a run's identity: a run that ran out of memory
+      resumes with a larger value.
     - `log_optimizer`: a bool; `True` adds the training metrics `learning_rate` (from
       the optim section's schedule), `grad_norm` and `update_norm`.
     - `on_nonfinite`: `"raise"` (a run whose training loss or params turn NaN or
@@ -259,6 +264,7 @@ class TrainerConfig(_Section):
     seed: int = 0
     preview: bool = False
     train_reduction: str = "mean"
+    accumulate: int = 1
     log_optimizer: bool = False
     on_nonfinite: str = "raise"
     imports: Sequence[str] = ()
@@ -272,6 +278,13 @@ class TrainerConfig(_Section):
         _set(self, "checkpoint_dir", directory)
         for field in ("steps", "batch_size", "log_every"):
             _set(self, field, _integer(f"{where}.{field}", getattr(self, field), least=1))
+        accumulate = _integer(f"{where}.accumulate", self.accumulate, least=1)
+        if self.batch_size % accumulate:
+            raise ValueError(
+                f"{where}.accumulate must divide {where}.batch_size ({self.batch_size}) into "
+                f"equal micro-batches, got {accumulate}."
+            )
+        _set(self, "accumulate", accumulate)
         for field in ("eval_every", "checkpoint_every"):
             value = _integer(f"{where}.{field}", getattr(self, field), least=1, optional=True)
             _set(self, field, value)

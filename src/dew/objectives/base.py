@@ -27,6 +27,7 @@ __all__ = [
     "ReadsEMAParams",
     "ReportsSampling",
     "SkipsMetrics",
+    "WeighsLoss",
     "check_batch_keys",
     "check_on_host",
     "check_token_ids",
@@ -194,6 +195,21 @@ class ReadsEMAParams(Protocol):
         self, params: PyTree, ema_params: PyTree, batch: Batch, key: PRNGKeyArray
     ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
         """The loss of `params` against targets computed from `ema_params`."""
+        ...
+
+
+@runtime_checkable
+class WeighsLoss(Protocol):
+    """An objective whose loss is a weighted mean over something other than the batch's
+    rows (the LM's targets, a classifier's sample weights): `loss_weight(batch)` is the
+    loss's denominator, the total weight the batch's loss averages over. An accumulated
+    step (`dew.steps.train_step(..., accumulate=k)`, `Trainer.fit(..., accumulate=k)`)
+    weighs each micro-batch's loss, aux metrics and gradients by it, so the step equals the
+    one on the whole batch; an objective without it weighs each micro-batch by its rows,
+    which is exact for a mean over rows (DPO's pairs, a diffusion loss)."""
+
+    def loss_weight(self, batch: Batch) -> Float[Array, ""]:
+        """The total weight `loss(params, batch, key)` averages over (traced, in the step)."""
         ...
 
 

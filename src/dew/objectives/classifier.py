@@ -120,6 +120,14 @@ class ClassifierObjective(Objective):
             return jnp.mean(losses), {}
         return jnp.sum(losses * scores.weights) / jnp.sum(scores.weights), {}
 
+    def loss_weight(self, batch: Batch) -> Float[Array, ""]:
+        """The sum of the batch's `sample_weight`, else its rows: the loss's denominator
+        (`WeighsLoss`), what a micro-batch weighs in an accumulated step."""
+        weights = batch.get("sample_weight")
+        if weights is None:
+            return jnp.asarray(jnp.shape(jax.tree.leaves(batch[self.inputs])[0])[0], jnp.float32)
+        return jnp.sum(jnp.asarray(weights, jnp.float32))
+
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> ClassScores:
         return self._scores(params, batch)
 

@@ -117,14 +117,24 @@ class LMObjective(Objective):
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         logits = jax.vmap(combine(params, self.model))(inputs)
         losses = -token_log_probs(logits, targets)
+        correct = jnp.argmax(logits, axis=-1) == targets
+        return TokenScores(losses, self._weights(batch, targets), correct)
+
+    def _weights(self, batch: Batch, targets: jax.Array) -> jax.Array:
+        """Each target's weight: its `"weights"` entry (else 1), zero where it is `pad_id`."""
         if "weights" in batch:
             weights = jnp.asarray(batch["weights"], jnp.float32)[:, 1 : self.seq_len + 1]
         else:
             weights = jnp.ones(targets.shape, jnp.float32)
         if self.pad_id is not None:
             weights = jnp.where(targets == self.pad_id, jnp.zeros_like(weights), weights)
-        correct = jnp.argmax(logits, axis=-1) == targets
-        return TokenScores(losses, weights, correct)
+        return weights
+
+    def loss_weight(self, batch: Batch) -> Float[Array, ""]:
+        """The batch's total target weight, the loss's denominator (`WeighsLoss`): a
+        micro-batch with more targets weighs more in an accumulated step."""
+        targets = jnp.asarray(batch["text"])[:, 1 : self.seq_len + 1]
+        return jnp.sum(self._weights(batch, targets))
 
     def loss(
         self, params: PyTree, batch: Batch, key: PRNGKeyArray

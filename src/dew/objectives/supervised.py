@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
+from dew._accumulate import wide_dtype
 from dew.artifacts import RegressionScores
 from dew.metrics import Metric, loss, point_crps, rmse
 from dew.naming import Split
@@ -97,6 +98,16 @@ class SupervisedObjective(Objective):
         if weights is None:
             return values, {}
         return jnp.sum(values * weights) / jnp.sum(weights), {}
+
+    def loss_weight(self, batch: Batch) -> Float[Array, ""]:
+        """The sum of the batch's `sample_weight`, else its rows: the loss's denominator
+        (`WeighsLoss`), what a micro-batch weighs in an accumulated step (a scalar loss
+        is taken to weigh its rows as the `sample_weight` it is given says)."""
+        inputs, _, sample_weight = self._fields(batch)
+        if sample_weight is None:
+            return jnp.asarray(_rows(inputs), jnp.float32)
+        weights = jnp.asarray(sample_weight)  # in the loss's precision (float64 stays)
+        return jnp.sum(weights.astype(wide_dtype(weights.dtype)))
 
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> RegressionScores:
         inputs, targets, sample_weight = self._fields(batch)

@@ -71,9 +71,12 @@ def _step_function(
     optimizer: optax.GradientTransformation,
     checked_on_host: bool = False,
     telemetry: Telemetry = None,
+    accumulate: int = 1,
 ):
     """`step(state_leaves, batch, objective_leaves, state_def) -> (leaves, outputs)`;
-    `telemetry`: `None`, or `(learning_rate,)` for `train_step(log_optimizer=True)`."""
+    `telemetry`: `None`, or `(learning_rate,)` for `train_step(log_optimizer=True)`;
+    `accumulate`: the micro-batches of `train_step(accumulate=...)` (1: the step without
+    a scan, as before accumulation)."""
 
     def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: StateLayout):
         objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
@@ -82,6 +85,8 @@ def _step_function(
         logging: dict[str, Any] = {}
         if telemetry is not None:
             logging = {"log_optimizer": True, "learning_rate": telemetry[0]}
+        if accumulate > 1:  # the micro-batches' gradients summed in a scan, one update
+            logging["accumulate"] = accumulate
         with ids_checked_on_host() if checked_on_host else contextlib.nullcontext():
             next_state, outputs = train_step(
                 objective, optimizer, state, batch, key, ema_decay=objective.ema_decay, **logging
@@ -111,9 +116,10 @@ def _compile_step(
     shardings: tuple[Any, ...] | None = None,
     telemetry: Telemetry = None,
     checked_on_host: bool = False,
+    accumulate: int = 1,
 ):
     checked = checked_on_host or _on_host(shardings)
-    step = _step_function(objective_def, static, optimizer, checked, telemetry)
+    step = _step_function(objective_def, static, optimizer, checked, telemetry, accumulate)
     return jax.jit(_windowed(step), donate_argnums=(0, 1), static_argnums=4, **_kept(shardings))
 
 
@@ -139,11 +145,13 @@ def _compile_fused(
     shardings: tuple[Any, ...] | None = None,
     telemetry: Telemetry = None,
     checked_on_host: bool = False,
+    accumulate: int = 1,
 ):
     """Several steps in one compiled call: a `lax.scan` of the step over stacked batches,
     each step added to the window (which ends holding the last step's values)."""
     checked = checked_on_host or _on_host(shardings)
-    step = _windowed(_step_function(objective_def, static, optimizer, checked, telemetry))
+    step = _step_function(objective_def, static, optimizer, checked, telemetry, accumulate)
+    step = _windowed(step)
 
     def fused(state_leaves: list, window: Any, batches: Any, objective_leaves: list, state_def):
         def body(carry: tuple[list, Any], batch: Any):
@@ -183,11 +191,14 @@ def compiled_steps(
     optimizer: optax.GradientTransformation,
     shardings: tuple[Any, ...] | None = None,
     telemetry: Telemetry = None,
+    accumulate: int = 1,
 ):
     """The compiled single step and fused steps of one objective structure and optimizer;
     the state's EMA params are updated in them when the objective declares an `ema_decay`.
     Both take and return the training window after the state's leaves, the steps' one
-    training output.
+    training output. With `accumulate > 1` each optimizer step sums the gradients of that
+    many micro-batches of its batch in a `lax.scan` (`dew.steps.train_step`), and the
+    window gets one entry per optimizer step, the whole batch's values.
 
     With `shardings` (one `jax.sharding.Sharding` per state leaf: a placed fit under
     `jax.distributed`), the steps return the state's leaves in those shardings (so the
@@ -201,11 +212,12 @@ def compiled_steps(
     except TypeError:  # an unhashable static field: compile for this Trainer alone
         step, fused = _compile_step, _compile_fused
     compiled = (objective_def, static, optimizer, shardings, telemetry)
+    more = {} if accumulate == 1 else {"accumulate": accumulate}  # 1: the calls as before
     if shardings is not None:  # a placed fit: its batches are placed on its devices
-        return step(*compiled), fused(*compiled)
+        return step(*compiled, **more), fused(*compiled, **more)
     return (
-        _ByWhereBatchesLie(step(*compiled, True), step(*compiled, False)),
-        _ByWhereBatchesLie(fused(*compiled, True), fused(*compiled, False)),
+        _ByWhereBatchesLie(step(*compiled, True, **more), step(*compiled, False, **more)),
+        _ByWhereBatchesLie(fused(*compiled, True, **more), fused(*compiled, False, **more)),
     )
 
 
@@ -218,9 +230,11 @@ def output_names(
     batch: Any,
     objective_leaves: list[Any],
     state_def: Any,
+    accumulate: int = 1,
 ) -> tuple[str, ...]:
-    """The names of the training metrics one step returns (traced, never run)."""
-    step = _step_function(objective_def, static, optimizer, False, telemetry)
+    """The names of the training metrics one step returns (traced, never run: a batch
+    `accumulate` does not divide raises its `ValueError` here, before any compilation)."""
+    step = _step_function(objective_def, static, optimizer, False, telemetry, accumulate)
     _, outputs = jax.eval_shape(
         functools.partial(step, state_def=state_def), leaves, batch, objective_leaves
     )

@@ -147,6 +147,7 @@ class Placement:
         leaves: list[Any],
         objective_leaves: list[Any],
         telemetry: Telemetry = None,
+        accumulate: int = 1,
     ) -> tuple[Callable[..., Any], Callable[..., Any], list[Any], Callable[[list[Any]], Any]]:
         """One compiled step (and fused step) for every process, over global arrays: the
         calls keeping the state `leaves`' shardings (and the training window replicated),
@@ -154,7 +155,7 @@ class Placement:
         batches."""
         shardings = tuple(leaf.sharding for leaf in leaves)
         step_call, fused_call = compiled_steps(
-            objective_def, static, self.optimizer, shardings, telemetry
+            objective_def, static, self.optimizer, shardings, telemetry, accumulate
         )
 
         def place_block(drawn: list[Any]) -> Any:

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 from jaxtyping import PRNGKeyArray
 
+from dew._accumulate import check_accumulate
 from dew._checks import batch_error, failed_check
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._finite_params import check_params
@@ -39,12 +40,7 @@ from dew.training._compiled_step import (
     state_leaves,
     state_of,
 )
-from dew.training._evaluation_event import (
-    SAMPLING_RECORD,
-    evaluates,
-    evaluation_event,
-    key_text,
-)
+from dew.training._evaluation_event import SAMPLING_RECORD, evaluates, evaluation_event, key_text
 from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
 from dew.training._placement import ParamSharding, Placement, fit_setup
 from dew.training._profile_window import ProfileWindowTracer
@@ -115,7 +111,7 @@ class Trainer:
         arrays, static = eqx.partition(objective, eqx.is_array)
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
         self._objective_def, self._static = objective_def, static
-        self._compiled: dict[Telemetry, Any] = {}
+        self._compiled: dict[tuple[Telemetry, int], Any] = {}
         self._names: dict[Any, tuple[str, ...]] = {}
 
     def fit(
@@ -139,6 +135,7 @@ class Trainer:
         final_eval: bool = True,
         train_reduction: str = "mean",
         log_optimizer: bool = False,
+        accumulate: int = 1,
     ) -> TrainState:
         """Train to `steps` optimizer steps and return the final state.
 
@@ -201,6 +198,9 @@ class Trainer:
           the loop must look: `log_every`, `eval_every` and `checkpoint_every` must be
           multiples of it. It saves the per-step dispatch of small models; a profile
           window then traces whole calls.
+        - `accumulate` (an integer >= 1 dividing every batch's rows): each step sums the
+          gradients, loss and aux of that many micro-batches of its batch, weighted by their
+          loss weights, in the compiled step, then updates once (`train_step(accumulate=)`).
         - `on_nonfinite`: `"raise"` (the default) stops the fit with a `ValueError`
           naming the step and the value when the training loss is NaN or infinite at
           a log step, or, before a checkpoint save or the return of the final state,
@@ -228,7 +228,7 @@ class Trainer:
         )
         raising = raises_on_nonfinite(on_nonfinite)
         mean = check_train_reduction(train_reduction)
-        telemetry = optimizer_telemetry(self, log_optimizer)
+        kind = (optimizer_telemetry(self, log_optimizer), check_accumulate(accumulate))
         metric_set = MetricSet(metrics)
         artifacts = tracker is not None and takes_artifacts(tracker)  # refuses a non-tracker
         placement, previewing, tracker, progress = fit_setup(
@@ -270,7 +270,7 @@ class Trainer:
                 placement=placement,
                 final_eval=final_eval,
                 mean=mean,
-                telemetry=telemetry,
+                kind=kind,
             )
         finally:
             if checkpoints is not None:  # every submitted save is durable before fit returns
@@ -282,7 +282,7 @@ class Trainer:
         return TrainState.create(self.objective, self.optimizer, key=self.key, ema=ema)
 
     def _output_names(
-        self, telemetry: Telemetry, state_def: Any, leaves: list[Any], batch: Any
+        self, step_kind: tuple[Telemetry, int], state_def: Any, leaves: list[Any], batch: Any
     ) -> tuple[str, ...]:
         """The training metrics' names, traced once per Trainer and kind of batch (a fit
         resumed or continued with `state=` pays no second trace), after the batch's keys
@@ -292,12 +292,12 @@ class Trainer:
             (np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
             for leaf in jax.tree.leaves(batch)
         )
-        key = (telemetry, state_def, jax.tree.structure(batch), shapes)
+        key = (step_kind, state_def, jax.tree.structure(batch), shapes)
         if key not in self._names:
             check_batch_keys(self.objective, batch, Split.TRAIN)
-            compiled = (self._objective_def, self._static, self.optimizer)
+            compiled = (self._objective_def, self._static, self.optimizer, step_kind[0])
             self._names[key] = output_names(
-                *compiled, telemetry, leaves, batch, self._objective_leaves, state_def
+                *compiled, leaves, batch, self._objective_leaves, state_def, step_kind[1]
             )
         return self._names[key]
 
@@ -325,7 +325,7 @@ class Trainer:
         placement: Placement | None,
         final_eval: bool,
         mean: bool,
-        telemetry: Telemetry,
+        kind: tuple[Telemetry, int],
     ) -> TrainState:
         # The jitted step sees the empty history only, so a growing history never
         # changes its static fields (and never recompiles it).
@@ -336,9 +336,9 @@ class Trainer:
         data_start = data_origin(data.train, start, data_start)
         leaves, state_def = state_leaves(state)  # its keys as raw key data
         compiled = (self._objective_def, self._static, self.optimizer)
-        if telemetry not in self._compiled:  # once per Trainer, even with unhashable statics
-            self._compiled[telemetry] = compiled_steps(*compiled, telemetry=telemetry)
-        step_call, fused_call = self._compiled[telemetry]
+        if kind not in self._compiled:  # once per Trainer, even with unhashable statics
+            self._compiled[kind] = compiled_steps(*compiled, None, *kind)
+        step_call, fused_call = self._compiled[kind]
         objective_leaves, place_window = self._objective_leaves, beside(leaves)
         place_block: Any = _stack
         draw: Callable[..., list[Any]] = functools.partial(checked_block, self.objective)
@@ -348,7 +348,7 @@ class Trainer:
             draw = functools.partial(placement.draw, self.objective)
         if placement is not None:  # one compiled step for every process, over global arrays
             step_call, fused_call, objective_leaves, place_block = placement.compiled_steps(
-                self._objective_def, self._static, leaves, objective_leaves, telemetry
+                self._objective_def, self._static, leaves, objective_leaves, *kind
             )
             place_window = replicated
         calls = WindowedCalls(
@@ -357,7 +357,7 @@ class Trainer:
             objective_leaves,
             state_def,
             mean=mean,
-            names_of=functools.partial(self._output_names, telemetry, state_def),
+            names_of=functools.partial(self._output_names, kind, state_def),
             place=place_window,
         )
 
