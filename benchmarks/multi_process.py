@@ -61,7 +61,7 @@ SIZES = {
 LOG_EVERY = 25
 CHUNK = 100  # steps per fit call; the time is read between its first and last log step
 TARGET = 1.1
-ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 
 
 def _config(size: str):

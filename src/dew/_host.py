@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
-from dew._processes import agree_process_phase
+from dew._processes import _allgather, agree_process_phase
 
 __all__ = ["collective_host", "host"]
 
@@ -74,13 +74,10 @@ def _plan_of(path: Any, leaf: Any) -> str:
 def _join_rows(local: np.ndarray) -> np.ndarray:
     """Every process's rows of a process-local array, joined in process order (padded to
     the longest for the gather, which needs one shape everywhere)."""
-    from jax.experimental import multihost_utils
-
-    counts = np.asarray(multihost_utils.process_allgather(np.array([len(local)], np.int32)))
-    counts = counts.reshape(-1)
+    counts = _allgather(np.array([len(local)], np.int32)).reshape(-1)
     padded = np.zeros((int(counts.max()), *local.shape[1:]), local.dtype)
     padded[: len(local)] = local
-    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    gathered = _allgather(padded)
     return np.concatenate([rows[:count] for rows, count in zip(gathered, counts, strict=True)])
 
 
@@ -128,7 +125,7 @@ def collective_host(artifact: _T) -> _T:
     kind = type(artifact).__name__
     agree_process_phase(f"collective_host({kind}): local conversions", outcome)
     digest = hashlib.sha256("\n".join(plan).encode()).digest()[:16]
-    digests = np.asarray(multihost_utils.process_allgather(np.frombuffer(digest, np.uint8)))
+    digests = _allgather(np.frombuffer(digest, np.uint8))
     differing = [index for index, row in enumerate(digests) if bytes(row) != bytes(digests[0])]
     if differing:
         raise ValueError(

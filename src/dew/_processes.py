@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -64,11 +65,59 @@ def is_process_zero() -> bool:
     return jax.process_index() == 0
 
 
-def _allgather(row: np.ndarray) -> np.ndarray:
-    """`row` of every process, stacked in process order: `(processes, *row.shape)`."""
-    from jax.experimental import multihost_utils
+_EXCHANGES = itertools.count()
+"""This process's count of `_allgather` calls: every process makes the same calls in the same
+order (as they must make the same collectives), so the count names one exchange on all."""
+_STORE_BYTES = 1 << 18  # larger rows (a pass's rows of data) go through the devices
+_FOREVER_MS = 2**31 - 1  # a peer that died ends the run through JAX's heartbeats, not here
 
-    return np.asarray(multihost_utils.process_allgather(row))
+
+def _coordination_client() -> Any:
+    """The `jax.distributed` coordination service's client, or `None` where JAX has none
+    (the device gather is used then)."""
+    try:
+        from jax._src import distributed
+    except ImportError:  # pragma: no cover - a JAX that moved it
+        return None
+    client = getattr(getattr(distributed, "global_state", None), "client", None)
+    needed = ("key_value_set_bytes", "blocking_key_value_get_bytes", "key_value_delete")
+    return client if all(hasattr(client, name) for name in needed) else None
+
+
+def _allgather(row: np.ndarray) -> np.ndarray:
+    """`row` (a small host array of the same shape and dtype on every process) of every
+    process, stacked in process order: `(processes, *row.shape)`.
+
+    The rows travel through the `jax.distributed` coordination service's key-value store,
+    host to host: a gather on the devices (`process_allgather`) would queue behind the
+    compiled steps already dispatched and make the host wait for them, so that a check
+    agreed on every step would serialise the host's work with the devices' (decision 0076).
+    Each process writes its row under the exchange's number and reads the others'; its row
+    of the exchange before is deleted, which every process has read by then (it wrote
+    this exchange's row after reading that one's). Without the store, or for a row over
+    256 KiB (the store is for small messages), the device gather.
+    """
+    client = _coordination_client() if is_multiprocess() else None
+    if client is None or np.asarray(row).nbytes > _STORE_BYTES:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(row))
+    row = np.ascontiguousarray(row)
+    index, rank = next(_EXCHANGES), jax.process_index()
+    client.key_value_set_bytes(f"dew/exchange/{index}/{rank}", row.tobytes())
+    rows = []
+    for peer in range(jax.process_count()):
+        data = client.blocking_key_value_get_bytes(f"dew/exchange/{index}/{peer}", _FOREVER_MS)
+        if len(data) != row.nbytes:
+            raise PhaseFailedError(
+                f"exchange {index}: process {peer} sent {len(data)} bytes where process "
+                f"{rank} sent {row.nbytes}; the processes are not at the same point of the "
+                "program (they took different paths)."
+            )
+        rows.append(np.frombuffer(data, row.dtype).reshape(row.shape))
+    if index:
+        client.key_value_delete(f"dew/exchange/{index - 1}/{rank}")
+    return np.stack(rows)
 
 
 def _encode(text: str, size: int) -> bytes:
