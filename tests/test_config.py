@@ -141,12 +141,14 @@ RUN_CONFIGS = run_configs()
 TOML_CONFIGS = run_configs(none=False)
 
 
-def exact(value):
-    """A form that tells apart what `==` does not: 1, 1.0 and True; 0.0 and -0.0."""
+def exact(value, ordered=True):
+    """A form that tells apart what `==` does not: 1, 1.0 and True; 0.0 and -0.0 (and the
+    order of a mapping's keys, unless `ordered` is false)."""
     if isinstance(value, dict):
-        return ("dict", tuple((key, exact(item)) for key, item in value.items()))
+        items = tuple((key, exact(item, ordered)) for key, item in value.items())
+        return ("dict", items if ordered else tuple(sorted(items)))
     if isinstance(value, list):
-        return ("list", tuple(exact(item) for item in value))
+        return ("list", tuple(exact(item, ordered) for item in value))
     if isinstance(value, float):
         return ("float", repr(value))
     return (type(value).__name__, value)
@@ -183,7 +185,9 @@ def test_a_config_round_trips_exactly_through_toml(config):
     text = config.to_toml()
     back = RunConfig.from_toml(text)
     assert back == config
-    assert exact(back.to_dict()) == exact(config.to_dict())
+    # TOML (tomli_w) writes a mapping's nested tables after its other keys, so a kwargs
+    # mapping holding a mapping may read back with its keys in another order.
+    assert exact(back.to_dict(), ordered=False) == exact(config.to_dict(), ordered=False)
 
 
 @given(RUN_CONFIGS)

@@ -3,7 +3,6 @@ StableHLO, each read back in a Python where `import dew` fails (the `safetensors
 NumPy reader, `jax.export.deserialize`), and the record of each export in the run folder."""
 
 import dataclasses
-import io
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ import textwrap
 
 import equinox as eqx
 import jax
+import ml_dtypes
 import numpy as np
 import pytest
 from _trained_runs import trained
@@ -83,15 +83,39 @@ _DTYPES = st.sampled_from(
         max_size=5,
     )
 )
-def test_safetensors_bytes_read_back_by_the_safetensors_package_and_by_dew(arrays):
-    numpy_io = pytest.importorskip("safetensors.numpy")
+def test_safetensors_bytes_read_back_by_the_safetensors_package_and_by_dew(
+    tmp_path_factory, arrays
+):
+    from safetensors.numpy import load
+
     data = safetensors_bytes(arrays, {"step": "3"})
-    for read in (numpy_io.load(data), read_safetensors(io.BytesIO(data), len(data))):
+    path = tmp_path_factory.mktemp("bytes") / "model.safetensors"
+    path.write_bytes(data)
+    for read in (load(data), read_safetensors(path)):
         assert list(read) == list(arrays) or sorted(read) == sorted(arrays)
         for name, array in arrays.items():
             assert read[name].dtype == array.dtype and read[name].shape == array.shape
             np.testing.assert_array_equal(read[name], array)
     assert (len(data) - 8 - sum(array.nbytes for array in arrays.values())) % 8 == 0
+
+
+def test_safetensors_bytes_hold_bfloat16_float8_and_strided_arrays_as_they_are(tmp_path):
+    grid = np.arange(12, dtype=np.float32).reshape(3, 4)
+    arrays = {
+        "bf16": np.array([1.0, -3.5, 0.0078125], ml_dtypes.bfloat16),
+        "f8_e4m3": np.array([[0.5], [-448.0]], ml_dtypes.float8_e4m3fn),
+        "f8_e5m2": np.array([57344.0, -0.25], ml_dtypes.float8_e5m2),
+        "transposed": grid.T,  # not C-ordered: written as the array it is, not its buffer
+        "scalar": np.array(2.5, np.float32),
+    }
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes(arrays, {}))
+    read = read_safetensors(path)
+    for name, array in arrays.items():
+        assert read[name].dtype == array.dtype and read[name].shape == array.shape
+        assert read[name].tobytes() == np.ascontiguousarray(array).tobytes()
+    with pytest.raises(ValueError, match=r'the safetensors package cannot write .*"int4"'):
+        safetensors_bytes({"w": np.zeros(2, ml_dtypes.int4)}, {})
 
 
 _WITHOUT_DEW = """

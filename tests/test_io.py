@@ -250,14 +250,18 @@ def test_safetensors_written_by_hand_read_identically(tmp_path):
     }
 
 
-@pytest.mark.parity  # the safetensors package writes the file it is compared with
 def test_safetensors_written_by_the_package_read_identically(tmp_path):
-    numpy_io = pytest.importorskip("safetensors.numpy")
-    arrays = {k: a for k, (_, a) in SAFETENSORS_ARRAYS.items() if k != "bf16"}
+    from safetensors.numpy import save_file
+
+    arrays = {k: a for k, (_, a) in SAFETENSORS_ARRAYS.items()}
+    arrays["f8_e4m3"] = np.array([0.5, -448.0], ml_dtypes.float8_e4m3fn)
+    arrays["f8_e5m2"] = np.array([[1.0], [-57344.0]], ml_dtypes.float8_e5m2)
+    arrays["i8"] = np.array([-128, 127], np.int8)
     path = tmp_path / "package.safetensors"
-    numpy_io.save_file(arrays, str(path))
+    save_file(arrays, path, metadata={"format": "np"})
     loaded = load_torch_state_dict(path)
     assert {k: _bits(v) for k, v in loaded.items()} == {k: _bits(a) for k, a in arrays.items()}
+    assert all(array.flags.c_contiguous and array.flags.writeable for array in loaded.values())
 
 
 def test_bad_safetensors_are_clear_errors(tmp_path):
@@ -703,50 +707,49 @@ HOSTILE_SAFETENSORS = {
         _safetensors_file(
             {"a": _entry("F32", [4], 0, 16), "b": _entry("F32", [2], 8, 16)}, SIXTEEN
         ),
-        "tensor 'b' (data_offsets [8, 16]) overlaps tensor 'a'",
+        "invalid offset for tensor `b`",
     ),
     "same_bytes_twice": (
         _safetensors_file(
             {"a": _entry("F32", [4], 0, 16), "b": _entry("F32", [4], 0, 16)}, SIXTEEN
         ),
-        "(data_offsets [0, 16]) overlaps tensor",
+        "invalid offset for tensor `",
     ),
     "gap": (
         _safetensors_file({"a": _entry("F32", [3], 4, 16)}, SIXTEEN),
-        "tensor 'a' (data_offsets [4, 16]) leaves a gap after byte 0",
+        "invalid offset for tensor `a`",
     ),
     "past_the_end": (
         _safetensors_file({"a": _entry("F32", [8], 0, 32)}, SIXTEEN),
-        "tensor 'a' ends at byte 32 of the data, past the 16 bytes after the header: truncated",
+        "incomplete metadata, file not fully covered",
     ),
     "tiny_file_huge_shape": (
         _safetensors_file({"a": _entry("F32", [2**40], 0, 2**42)}, SIXTEEN),
-        "tensor 'a' ends at byte 4,398,046,511,104 of the data, past the 16 bytes",
+        "incomplete metadata, file not fully covered",
     ),
     "header_past_the_file": (
         _safetensors_file({"a": _entry("F32", [4], 0, 16)}, SIXTEEN, length=10_000),
-        "its header length 10,000 reaches past the end of the",
+        "invalid header length",
     ),
     "header_past_the_limit": (
         _safetensors_file({"a": _entry("F32", [4], 0, 16)}, SIXTEEN, length=2**40),
-        "its header length 1,099,511,627,776 is past the format's limit of 104,857,600 bytes",
+        "header too large",
     ),
     "bytes_not_the_shape": (
         _safetensors_file({"a": _entry("F32", [3], 0, 16)}, SIXTEEN),
-        "tensor 'a' of dtype F32 and shape [3] holds 12 bytes, but its data_offsets [0, 16] "
-        "span 16",
+        "invalid shape, data type, or offset for tensor",
     ),
     "trailing_bytes": (
         _safetensors_file({"a": _entry("F32", [4], 0, 16)}, SIXTEEN + b"xx"),
-        "its tensors cover 16 of the 18 bytes after the header",
+        "incomplete metadata, file not fully covered",
     ),
     "negative_shape": (
         _safetensors_file({"a": _entry("F32", [-4], 0, 16)}, SIXTEEN),
-        "tensor 'a' has shape [-4], not a list of ints >= 0",
+        "invalid value: integer `-4`, expected usize",
     ),
     "text_shape": (
         _safetensors_file({"a": _entry("F32", ["a"], 0, 16)}, SIXTEEN),
-        "tensor 'a' has shape ['a'], not a list of ints >= 0",
+        'invalid type: string "a", expected usize',
     ),
     "100_dimensions": (
         _safetensors_file({"a": _entry("F32", [1] * 99 + [4], 0, 16)}, SIXTEEN),
@@ -754,19 +757,19 @@ HOSTILE_SAFETENSORS = {
     ),
     "metadata_not_strings": (
         _safetensors_file({"__metadata__": {"a": 1}, "a": _entry("F32", [4], 0, 16)}, SIXTEEN),
-        "its __metadata__ is {'a': 1}, not strings by name",
+        "invalid type: integer `1`, expected a string",
     ),
     "header_not_utf8": (
         _safetensors_file(b'{"\xff": 1}', SIXTEEN),
-        "its header is not valid JSON: it is not UTF-8",
+        "invalid UTF-8 in header",
     ),
     "header_nested_100000_deep": (
-        _safetensors_file(b"[" * 100_000),
-        "its header is not valid JSON: it nests lists and mappings more than 100 deep",
+        _safetensors_file(b'{"a": ' + b"[" * 100_000),
+        "invalid JSON in header: recursion limit exceeded",
     ),
     "unknown_dtype": (
         _safetensors_file({"a": _entry("F99", [4], 0, 16)}, SIXTEEN),
-        "tensor 'a' has dtype 'F99', not one of F64, F32",
+        "unknown variant `F99`, expected one of `BOOL`",
     ),
 }
 
@@ -780,50 +783,15 @@ def test_a_hostile_safetensors_file_is_one_line_naming_the_tensor(tmp_path, case
     assert "pickle" not in message
 
 
-@pytest.mark.parity  # the safetensors package's own reader refuses each of them too
-@pytest.mark.parametrize("case", HOSTILE_SAFETENSORS)
-def test_the_safetensors_package_refuses_the_same_files(case):
-    numpy_io = pytest.importorskip("safetensors.numpy")
-    from safetensors import SafetensorError
-
-    data, _ = HOSTILE_SAFETENSORS[case]
-    with pytest.raises((SafetensorError, ValueError)):  # ValueError: NumPy past 64 dims
-        numpy_io.load(data)
-
-
 def test_a_file_named_safetensors_is_read_as_safetensors_whatever_it_holds(tmp_path):
     # Its header length begins with 0x80, a pickle's first byte: still not "a pickle".
     path = tmp_path / "odd.safetensors"
     path.write_bytes(struct.pack("<Q", 0x80) + b"[1, 2]" + b" " * (0x80 - 6))
-    message = _refused(path, "its header holds a list, not a JSON object", form="safetensors")
+    message = _refused(path, "invalid type: sequence, expected struct", form="safetensors")
     assert "pickle" not in message
     pickled = tmp_path / "pickled.safetensors"
     pickled.write_bytes(pickle.dumps({"w": 1}, protocol=2))
-    _refused(pickled, "its header length", form="safetensors")
-
-
-@pytest.mark.parity  # the safetensors package reads the same arrays from the same bytes
-@given(
-    arrays=st.dictionaries(
-        st.text("abc._", min_size=1, max_size=6),
-        st.sampled_from(sorted(_DTYPE_CODES)).flatmap(
-            lambda code: hnp.arrays(
-                _DTYPE_CODES[code], hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4)
-            ).map(lambda array: (code, array))
-        ),
-        max_size=4,
-    )
-)
-@settings(max_examples=40)
-def test_valid_safetensors_read_as_the_safetensors_package_reads_them(tmp_path_factory, arrays):
-    numpy_io = pytest.importorskip("safetensors.numpy")
-    data = _safetensors_bytes(arrays)
-    path = tmp_path_factory.mktemp("same") / "same.safetensors"
-    path.write_bytes(data)
-    ours = load_torch_state_dict(path)
-    theirs = numpy_io.load(data)
-    assert list(ours) == list(arrays)
-    assert {k: _bits(v) for k, v in ours.items()} == {k: _bits(v) for k, v in theirs.items()}
+    _refused(pickled, "the safetensors package refuses it (header too large)", form="safetensors")
 
 
 @functools.cache

@@ -3,6 +3,7 @@
 
 import ast
 import importlib.util
+import io
 import json
 import pathlib
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import jaxtyping
 import numpy as np
 import pytest
+from _grids import gif_colours
 
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
 from dew.data.tokenizers import BytesTokenizer
@@ -198,3 +200,50 @@ def test_only_the_preview_module_knows_the_preview_artifact_types():
     kinds = {"Images", "Clips", "TokenRows", "Representations", "TokenScores"}
     knowing = sorted(path.name for path in TRACKING.glob("*.py") if _imported_names(path) & kinds)
     assert knowing == ["_preview.py"]
+
+
+def _decoded(content: bytes, form: str) -> list[np.ndarray]:
+    """Every frame of a PNG or GIF as Pillow reads it back (RGB frames for a GIF)."""
+    from PIL import Image, ImageSequence
+
+    image = Image.open(io.BytesIO(content))
+    assert image.format == form
+    if form == "PNG":
+        return [np.asarray(image)]
+    return [np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(image)]
+
+
+@pytest.mark.parametrize("channels", [None, 1, 2, 3, 4])
+def test_a_png_reads_back_through_pillow_as_the_image(channels):
+    shape = (5, 7) if channels is None else (5, 7, channels)
+    image = RNG.integers(0, 256, shape, dtype=np.uint8)
+    (decoded,) = _decoded(png_bytes(image), "PNG")
+    assert decoded.shape == (5, 7, channels)[: 2 if channels in (None, 1) else 3]
+    assert np.array_equal(decoded.reshape(image.shape), image)
+    with pytest.raises(ValueError, match=r"a PNG needs 1 .* channels, got 5"):
+        png_bytes(np.zeros((2, 2, 5), np.uint8))
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 4])
+def test_a_gif_reads_back_through_pillow_as_its_palette_shows_the_frames(channels):
+    frames = RNG.integers(0, 256, (3, 6, 5, channels), dtype=np.uint8)
+    decoded = _decoded(gif_bytes(frames, frame_ms=70), "GIF")
+    colour = frames[..., :3] if channels in (3, 4) else np.repeat(frames[..., :1], 3, axis=-1)
+    # Grey keeps every level; colour shows 8 levels of red and green and 4 of blue.
+    expected = gif_colours(colour) if channels in (3, 4) else colour
+    assert len(decoded) == 3 and all(map(np.array_equal, decoded, expected))
+    from PIL import Image
+
+    shown = Image.open(io.BytesIO(gif_bytes(frames, frame_ms=70)))
+    assert (shown.info["loop"], shown.info["duration"]) == (0, 70)
+
+
+def test_a_gif_of_a_clip_that_stands_still_is_one_frame_for_the_whole_time():
+    frames = np.repeat(RNG.integers(0, 256, (1, 4, 4, 3), dtype=np.uint8), 4, axis=0)
+    from PIL import Image
+
+    shown = Image.open(io.BytesIO(gif_bytes(frames)))
+    assert (shown.n_frames, shown.info["duration"]) == (1, 400)
+    assert np.array_equal(np.asarray(shown.convert("RGB")), gif_colours(frames[0]))
+    with pytest.raises(ValueError, match=r"a GIF needs frames shaped .* got \(0, 4, 4, 3\)"):
+        gif_bytes(frames[:0])

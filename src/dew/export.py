@@ -260,8 +260,7 @@ def _safetensors(loaded: LoadedRun, function: Forward | None, folder: pathlib.Pa
         "(dew.export.weight_names)",
     }
     write_atomic(folder / "config.json", json.dumps(config, indent=2) + "\n")
-    with (folder / "model.safetensors").open("rb") as file:
-        read = read_safetensors(file, len(data))
+    read = read_safetensors(folder / "model.safetensors")
     paths = jax.tree_util.tree_flatten_with_path(loaded.params)
     rebuilt = jax.tree.unflatten(
         paths[1], [jnp.asarray(read[name]) for name in weight_names(loaded.params)]

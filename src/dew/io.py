@@ -112,8 +112,10 @@ def load_torch_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]
             if not zipfile.is_zipfile(path):
                 raise WeightsError("it is a damaged or truncated zip archive")
             return read_zip(path, size)
+        if kind == _SAFETENSORS:
+            return read_safetensors(path)
         with path.open("rb") as file:
-            return (read_safetensors if kind == _SAFETENSORS else read_legacy)(file, size)
+            return read_legacy(file, size)
     except WeightsError as error:
         raise ValueError(f"Cannot read weights file {str(path)!r} as {kind}: {error}.") from None
     except (

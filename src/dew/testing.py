@@ -18,7 +18,8 @@ and a checker for the metric laws.
 
 ```
 
-Hypothesis is a test dependency (`dew-ml[test]`); this module imports it.
+This module imports Hypothesis: install it with the small `dew-ml[testing]` extra (`pip install
+"dew-ml[testing]"`), not the `test` extra of dew's own test suite.
 """
 
 from __future__ import annotations

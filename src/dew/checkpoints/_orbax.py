@@ -43,7 +43,8 @@ def orbax() -> Any:
             import orbax.checkpoint as ocp
     except ImportError as error:  # pragma: no cover - a core dependency
         raise ImportError(
-            'checkpoints need orbax-checkpoint: pip install "dew-ml[checkpoint]".'
+            "checkpoints need orbax-checkpoint, a dependency of dew-ml that is missing: "
+            'pip install "orbax-checkpoint>=0.12.8" (or reinstall dew-ml).'
         ) from error
     return ocp
 

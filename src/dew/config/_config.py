@@ -9,7 +9,7 @@ from dew.config import _run_record
 from dew.config._data import DataConfig
 from dew.config._fields import _WHERE, _building, _Section
 from dew.config._sections import ModelConfig, ObjectiveConfig, OptimConfig, TrainerConfig
-from dew.config._toml import _toml_key, _toml_value, loads_toml, read_toml
+from dew.config._toml import dumps_toml, loads_toml, read_toml
 
 if TYPE_CHECKING:
     from dew.data import Dataset
@@ -218,24 +218,17 @@ class RunConfig:
 
     def to_toml(self) -> str:
         """The config as a TOML document that `from_toml` reads back equal."""
-        lines: list[str] = []
+        document: dict[str, dict[str, Any]] = {}
         for section, values in self.to_dict().items():
-            lines.append(f"[{section}]")
-            tables = {}
+            kept = document[section] = {}
             for key, value in values.items():
                 if isinstance(value, dict):
-                    tables[key] = value
+                    if value:  # an empty kwargs table is left out: it reads back as its default
+                        kept[key] = value
                 elif value is not None or _DEFAULTS[section].get(key, ...) is not None:
                     # None is left out where it is the default (TOML has no null): decision 0021
-                    lines.append(f"{_toml_key(key)} = {_toml_value(value, f'{section}.{key}')}")
-            for key, table in tables.items():
-                if table:
-                    lines.extend(["", f"[{section}.{_toml_key(key)}]"])
-                    for name, value in table.items():
-                        where = f"{section}.{key}.{name}"
-                        lines.append(f"{_toml_key(name)} = {_toml_value(value, where)}")
-            lines.append("")
-        return "\n".join(lines)
+                    kept[key] = value
+        return dumps_toml(document)
 
     def dump_toml(self, path: str | os.PathLike) -> None:
         """Write `to_toml()` to `path` (UTF-8)."""

@@ -1,61 +1,44 @@
-"""TOML: the keys and values of a run configuration written as TOML text, and TOML text and
-files read back (`tomllib`), errors naming the file and values nested at most
+"""TOML: the keys and values of a run configuration written as TOML text (`tomli_w`), and TOML
+text and files read back (`tomllib`), errors naming the file and values nested at most
 `dew._json.MAX_DEPTH` deep."""
 
 import os
-import re
 import tomllib
 from typing import Any
 
 from dew._json import check_depth, nesting_error
 
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f"}
-_ESCAPES["\r"] = "\\r"
 
-
-def _toml_string(value: str) -> str:
-    out = []
-    for character in value:
-        if character in _ESCAPES:
-            out.append(_ESCAPES[character])
-        elif ord(character) < 0x20 or ord(character) == 0x7F:
-            out.append(f"\\u{ord(character):04X}")
-        else:
-            out.append(character)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.fullmatch(key) else _toml_string(key)
-
-
-def _toml_value(value: Any, where: str) -> str:
+def _check_toml(value: Any, where: str) -> None:
+    """Raise, naming `where` (the value's dotted path), if `value` holds anything TOML cannot:
+    a None, or a value other than a bool, int, float, string, list or string-keyed dict."""
     if value is None:
         raise ValueError(
             f"{where} is None, which TOML cannot hold; leave the key out of the kwargs to use "
             "the builder's default, or keep the config as JSON (to_dict)."
         )
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
     if isinstance(value, list):
-        items = (_toml_value(item, f"{where}[{index}]") for index, item in enumerate(value))
-        return "[" + ", ".join(items) + "]"
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        items = (
-            f"{_toml_key(key)} = {_toml_value(item, f'{where}.{key}')}"
-            for key, item in value.items()
+        for index, item in enumerate(value):
+            _check_toml(item, f"{where}[{index}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} has the key {key!r}; TOML keys are strings.")
+            _check_toml(item, f"{where}.{key}")
+    elif not isinstance(value, bool | int | float | str):
+        raise TypeError(
+            f"{where} is {value!r} of type {type(value).__name__}, which TOML cannot hold."
         )
-        return "{ " + ", ".join(items) + " }"
-    raise TypeError(f"{where} is {value!r} of type {type(value).__name__}, which TOML cannot hold.")
+
+
+def dumps_toml(document: dict[str, dict[str, Any]]) -> str:
+    """The TOML text of `document`, tables of keys and values, written by `tomli_w` (a value
+    that TOML cannot hold raises first, naming its dotted path: `_check_toml`)."""
+    for section, values in document.items():
+        _check_toml(values, section)
+    import tomli_w  # imported here: only writing TOML needs it
+
+    return tomli_w.dumps(document)
 
 
 def loads_toml(text: str, where: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ __all__ = [
     "cell_scale",
     "font",
     "grid_frames",
+    "pillow",
 ]
 
 CELL = 64
@@ -65,12 +66,15 @@ TEXT = (255, 255, 255)
 
 
 @functools.cache
-def _pillow() -> Any:
+def pillow() -> Any:
+    """Pillow's `Image`, `ImageDraw` and `ImageFont` modules, imported on first use (previews
+    draw and encode their grids with them)."""
     try:
         from PIL import Image, ImageDraw, ImageFont
     except ImportError:
         raise ImportError(
-            "previews draw their captions with Pillow: pip install pillow (dew-ml depends on it).",
+            "previews draw and encode their grids with Pillow: pip install pillow (dew-ml depends "
+            "on it).",
             name="PIL",
         ) from None
     return Image, ImageDraw, ImageFont
@@ -80,7 +84,7 @@ def _pillow() -> Any:
 def font() -> Any:
     """Pillow's default bitmap font (6 by 11 pixels a character, Latin-1), read from
     Pillow itself: nothing is downloaded."""
-    return _pillow()[2].load_default_imagefont()
+    return pillow()[2].load_default_imagefont()
 
 
 def cell_scale(height: int, width: int) -> int:
@@ -132,7 +136,7 @@ def grid_frames(
     - `captions`: one caption per sample (column), `None` where a sample has none; `None`
       for no captions at all.
     """
-    image, image_draw, _ = _pillow()
+    image, image_draw, _ = pillow()
     face = font()
     names = [name for name, _ in lines]
     cells = [_rgb(np.asarray(array, np.uint8)) for _, array in lines]
