@@ -207,6 +207,15 @@ class RunFolder:
     Nothing is read until a method asks: a `RunFolder` of a folder that does not exist yet
     names where a run would write. The journal is read anew by each method that reads it;
     read it once with `history()` to ask it several things.
+
+    ```python
+    >>> run = RunFolder("runs/tiny-lm")
+    >>> str(run.run_record), str(run.checkpoints), str(run.previous(run.run_record))
+    ('runs/tiny-lm/run.json', 'runs/tiny-lm/checkpoints', 'runs/tiny-lm/run.json.previous')
+    >>> run.is_run(), run.fit_started(), run.extensions(), run.latest_step()
+    (False, [], [], None)
+
+    ```
     """
 
     __slots__ = ("path",)

@@ -80,7 +80,9 @@ def load_run(
 
     **Arguments:**
 
-    - `folder`: the run folder (or its `run.json`).
+    - `folder`: the run folder (or its `run.json`), laid out as the Sweeps guide's section
+      on the recipe lists (one internal module, `dew._run_folder`, names and reads its
+      files).
     - `step`: the checkpoint step to load; by default the newest intact one (a damaged
       newer step is passed over with a `DamagedCheckpointWarning`, as a resume does).
     - `weights`: `"auto"` (default) loads the weights the run generates and scores with: the
