@@ -28,15 +28,15 @@ from typing import Any
 import numpy as np
 
 from dew._json import read_json, write_atomic
+from dew._run_folder import DATA_RECORD, TOKENIZER_COPIES, RunFolder
 from dew.data import Dataset
 from dew.data.tokenizers import BytesTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 __all__ = ["DATA_RECORD", "DataRecord", "read_data_record", "write_data_record"]
 
-DATA_RECORD = "data.json"
 _COPIES = {
-    HFTokenizer: ("huggingface", "tokenizer.json"),
-    SentencePieceTokenizer: ("sentencepiece", "tokenizer.model"),
+    HFTokenizer: ("huggingface", TOKENIZER_COPIES["huggingface"]),
+    SentencePieceTokenizer: ("sentencepiece", TOKENIZER_COPIES["sentencepiece"]),
 }
 
 
@@ -97,7 +97,7 @@ def write_data_record(
             writes.append((folder / copy[0], copy[1]))
     writes.append(
         (
-            folder / DATA_RECORD,
+            RunFolder(folder).data_record,
             (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8"),
         )
     )
@@ -116,7 +116,7 @@ def read_data_record(folder: str | os.PathLike[str]) -> DataRecord | None:
     with a warning naming its type.
     """
     folder = pathlib.Path(folder)
-    path = folder / DATA_RECORD
+    path = RunFolder(folder).data_record
     if not path.exists():
         return None
     saved = read_json(path, "a run's data record (data.json)")

@@ -20,6 +20,7 @@ import pathlib
 from collections.abc import Iterator
 
 from dew._files import open_descriptor
+from dew._run_folder import LOCK_FILE
 
 try:
     import fcntl
@@ -27,9 +28,6 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["LOCK_FILE", "FolderLockedError", "check_unlocked", "folder_lock"]
-
-LOCK_FILE = "run.lock"
-"""The lock file's name inside the folder it locks."""
 
 
 class FolderLockedError(BlockingIOError):

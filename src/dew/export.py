@@ -34,6 +34,7 @@ from jaxtyping import PyTree
 
 import dew
 from dew._json import read_json, write_atomic
+from dew._run_folder import EXPORTS, RunFolder
 from dew._safetensors import read_safetensors, safetensors_bytes
 from dew.config._load import LoadedRun, example_batch, load_run
 from dew.data._optional import optional
@@ -49,8 +50,6 @@ __all__ = ["EXPORTS", "FORMATS", "Forward", "export_run", "forward", "weight_nam
 
 FORMATS = ("safetensors", "stablehlo")
 """The formats `export_run` and `dew export --format` write."""
-EXPORTS = "exports.json"
-"""The run folder's record of its exports: a JSON list, one object per export."""
 _FORWARDS = (
     ClassifierObjective,
     SupervisedObjective,
@@ -305,9 +304,9 @@ def _described(name: str, aval: Any) -> dict[str, Any]:
     return {"name": name, "shape": shape, "dtype": np.dtype(aval.dtype).name}
 
 
-def _record(run_folder: pathlib.Path, record: dict[str, Any]) -> None:
+def _record(folder: pathlib.Path, record: dict[str, Any]) -> None:
     """Append `record` to the run folder's `exports.json`."""
-    path = run_folder / EXPORTS
+    path = RunFolder(folder).exports
     records = read_json(path, "a run's record of its exports") if path.exists() else []
     if not isinstance(records, list):
         raise ValueError(f"{path} holds a {type(records).__name__}, not a list of exports.")

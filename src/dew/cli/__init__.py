@@ -51,7 +51,6 @@ compute nothing (`--help`, `--version`, `dew runs`, `dew plot`) never import JAX
 import argparse
 import importlib
 import os
-import pathlib
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -186,16 +185,17 @@ def _preflight(args: argparse.Namespace) -> int:
     _register(args)
     if args.command == "train":
         from dew._lock import check_unlocked
-        from dew.config._recipe import run_folder
+        from dew._run_folder import run_folder
 
         config = _train_config(args)
         check_unlocked(run_folder(config, config.trainer.name)[1])
     elif args.command == "sweep":
         _sweep_inputs(args)
     else:
+        from dew._run_folder import RunFolder
         from dew.config import RunConfig
 
-        RunConfig.from_run_record(pathlib.Path(args.run_dir) / "run.json")
+        RunConfig.from_run_record(RunFolder(args.run_dir).run_record)
     return 0
 
 

@@ -36,16 +36,16 @@ def _inspect(args: argparse.Namespace) -> int:
     """Build the data `args.config` names, as `dew train` would (a text source's token cache
     in the run folder, `<checkpoint_dir>/<name>/data-cache`, which the run then reuses), and
     print its summary or its JSON; a batch of images is also written as a contact sheet."""
+    from dew._run_folder import RunFolder, run_folder
     from dew.cli._contact_sheet import contact_sheet
     from dew.cli._inspect import batch_view, image_fields, summary, summary_lines
-    from dew.config._recipe import DATA_CACHE, run_folder
 
     config = _configure(args)
     name = config.trainer.name
     data = config.data.build(
         batch_size=config.trainer.batch_size,
         seed=config.trainer.seed,
-        cache_dir=None if name is None else run_folder(config, name)[1] / DATA_CACHE,
+        cache_dir=None if name is None else RunFolder(run_folder(config, name)[1]).data_cache,
     )
     view = batch_view(data, args.split, args.step, config.data.name)
     classes = getattr(data, "classes", None)

@@ -2,7 +2,6 @@
 model's forward function, for use without dew (`dew.export`)."""
 
 import argparse
-import pathlib
 from typing import Any
 
 from dew.cli._inputs import _say
@@ -33,6 +32,7 @@ def add_export(commands: Any) -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from dew._run_folder import RunFolder
     from dew.export import export_run
 
     record = export_run(
@@ -44,7 +44,7 @@ def _export(args: argparse.Namespace) -> int:
         f"exported step {record['step']} ({weights} weights) of {args.run_dir} as "
         f"{args.format}: {', '.join(record['files'])} in {args.out}"
     )
-    recorded = pathlib.Path(args.run_dir) / "exports.json"
+    recorded = RunFolder.of(args.run_dir).exports  # the folder, or its run.json
     _say(
         f"  parity on {parity['rows']} rows of the run's data: max abs difference "
         f"{parity['max_abs_difference']:.3g} (recorded in {recorded})"

@@ -103,33 +103,28 @@ def _configured_kind(config: Any) -> tuple[Any, Any] | None:
 
 
 def _row(
-    name: str,
-    folder: pathlib.Path,
-    metrics: dict[str, tuple[int, float]],
-    records: list[tuple[str, int | None, Any]],
-    params: dict[str, Any],
+    name: str, folder: pathlib.Path, summary: Any, history: Any, params: dict[str, Any]
 ) -> _Row:
-    """A run's row from its `metrics` (each tag's greatest step and its value there: the
-    journal's summary, decision 0046), its `records` and its `params`."""
-    status, ended = "-", None
-    trials = []
+    """A run's row from its scalars journal's `summary` (each tag's greatest step and its
+    value there, decision 0046), its records journal's `history` and its `params`."""
+    from dew._run_folder import latest_step
+
+    metrics = summary.metrics()
+    fits = history.fits()
+    status = "-"
+    if fits:  # the latest fit decides: a resumed one runs
+        ended = fits[-1].ended
+        status = "running or killed" if ended is None else ended.status
     declared: dict[tuple[str, str], str | None] = {}  # (stage, bare name): its direction
-    for _, _, record in records:  # the latest fit decides: a resumed one runs
-        if record.type == "fit_started":
-            status, ended = "running or killed", None
-            for metric, way in record.metric_directions.items():
-                declared[record.stage, metric] = way
-        elif record.type == "fit_ended":
-            status, ended = record.status, record.step
-        elif record.type == "trial_finished":
-            trials.append(record)
+    for started in history.fit_started():
+        for metric, way in started.metric_directions.items():
+            declared[started.stage, metric] = way
+    trials = [record for _, _, record in history.records if record.type == "trial_finished"]
     named = ((_param_name(key), value) for key, value in params.items())
     params = {
         name: value for name, value in named if name is not None and name not in _HIDDEN_PARAMS
     }
-    last = max((step for step, _ in metrics.values()), default=None)
-    if ended is not None:  # the step the fit ended at, logged or not
-        last = ended if last is None else max(last, ended)
+    last = latest_step(summary, history)  # the step the fit ended at, logged or not
     pruned_at = _pruned_at(folder) if not trials else None
     if pruned_at is not None:  # stopped by its sweep's pruner, not completed
         status = f"pruned (step {pruned_at})"
@@ -168,17 +163,17 @@ def _row(
 def _collect(root: pathlib.Path) -> tuple[list[_Row], int]:
     """Each run's row, read from its journal's summary (and the scalars past it), its
     records journal and its parameters: never its whole scalars journal (decision 0046)."""
-    from dew.tracking._journal import read_params, read_records
+    from dew._run_folder import SCALARS, RunFolder
+    from dew.tracking._journal import read_params
     from dew.tracking._summary import summarize
 
     rows, unreadable = [], 0
-    for journal_file in sorted(root.rglob("scalars.jsonl")):
+    for journal_file in sorted(root.rglob(SCALARS)):
         folder = journal_file.parent
         name = str(folder.relative_to(root)) or "."
         try:
-            metrics = summarize(folder).metrics()
-            records, _ = read_records(folder)
-            rows.append(_row(name, folder, metrics, records, read_params(folder)))
+            summary, history = summarize(folder), RunFolder(folder).history()
+            rows.append(_row(name, folder, summary, history, read_params(folder)))
         except (OSError, ValueError) as error:  # the journal, or a sweep's ledger
             unreadable += 1
             print(f"dew runs: {name}: {error}", file=sys.stderr)

@@ -207,8 +207,8 @@ def _tensorboard(run: TrackedRun) -> Any:
 
 def _store(args: argparse.Namespace, config: Any) -> str:
     """`--mlflow-uri`, else `MLFLOW_TRACKING_URI`, else `<runs root>/mlflow.db` (SQLite)."""
+    from dew._run_folder import LOCAL_ROOT
     from dew.checkpoints._location import checkpoint_location, is_remote
-    from dew.config._recipe import LOCAL_ROOT
 
     if args.mlflow_uri is not None:
         return args.mlflow_uri

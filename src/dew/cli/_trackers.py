@@ -86,7 +86,7 @@ def open_trackers(
     folder), and closed when the block ends; a block that raises ends the MLflow and W&B runs
     failed."""
     from dew._processes import is_process_zero
-    from dew.config._recipe import run_folder
+    from dew._run_folder import run_folder
     from dew.tracking import Trackers
 
     names = checked_trackers(args)

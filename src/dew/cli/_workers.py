@@ -42,7 +42,7 @@ def _worker_arguments(args: argparse.Namespace, config: Any) -> list[str]:
     one SQLite storage in the sweep's folder (`study.db`) and its study name."""
     if args.search != "optuna" or args.storage is not None:
         return []
-    from dew.config._recipe import run_folder
+    from dew._run_folder import run_folder
 
     _, local = run_folder(config, config.trainer.name)
     local.mkdir(parents=True, exist_ok=True)

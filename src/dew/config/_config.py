@@ -5,6 +5,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dew._run_folder import RunFolder
 from dew.config import _run_record
 from dew.config._data import DataConfig
 from dew.config._fields import _WHERE, _building, _Section
@@ -182,7 +183,8 @@ class RunConfig:
         """
         path = _run_record.run_record_path(path)
         config = _read_from(_run_record.run_record_sections(path), f"the run record {path}")
-        total = _run_record.latest_total(path.parent)  # an extended run's, once run.json is read
+        latest = RunFolder(path.parent).latest_fit()  # an extended run's, once run.json is read
+        total = None if latest is None else latest.steps
         if total is None or total == config.trainer.steps:
             return config
         return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, steps=total))

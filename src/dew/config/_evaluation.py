@@ -15,9 +15,10 @@ from dew._domains import evaluation_key, run_key
 from dew._integers import check_integer
 from dew._plugins import import_modules
 from dew._processes import is_process_zero
+from dew._run_folder import RunFolder
 from dew.config._config import RunConfig
 from dew.config._load import load_run
-from dew.config._recipe import DATA_CACHE, build_objective
+from dew.config._recipe import build_objective
 from dew.data import Batches, Dataset, InOrder, StepBatches
 from dew.data._indexed import Subset
 from dew.evaluation import Evaluation, evaluate
@@ -84,7 +85,7 @@ def evaluate_run(
     data = config.data.build(  # a text run's token cache is read from the run folder
         batch_size=config.trainer.batch_size,
         seed=config.trainer.seed,
-        cache_dir=loaded.folder / DATA_CACHE,
+        cache_dir=RunFolder(loaded.folder).data_cache,
     )
     chosen = split_batches(data, split, batches=batches, source=config.data.name)
     objective = loaded.objective

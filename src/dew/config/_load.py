@@ -16,10 +16,11 @@ from jaxtyping import PyTree
 from dew._data_record import read_data_record
 from dew._integers import check_integer
 from dew._plugins import import_modules
+from dew._run_folder import RunFolder, run_folder
 from dew.checkpoints import Checkpointer
 from dew.checkpoints._location import is_remote
 from dew.config._config import RunConfig
-from dew.config._recipe import DATA_CACHE, build_objective, run_folder
+from dew.config._recipe import build_objective
 from dew.data import Partition
 from dew.data.tokenizers import Tokenizer
 from dew.objectives.base import Objective, combine
@@ -79,7 +80,9 @@ def load_run(
 
     **Arguments:**
 
-    - `folder`: the run folder (or its `run.json`).
+    - `folder`: the run folder (or its `run.json`), laid out as the Sweeps guide's section
+      on the recipe lists (one internal module, `dew._run_folder`, names and reads its
+      files).
     - `step`: the checkpoint step to load; by default the newest intact one (a damaged
       newer step is passed over with a `DamagedCheckpointWarning`, as a resume does).
     - `weights`: `"auto"` (default) loads the weights the run generates and scores with: the
@@ -110,8 +113,8 @@ def load_run(
     if weights not in WEIGHTS:
         raise ValueError(f"load_run: weights must be one of {WEIGHTS}, got {weights!r}.")
     step = check_integer("load_run: step", step, minimum=0, optional=True)
-    record = _run_record(pathlib.Path(folder))
-    folder = record.parent
+    run = RunFolder.of(folder)  # the folder, or its run.json
+    folder, record = run.path, run.run_record
     config = RunConfig.from_run_record(record)
     import_modules(config.trainer.imports, named_by=f"trainer.imports of {record}")
     objective = _objective(config)
@@ -141,22 +144,6 @@ def load_run(
     )
 
 
-def _run_record(path: pathlib.Path) -> pathlib.Path:
-    """The run.json of the run folder `path` (or `path` itself, a run.json); a path that is
-    neither is a `FileNotFoundError` naming it."""
-    if path.is_file() and path.name == "run.json":
-        return path
-    if not path.exists():
-        raise FileNotFoundError(f"no run folder at {os.fspath(path)}.")
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"{os.fspath(path)} is a file, not a run folder (one with run.json)."
-        )
-    if not (path / "run.json").is_file():
-        raise FileNotFoundError(f"{os.fspath(path)} is not a run folder: it has no run.json.")
-    return path / "run.json"
-
-
 def checkpoint_directory(config: RunConfig, folder: pathlib.Path) -> Any:
     """Where the run in `folder` keeps its checkpoints: its `checkpoints` folder, or the
     remote store its `trainer.checkpoint_dir` names (`gs://...`).
@@ -164,7 +151,7 @@ def checkpoint_directory(config: RunConfig, folder: pathlib.Path) -> Any:
     **Raises:** `FileNotFoundError` naming `folder` when it has no checkpoints folder."""
     if is_remote(config.trainer.checkpoint_dir) and config.trainer.name is not None:
         return run_folder(config, config.trainer.name)[0]
-    checkpoints = folder / "checkpoints"
+    checkpoints = RunFolder(folder).checkpoints
     if not checkpoints.is_dir():
         raise FileNotFoundError(f"{folder} has no checkpoints folder: the run saved no checkpoint.")
     return checkpoints
@@ -178,7 +165,7 @@ def example_batch(loaded: LoadedRun) -> tuple[str, Mapping[str, Any]]:
     data = config.data.build(
         batch_size=config.trainer.batch_size,
         seed=config.trainer.seed,
-        cache_dir=loaded.folder / DATA_CACHE,
+        cache_dir=RunFolder(loaded.folder).data_cache,
     )
     split, batches = ("train", data.train) if data.val is None else ("validation", data.val)
     drawn = batches(Partition())

@@ -1,6 +1,7 @@
 """The training recipe behind `RunConfig.train`: one run folder per named run.
 
-Layout of a run named `name` with `trainer.checkpoint_dir = root`:
+Layout of a run named `name` with `trainer.checkpoint_dir = root` (every file's name and
+reading are `dew._run_folder`'s):
 
 - `root/name/run.lock`: the lock the run holds while it trains (`dew._lock`), so a second
   run of the same folder is refused, naming the holder's PID;
@@ -15,7 +16,8 @@ Layout of a run named `name` with `trainer.checkpoint_dir = root`:
 - `root/name/checkpoints/<step>/`: orbax checkpoints; a run started again resumes here,
   to its new `trainer.steps` when that is larger (the step budget is no part of a run's
   identity: a `step_budget` line in records.jsonl notes the change; decision 0020);
-- `root/name/scalars.jsonl`, `records.jsonl`, `params.json`: the `LocalTracker` journals.
+- `root/name/scalars.jsonl`, `records.jsonl`, `params.json`: the `LocalTracker` journals;
+- `root/name/data-cache/`: a caching source's cache (`text`'s tokens).
 
 When `root` is a `file:///absolute/path` URI, the run folder is under the folder it names.
 When it is a remote store's (`gs://bucket/runs`), the checkpoints go there and the local
@@ -52,9 +54,9 @@ from dew._early_stopping import EarlyStopper
 from dew._lock import folder_lock
 from dew._plugins import import_modules, plugin_distributions
 from dew._processes import agreed_phase, is_process_zero
-from dew.checkpoints._location import checkpoint_location, is_remote
+from dew._run_folder import STEP_BUDGET, Extension, RunFolder, run_folder
+from dew.checkpoints._location import is_remote
 from dew.config._identity import LOCATION, REGISTRATIONS, absolute_paths, comparable
-from dew.config._run_record import _read_run_record
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset, Partition
 from dew.data.tokenizers import check_vocabulary
@@ -71,28 +73,7 @@ if TYPE_CHECKING:
 
 __all__ = ["run_folder", "train_run"]
 
-LOCAL_ROOT = "runs"
-DATA_CACHE = "data-cache"
-"""The folder in a run folder where a source that caches (`text`'s tokens) keeps its cache,
-unless the configuration names a `cache_dir`."""
-STEP_BUDGET = "step_budget"
-"""The journal artifact noting a run continued to another step total (decision 0020)."""
-
-
-def run_folder(config: "RunConfig", name: str) -> tuple[str, pathlib.Path]:
-    """Where a run named `name` keeps its checkpoints, and its local folder (journals
-    and run.json)."""
-    root = checkpoint_location(config.trainer.checkpoint_dir, "trainer.checkpoint_dir")
-    if is_remote(root):
-        return f"{root.rstrip('/')}/{name}/checkpoints", pathlib.Path(LOCAL_ROOT) / name
-    folder = pathlib.Path(root) / name
-    return str(folder / "checkpoints"), folder
-
-
 SECTIONS = ("model", "data", "optim", "trainer", "objective")
-PREVIOUS = ".previous"
-"""The suffix of the run.json (and params.json) a run that never completed a step started
-over from."""
 
 
 def _record(config: "RunConfig", paths: dict[str, str] | None = None) -> RunRecord:
@@ -125,10 +106,11 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     (`REGISTRATIONS`), local paths compared absolute.
     Returns the saved record (`None`: a new run); another configuration raises
     `_AnotherRunError` naming the sections that differ."""
-    path = folder / "run.json"
+    run = RunFolder(folder)
+    path = run.run_record
     if not path.exists():
         return None
-    saved = _read_run_record(path)
+    saved = run.record()
     # A trainer field added since the record was written reads as its default there.
     defaults = {
         field.name: field.default for field in dataclasses.fields(TrainerConfig) if field.init
@@ -155,13 +137,12 @@ def _completed_a_step(folder: pathlib.Path, checkpoints: str) -> bool:
     """Whether the run in `folder` has completed a step: a checkpoint, or a training step in
     its journal (an unreadable journal counts as one: nothing is started over on a guess)."""
     from dew.checkpoints._orbax import orbax
-    from dew.tracking._journal import SCALARS
     from dew.tracking._summary import summarize
 
     stored = is_remote(checkpoints) or pathlib.Path(checkpoints).is_dir()
     if stored and orbax().utils.checkpoint_steps(checkpoints):
         return True
-    if not (folder / SCALARS).exists():
+    if not RunFolder(folder).scalars.exists():
         return False
     try:  # its summary, and the lines past it (decision 0046)
         return bool(summarize(folder).last)
@@ -173,27 +154,27 @@ def _start_over(folder: pathlib.Path, differing: list[str], progress: bool) -> N
     """A run that never completed a step, asked for another configuration: its run.json and
     params.json move aside (`*.previous`; records.jsonl keeps every record), so the new
     configuration is recorded afresh."""
-    for name in ("run.json", "params.json"):
-        if (folder / name).exists():
-            os.replace(folder / name, folder / f"{name}{PREVIOUS}")
+    run = RunFolder(folder)
+    for path in (run.run_record, run.params):
+        if path.exists():
+            os.replace(path, run.previous(path))
     if progress:
         print(
             f"{folder}: its run.json recorded another configuration (sections that differ: "
             f"{', '.join(differing)}) and the run never completed a step, so it starts over "
-            f"with this one (the old record is now run.json{PREVIOUS})"
+            f"with this one (the old record is now {run.previous(run.run_record).name})"
         )
 
 
 def _step_budget(
     folder: pathlib.Path, checkpoints: str, saved: dict[str, Any] | None, steps: int
-) -> dict[str, int] | None:
+) -> Extension | None:
     """An existing run asked for another step total: the note the journal keeps of it
     (`None`: a new run, or the same total). A total below the run's latest checkpoint
     raises, naming both."""
     if saved is None:
         return None
     from dew.checkpoints._orbax import orbax
-    from dew.tracking._journal import read_records
 
     # The finished steps, read from the folder by this process alone (a CheckpointManager
     # would wait for the other processes of a multi-process run).
@@ -205,14 +186,11 @@ def _step_budget(
             f"to {latest} steps or more (it continues from step {latest}), or give this run "
             "another trainer.name."
         )
-    previous = saved["trainer"].get("steps")  # the total of the latest fit, else run.json's
-    if (folder / "records.jsonl").exists():
-        for _, _, entry in read_records(folder)[0]:
-            if entry.type == "fit_started":
-                previous = entry.steps
+    started = RunFolder(folder).fit_started()  # the total of the latest fit, else run.json's
+    previous = started[-1].steps if started else saved["trainer"].get("steps")
     if previous == steps:
         return None
-    return {"from_step": latest or 0, "steps": steps, "previous_steps": previous}
+    return Extension(from_step=latest or 0, steps=steps, previous_steps=previous)
 
 
 def build_objective(
@@ -289,7 +267,9 @@ def train_run(
         built = build_objective(config, objective, seed)
         if data is None:
             data = config.data.build(
-                batch_size=settings.batch_size, seed=settings.seed, cache_dir=folder / DATA_CACHE
+                batch_size=settings.batch_size,
+                seed=settings.seed,
+                cache_dir=RunFolder(folder).data_cache,
             )
         _check_vocabulary(config, built, data)
         first = _check_first_batch(built, data)
@@ -336,7 +316,7 @@ def train_run(
             reporting = local if tracker is None else Trackers(local, tracker)
             reporting.log_artifact("run_record", record)  # the local one writes run.json if absent
             if budget is not None:  # run.json keeps the first total; the journal, each change
-                reporting.log_artifact(STEP_BUDGET, budget, step=budget["from_step"])
+                reporting.log_artifact(STEP_BUDGET, budget._asdict(), step=budget.from_step)
             reporting.log_params({"config": config.to_dict()})
             write_data_record(folder, data, first)  # what using the model needs of the data
         return fit(tracker=reporting)
@@ -349,7 +329,7 @@ def _claim(
     record: RunRecord,
     steps: int,
     progress: bool,
-) -> dict[str, int] | None:
+) -> Extension | None:
     """Process zero's part before the run trains: lock the run folder for as long as `held`
     lasts (before anything else is written in it), check its run.json against `record`
     (starting over a run that never completed a step), create the checkpoint folder, and

@@ -1,39 +1,22 @@
 """A run folder's record, read without building anything: its run.json's configuration
-sections (`RunConfig.from_run_record`, `dew config show RUN`) and the step total of its
-latest fit. Apart from the training recipe (`dew.config._recipe`), which imports JAX, so
-reading a configuration does not (decision 0047)."""
+sections (`RunConfig.from_run_record`, `dew config show RUN`), located where the folder is
+now. Apart from the training recipe (`dew.config._recipe`), which imports JAX, so reading a
+configuration does not (decision 0047); the run folder's files are `dew._run_folder`'s."""
 
 import os
 import pathlib
 from typing import Any
 
-from dew._json import read_json
+from dew._run_folder import RunFolder, read_run_record
 from dew.checkpoints._location import uri_scheme
-from dew.telemetry.records import RunRecord
 
-__all__ = ["latest_total", "run_record_path", "run_record_sections"]
-
-
-def _read_run_record(path: pathlib.Path) -> dict[str, Any]:
-    """The `run_record` mapping in a run folder's run.json, its sections under `RunConfig`'s
-    names (a run.json written before `optimizer` became `optim` reads as `optim`); errors
-    name the file."""
-    saved = read_json(path, "run.json (a RunRecord's JSON)")
-    if not isinstance(saved, dict) or saved.get("type") != "run_record":
-        kind = saved.get("type") if isinstance(saved, dict) else type(saved).__name__
-        raise ValueError(f"{path} holds a {kind!r} record, not a run_record.")
-    old = {key: new for key, new in RunRecord.renamed.items() if key in saved and new not in saved}
-    saved = {old.get(key, key): value for key, value in saved.items()}
-    missing = [key for key in ("model", "data", "optim", "trainer") if key not in saved]
-    if missing:
-        raise ValueError(f"{path} is not a whole run_record: it lacks {', '.join(missing)}.")
-    return saved
+__all__ = ["run_record_path", "run_record_sections"]
 
 
 def run_record_path(path: str | os.PathLike[str]) -> pathlib.Path:
     """A run folder's run.json (`path`: the folder or the file)."""
     path = pathlib.Path(path)
-    return path / "run.json" if path.is_dir() else path
+    return RunFolder(path).run_record if path.is_dir() else path
 
 
 def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -43,7 +26,7 @@ def run_record_sections(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = run_record_path(path)
     if not path.exists():
         raise FileNotFoundError(f"no run.json at {str(path)!r}: is this a run folder?")
-    saved = _read_run_record(path)
+    saved = read_run_record(path)
     plain = {section: saved[section] for section in ("model", "data", "optim", "trainer")}
     if saved.get("objective"):
         plain["objective"] = saved["objective"]
@@ -69,18 +52,3 @@ def _located(trainer: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
         if candidate.parts[-len(segments) :] == segments:
             return {**trainer, "checkpoint_dir": os.fspath(candidate.parents[len(segments) - 1])}
     return trainer
-
-
-def latest_total(folder: pathlib.Path) -> int | None:
-    """The step total of the latest fit a run folder's journal records (`None`: no journal,
-    or one that cannot be read: run.json's total stands)."""
-    from dew.tracking._journal import read_records
-
-    if not (folder / "records.jsonl").exists():
-        return None
-    try:
-        records, _ = read_records(folder)
-    except (OSError, ValueError):
-        return None
-    totals = [entry.steps for _, _, entry in records if entry.type == "fit_started"]
-    return totals[-1] if totals else None

@@ -27,7 +27,6 @@ __all__ = [
 SCALARS = "scalars.jsonl"
 RECORDS = "records.jsonl"
 PARAMS = "params.json"
-RUN_RECORD = "run.json"
 SUMMARY = "summary.json"
 RESUME = "resume"
 """The key marking a resume boundary line: `{"step": 4, "values": {}, "resume": true}`."""

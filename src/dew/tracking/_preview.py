@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from dew._run_folder import PREVIEWS
 from dew.artifacts import Artifact, Clips, Images, Representations, TokenRows, TokenScores
 from dew.data.tokenizers._protocol import Tokenizer
 from dew.data.tokenizers._readable import tokenizer_name
@@ -54,8 +55,6 @@ __all__ = [
     "render_preview",
 ]
 
-PREVIEWS = "previews"
-"""The folder under which the local journal and MLflow store preview files."""
 PREVIEW_TYPES = (Images, Clips, TokenRows, Representations)
 """The artifacts that have a preview form."""
 _PREVIEWS = "Images, Clips, TokenRows or Representations previews"

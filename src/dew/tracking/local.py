@@ -12,6 +12,7 @@ import numpy as np
 
 from dew import _json
 from dew._files import open_for_writing
+from dew._run_folder import RUN_RECORD
 from dew.naming import check_index, flatten_parameters, parse_metric_tag
 from dew.telemetry.records import (
     FitStarted,
@@ -24,7 +25,6 @@ from dew.tracking._journal import (
     PARAMS,
     RECORDS,
     RESUME,
-    RUN_RECORD,
     SCALARS,
     SUMMARY,
     _read_params,

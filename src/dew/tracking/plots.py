@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dew._files import open_for_writing
+from dew._run_folder import PLOTS
 from dew.naming import parse_metric_tag
 from dew.tracking._journal import read_journal
 
@@ -106,7 +107,7 @@ def plot_journal(path: str | os.PathLike[str], *, run: str | None = None) -> lis
     folder's name). Returns the files written, sorted by metric.
     """
     figures = journal_figures(path, run=run)
-    out = pathlib.Path(path) / "plots"
+    out = pathlib.Path(path) / PLOTS
     out.mkdir(exist_ok=True)
     written = []
     for metric, figure in figures.items():
