@@ -13,12 +13,14 @@ from dew.tracking import MLflowTracker as MLflowTracker
 from dew.tracking import TensorBoardTracker as TensorBoardTracker
 from dew.tracking import Trackers as Trackers
 from dew.tracking import WandbTracker as WandbTracker
+from dew.training._fit_options import FitOptions as FitOptions
 from dew.training._trainer import Trainer as Trainer
 from dew.training._trainer import key_text as key_text
 
 __all__ = [
     "Callback",
     "FitInterrupted",
+    "FitOptions",
     "InMemoryTracker",
     "LocalTracker",
     "Loop",

@@ -130,6 +130,14 @@ class Trainer:
     ) -> TrainState:
         """Train to `steps` optimizer steps and return the final state.
 
+        The loop draws a batch, runs the compiled step, and asks its policies what to do
+        at that step: the training report (`log_every`), the non-finite guard
+        (`on_nonfinite`), early stopping (`early_stopper`), evaluation (`eval_every`),
+        checkpoints (`checkpoint_every`), then `callbacks` (`dew.training.Callback`
+        objects, in order: custom behaviour every N steps; docs/training.md, "Callbacks").
+        Past the cadences, `metrics`, `tracker`, `callbacks` and `state`, the keywords are
+        options (`dew.training.FitOptions`); an unknown one raises `TypeError`.
+
         - The training metrics are reported every `log_every` steps (`step_end`
           events, tags `<stage>/train/<metric>`): with `train_reduction="mean"` (the
           default) each is its mean over the window of steps since the last log step
