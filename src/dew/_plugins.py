@@ -26,9 +26,11 @@ __all__ = [
     "PLUGIN_GROUP",
     "RegistrationImportError",
     "check_module_names",
+    "check_targets",
     "import_modules",
     "load_plugins",
     "plugin_distributions",
+    "resolve_target",
 ]
 
 PLUGIN_GROUP = "dew.plugins"
@@ -61,6 +63,56 @@ def check_module_names(where: str, value: object) -> tuple[str, ...]:
         if name not in names:
             names.append(str.__str__(name))
     return tuple(names)
+
+
+def _is_target(text: object) -> bool:
+    """Whether `text` is `"module:Name"`: a dotted module name, a colon, an identifier."""
+    if not isinstance(text, str):
+        return False
+    module, colon, name = text.partition(":")
+    dotted = all(part.isidentifier() for part in module.split("."))
+    return bool(colon) and dotted and name.isidentifier()
+
+
+def check_targets(where: str, value: object) -> tuple[str, ...]:
+    """`value` as a tuple of `"module:Name"` strings (`"my_callbacks:EveryHundred"`), in
+    order; a `TypeError` or `ValueError` naming `where` and the bad item otherwise. Nothing
+    is imported: `resolve_target` does that when the run is built."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TypeError(
+            f'{where} must be a list of "module:Name" strings (e.g. ["my_callbacks:Every100"]), '
+            f"got {value!r}."
+        )
+    targets = tuple(value)
+    for index, target in enumerate(targets):
+        if not _is_target(target):
+            raise ValueError(
+                f'{where}[{index}] is {target!r}, which is not "module:Name": a dotted '
+                "module name, a colon and a name defined in it (e.g. 'my_callbacks:Every100')."
+            )
+    return tuple(str.__str__(target) for target in targets)
+
+
+def resolve_target(target: str, *, named_by: str) -> object:
+    """The object `"module:Name"` names: the module imported as `import_modules` imports
+    it (the working directory included), then its attribute `Name`.
+
+    **Raises:** `RegistrationImportError` when the module cannot be imported, and
+    `ValueError` when it has no `Name`; both name `target` and `named_by`.
+    """
+    if not _is_target(target):
+        raise ValueError(f'{named_by} holds {target!r}, which is not "module:Name".')
+    module, _, name = target.partition(":")
+    import_modules([module], named_by=named_by)
+    found = getattr(sys.modules[module], name, _MISSING)
+    if found is _MISSING:
+        raise ValueError(
+            f"{named_by} names {target!r}, but the module {module!r} defines no {name!r}."
+        )
+    return found
+
+
+_MISSING = object()
 
 
 def _where_it_raised(error: BaseException) -> str:

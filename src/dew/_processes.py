@@ -84,6 +84,11 @@ def _coordination_client() -> Any:
     return client if all(hasattr(client, name) for name in needed) else None
 
 
+def _exchange_key(index: int, process: int) -> str:
+    """The store's key of `process`'s row of exchange `index`."""
+    return f"dew.exchange.{index}.{process}"
+
+
 def _allgather(row: np.ndarray) -> np.ndarray:
     """`row` (a small host array of the same shape and dtype on every process) of every
     process, stacked in process order: `(processes, *row.shape)`.
@@ -104,10 +109,10 @@ def _allgather(row: np.ndarray) -> np.ndarray:
         return np.asarray(multihost_utils.process_allgather(row))
     row = np.ascontiguousarray(row)
     index, rank = next(_EXCHANGES), jax.process_index()
-    client.key_value_set_bytes(f"dew/exchange/{index}/{rank}", row.tobytes())
+    client.key_value_set_bytes(_exchange_key(index, rank), row.tobytes())
     rows = []
     for peer in range(jax.process_count()):
-        data = client.blocking_key_value_get_bytes(f"dew/exchange/{index}/{peer}", _FOREVER_MS)
+        data = client.blocking_key_value_get_bytes(_exchange_key(index, peer), _FOREVER_MS)
         if len(data) != row.nbytes:
             raise PhaseFailedError(
                 f"exchange {index}: process {peer} sent {len(data)} bytes where process "
@@ -116,7 +121,7 @@ def _allgather(row: np.ndarray) -> np.ndarray:
             )
         rows.append(np.frombuffer(data, row.dtype).reshape(row.shape))
     if index:
-        client.key_value_delete(f"dew/exchange/{index - 1}/{rank}")
+        client.key_value_delete(_exchange_key(index - 1, rank))
     return np.stack(rows)
 
 

@@ -32,16 +32,13 @@ folders without it (decision 0047).
 import os
 import pathlib
 import posixpath
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from dew._json import read_json
 from dew.checkpoints._location import checkpoint_location, is_remote
 from dew.telemetry.records import FitEnded, FitStarted, Record, RunRecord
 from dew.tracking._journal import PARAMS, RECORDS, SCALARS, SUMMARY, read_records
 from dew.tracking._summary import Summary, summarize
-
-if TYPE_CHECKING:
-    from dew.config._config import RunConfig
 
 __all__ = [
     "CHECKPOINTS",
@@ -95,7 +92,16 @@ STEP_BUDGET = "step_budget"
 _SECTIONS = ("model", "data", "optim", "trainer")  # what every run.json holds
 
 
-def run_folder(config: "RunConfig", name: str) -> tuple[str, pathlib.Path]:
+@runtime_checkable
+class _Configured(Protocol):
+    """What `run_folder` reads of a `RunConfig` (its trainer section), named structurally:
+    this module is below `dew.config`, which imports it."""
+
+    @property
+    def trainer(self) -> Any: ...
+
+
+def run_folder(config: _Configured, name: str) -> tuple[str, pathlib.Path]:
     """Where a run named `name` keeps its checkpoints, and its local folder (journals
     and run.json)."""
     root = checkpoint_location(config.trainer.checkpoint_dir, "trainer.checkpoint_dir")

@@ -108,6 +108,7 @@ class RunConfig:
         preview: bool | None = None,
         progress: bool = True,
         early_stopper: Any = None,
+        callbacks: Sequence[Any] = (),
     ) -> Any:
         """Train this configuration as the run `name` (default `trainer.name`) and return
         the final `TrainState`: the recipe.
@@ -140,7 +141,10 @@ class RunConfig:
           generates at every evaluation event into the local tracker's `previews/`
           folder and into `tracker`; the recipe never turns previews on by itself.
         - `early_stopper`: a `dew.supervised.EarlyStopper` the fit consults at each evaluation
-          (`Trainer.fit`'s), e.g. a sweep's `dew.config.sweep.pruning_stopper`.
+          (`Trainer.fit`'s), e.g. a sweep's `dew.config.sweep.pruning_stopper`; `None`: the
+          one `[trainer.early_stopping]` declares, if any (both at once raise `ValueError`).
+        - `callbacks`: `dew.training.Callback` objects, run after those `trainer.callbacks`
+          names (`Trainer.fit(callbacks=...)`).
         - The model is initialised from `trainer.seed`; the run key derives from it.
         """
         from dew.config import _recipe  # the training recipe imports JAX: reading does not
@@ -155,6 +159,7 @@ class RunConfig:
             preview=preview,
             progress=progress,
             early_stopper=early_stopper,
+            callbacks=callbacks,
         )
 
     @classmethod

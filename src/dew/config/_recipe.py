@@ -52,10 +52,11 @@ from dew._data_record import write_data_record
 from dew._domains import model_key, objective_key, run_key
 from dew._early_stopping import EarlyStopper
 from dew._lock import folder_lock
-from dew._plugins import import_modules, plugin_distributions
+from dew._plugins import import_modules, plugin_distributions, resolve_target
 from dew._processes import agreed_phase, is_process_zero
 from dew._run_folder import STEP_BUDGET, Extension, RunFolder, run_folder
 from dew.checkpoints._location import is_remote
+from dew.config._fields import _thaw
 from dew.config._identity import LOCATION, REGISTRATIONS, absolute_paths, comparable
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset, Partition
@@ -113,7 +114,9 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     saved = run.record()
     # A trainer field added since the record was written reads as its default there.
     defaults = {
-        field.name: field.default for field in dataclasses.fields(TrainerConfig) if field.init
+        field.name: _thaw(field.default)
+        for field in dataclasses.fields(TrainerConfig)
+        if field.init
     }
     if isinstance(saved.get("trainer"), dict):
         saved = {**saved, "trainer": {**defaults, **saved["trainer"]}}
@@ -242,6 +245,7 @@ def train_run(
     preview: bool | None = None,
     progress: bool = True,
     early_stopper: EarlyStopper | None = None,
+    callbacks: Sequence[Any] = (),
 ) -> TrainState:
     """Train `config` as the run `name` (default `config.trainer.name`); see
     `RunConfig.train`."""
@@ -263,6 +267,8 @@ def train_run(
     seed = jax.random.key(settings.seed)
     with agreed_phase("checking the configuration"):  # before anything is written
         import_modules(settings.imports, named_by="trainer.imports")
+        early_stopper = _early_stopper(settings, early_stopper)
+        callbacks = (*configured_callbacks(settings), *callbacks)
         optimizer = config.optim.build(settings.steps)
         built = build_objective(config, objective, seed)
         if data is None:
@@ -302,6 +308,7 @@ def train_run(
             on_nonfinite=settings.on_nonfinite,
             log_optimizer=settings.log_optimizer,
             early_stopper=early_stopper,
+            callbacks=callbacks,
         )
         if not writing:  # no local tracker, run.json or journals here; `tracker` is the caller's
             with agreed_phase("opening the trackers"):
@@ -320,6 +327,42 @@ def train_run(
             reporting.log_params({"config": config.to_dict()})
             write_data_record(folder, data, first)  # what using the model needs of the data
         return fit(tracker=reporting)
+
+
+def _early_stopper(settings: TrainerConfig, given: EarlyStopper | None) -> EarlyStopper | None:
+    """The stopper `[trainer.early_stopping]` declares, or the one `RunConfig.train` was
+    given (a sweep's pruning stopper); both at once is an error, since a fit consults one."""
+    table = dict(settings.early_stopping)
+    if not table:
+        return given
+    if given is not None:
+        raise ValueError(
+            "RunConfig.train was given early_stopper= and the configuration declares "
+            f"trainer.early_stopping {table}; a fit consults one stopper: remove one "
+            "(a sweep with a pruner trains configurations without trainer.early_stopping)."
+        )
+    if "split" in table:
+        table["source"] = table.pop("split")
+    return EarlyStopper(**table)
+
+
+def configured_callbacks(settings: TrainerConfig) -> tuple[Any, ...]:
+    """The callbacks `trainer.callbacks` names (`"module:Name"`), each imported and, when
+    it names a class, made with no arguments; `Trainer.fit` checks what they are."""
+    made = []
+    for index, target in enumerate(settings.callbacks):
+        where = f"trainer.callbacks[{index}]"
+        found = resolve_target(target, named_by=where)
+        if isinstance(found, type):
+            try:
+                found = found()
+            except TypeError as error:
+                raise TypeError(
+                    f"{where} names the class {target!r}, which dew makes with no arguments: "
+                    f"{error}; give its arguments defaults, or name an instance."
+                ) from None
+        made.append(found)
+    return tuple(made)
 
 
 def _claim(

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from dew import _registry as registry
 from dew._nonfinite import ON_NONFINITE
-from dew._plugins import check_module_names
+from dew._plugins import check_module_names, check_targets
 from dew._reductions import TRAIN_REDUCTIONS
 from dew.checkpoints._location import checkpoint_location
 from dew.config._fields import (
@@ -252,6 +252,15 @@ class TrainerConfig(_Section):
       imported (`dew train --import MODULE` adds to it). The run's `run.json` records them,
       so `dew eval`, an extension and a sweep's rerun find the registrations untold. Where
       the names come from is no part of a run's identity (the names are).
+    - `early_stopping`: empty (no early stopping) or the table `[trainer.early_stopping]`:
+      `metric` (a bare metric name, required), `split` (`"validation"`, the default, or
+      `"train"`), `mode` (`"min"` or `"max"`; left out, the `EarlyStopper`'s default),
+      `patience` (an integer >= 0, default 0) and `min_delta` (a real number >= 0): the
+      `dew.supervised.EarlyStopper` the fit consults (`Trainer.fit(early_stopper=...)`).
+    - `callbacks`: `"module:Name"` strings, each naming a `dew.training.Callback` subclass
+      (made with no arguments) or instance in an importable module; the module is imported
+      as `imports` are when the run is built, and the callbacks run after the fit's own
+      policies, in this order (`Trainer.fit(callbacks=...)`).
     """
 
     name: str | None = None
@@ -268,11 +277,16 @@ class TrainerConfig(_Section):
     log_optimizer: bool = False
     on_nonfinite: str = "raise"
     imports: Sequence[str] = ()
+    early_stopping: Mapping[str, Any] = _EMPTY
+    callbacks: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         where = _where(self)
         _set(self, "name", _run_name(f"{where}.name", self.name))
         _set(self, "imports", check_module_names(f"{where}.imports", self.imports))
+        stopping = _early_stopping(f"{where}.early_stopping", self.early_stopping)
+        _set(self, "early_stopping", stopping)
+        _set(self, "callbacks", check_targets(f"{where}.callbacks", self.callbacks))
         directory = _string(f"{where}.checkpoint_dir", self.checkpoint_dir)
         checkpoint_location(directory, f"{where}.checkpoint_dir")  # a URI orbax writes to
         _set(self, "checkpoint_dir", directory)
@@ -313,3 +327,37 @@ class TrainerConfig(_Section):
             allowed = " or ".join(repr(value) for value in ON_NONFINITE)
             raise ValueError(f"{where}.on_nonfinite must be {allowed}, got {self.on_nonfinite!r}.")
         _set(self, "on_nonfinite", str.__str__(self.on_nonfinite))
+
+
+EARLY_STOPPING_KEYS = ("metric", "split", "mode", "patience", "min_delta")
+SPLITS = ("validation", "train")
+MODES = ("min", "max")
+
+
+def _early_stopping(where: str, value: Any) -> Any:
+    """A `[trainer.early_stopping]` table, checked key by key (no JAX: the stopper is made
+    when the run trains): empty, or a `metric` with the optional `split`, `mode`,
+    `patience` and `min_delta`."""
+    table = _kwargs(where, value, {})
+    if not table:
+        return table
+    unknown = [key for key in table if key not in EARLY_STOPPING_KEYS]
+    if unknown:
+        allowed = ", ".join(repr(key) for key in EARLY_STOPPING_KEYS)
+        raise ValueError(f"{where} has unknown key {unknown[0]!r}; allowed keys are {allowed}.")
+    if "metric" not in table:
+        raise ValueError(
+            f'{where} needs a metric (its bare name, e.g. metric = "loss"); it has '
+            f"{', '.join(repr(key) for key in table)}."
+        )
+    checked = dict(table)
+    checked["metric"] = _string(f"{where}.metric", table["metric"])
+    for key, allowed in (("split", SPLITS), ("mode", MODES)):
+        if key in table and table[key] not in allowed:
+            listed = " or ".join(repr(name) for name in allowed)
+            raise ValueError(f"{where}.{key} must be {listed}, got {table[key]!r}.")
+    if "patience" in table:
+        checked["patience"] = _integer(f"{where}.patience", table["patience"], least=0)
+    if "min_delta" in table:
+        checked["min_delta"] = _real(f"{where}.min_delta", table["min_delta"], positive=False)
+    return _kwargs(where, checked, {})

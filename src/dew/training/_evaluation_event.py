@@ -2,7 +2,7 @@
 
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -10,20 +10,17 @@ from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
 from dew import _domains
-from dew._loop import LoopEngine
+from dew._loop import Loop
 from dew._pass import preview_on_process_zero
 from dew.data import Dataset, Partition, _lazily
 from dew.evaluation import run_pass
 from dew.events import VALIDATION_END
 from dew.metrics import MetricSet
 from dew.naming import Split, preview_name
-from dew.objectives.base import ReportsSampling
+from dew.objectives.base import Objective, ReportsSampling
 from dew.steps import generation_params
 from dew.tracking import Preview, ScalarTracker
 from dew.training._sampling import sampling_record
-
-if TYPE_CHECKING:
-    from dew.training._trainer import Trainer
 
 __all__ = ["PREVIEW_NAME", "SAMPLING_RECORD", "evaluates", "evaluation_event", "key_text"]
 
@@ -58,18 +55,21 @@ def evaluates(
 
 
 def evaluation_event(
-    trainer: "Trainer",
-    engine: LoopEngine,
+    objective: Objective,
+    run_key: PRNGKeyArray,
     data: Dataset,
     metric_set: MetricSet,
-    step: int,
     tracker: ScalarTracker | None,
     preview: bool,
-    progress: bool,
-) -> bool:
-    """One evaluation event at `step`; returns whether the early stopper says stop."""
-    state = engine.current()
-    event_key = _domains.evaluation_key(trainer.key, step)
+    loop: Loop,
+    step: int,
+) -> None:
+    """One evaluation event at `step` of the fit whose key is `run_key`: the validation
+    pass, its preview, and its report (which the loop's policies see: an early stopper
+    on the validation split decides there)."""
+    state = loop.current()
+    progress = loop.progress
+    event_key = _domains.evaluation_key(run_key, step)
     batches: Iterable[Any] = _lazily(data.val, Partition.current())
     if progress and sys.stderr.isatty():
         batches = tqdm(
@@ -81,40 +81,39 @@ def evaluation_event(
             dynamic_ncols=True,
         )
     previewing = preview  # fit decided it: process zero's tracker and preview=True
-    params = generation_params(trainer.objective, state)  # EMA params where declared
-    sampling = isinstance(trainer.objective, ReportsSampling)
+    params = generation_params(objective, state)  # EMA params where declared
+    sampling = isinstance(objective, ReportsSampling)
     result = run_pass(
-        trainer.objective,
+        objective,
         params,
         batches,
         metric_set,
         event_key,
         keep_first_artifact=previewing,
-        conditioning=trainer.objective.conditioning_values if sampling else None,
+        conditioning=objective.conditioning_values if sampling else None,
     )
     if previewing and result.first_batch is not None:
         preview_key = _domains.preview_key(event_key)
         # every process takes part in generating it; process zero gets it to log
         artifact = preview_on_process_zero(
-            trainer.objective, params, result.first_batch, preview_key, result.first_artifact
+            objective, params, result.first_batch, preview_key, result.first_artifact
         )
         if tracker is not None and artifact is not None:
-            name = preview_name(engine.stage, Split.VALIDATION, PREVIEW_NAME)
+            name = preview_name(loop.stage, Split.VALIDATION, PREVIEW_NAME)
             # with what names its rows: the data's class names and tokenizer
             shown = Preview(artifact, classes=data.classes, tokenizer=data.tokenizer)
             tracker.log_artifact(name, shown, step=step)
     scores = result.scores
-    counts = engine.counts_note(
+    counts = loop.counts_note(
         result.batches, result.records, result.uneven_shards, lambda: key_text(event_key)
     )
     if scores and sampling:  # it generated: report how
-        record = sampling_record(trainer.objective, metric_set, result, key_text(event_key))
-        engine.record(SAMPLING_RECORD, record, step)
+        record = sampling_record(objective, metric_set, result, key_text(event_key))
+        loop.record(SAMPLING_RECORD, record, step)
     if not scores:
         if progress:
             empty = not result.batches
             what = "empty validation pass" if empty else "previewed (no metrics to score)"
-            engine.print(f"step {step}  {what}{counts}")
-        return False
-    engine.report(VALIDATION_END, Split.VALIDATION, step, scores, note=counts)
-    return engine.update_early_stopping(Split.VALIDATION, step, scores)
+            loop.print(f"step {step}  {what}{counts}")
+        return
+    loop.report(VALIDATION_END, Split.VALIDATION, step, scores, note=counts)

@@ -2,15 +2,13 @@
 when the Trainer is built and when the fit starts, before any step (decision 0025)."""
 
 import numbers
-from typing import TYPE_CHECKING
 
 import jax
+import optax
 
+from dew.objectives.base import Objective
 from dew.steps import LearningRate, find_learning_rate, no_learning_rate_error
 from dew.training._compiled_step import Telemetry
-
-if TYPE_CHECKING:
-    from dew.training._trainer import Trainer
 
 __all__ = ["checked_learning_rate", "optimizer_telemetry"]
 
@@ -28,16 +26,23 @@ def checked_learning_rate(learning_rate: object) -> LearningRate | None:
     return float(learning_rate)
 
 
-def optimizer_telemetry(trainer: "Trainer", log_optimizer: object) -> Telemetry:
-    """What the fit's compiled step logs of the optimizer (`None`: nothing); with
-    `log_optimizer=True` and no learning rate to read, a `ValueError` saying how to give one."""
+def optimizer_telemetry(
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    learning_rate: LearningRate | None,
+    log_optimizer: object,
+) -> Telemetry:
+    """What the fit's compiled step logs of `optimizer` (`None`: nothing): `log_optimizer`,
+    checked, with the Trainer's `learning_rate`. With `log_optimizer=True` and no learning
+    rate to read (none given, and no `optax.inject_hyperparams` state), a `ValueError`
+    saying how to give one."""
     if not isinstance(log_optimizer, bool):
         raise TypeError(f"log_optimizer must be True or False, got {log_optimizer!r}.")
     if not log_optimizer:
         return None
-    if trainer.learning_rate is None:
-        params = trainer.objective.init_params()
-        opt_state = jax.eval_shape(trainer.optimizer.init, params)
+    if learning_rate is None:
+        params = objective.init_params()
+        opt_state = jax.eval_shape(optimizer.init, params)
         if find_learning_rate(opt_state, None) is None:
             raise no_learning_rate_error("the Trainer's optimizer state")
-    return (trainer.learning_rate,)
+    return (learning_rate,)

@@ -1,11 +1,13 @@
-"""Tracing a `Profile` window of training steps with `jax.profiler`."""
+"""The profile window: tracing a `Profile` window of training steps with `jax.profiler`. It
+brackets the compiled calls themselves (the loop calls `before` and `after` around each), so
+it is no step policy."""
 
 import contextlib
 import os
 
 import jax
 
-from dew._loop import LoopEngine
+from dew._loop import Loop
 from dew.profiling import Profile
 from dew.telemetry.records import ProfileWindow
 
@@ -16,9 +18,9 @@ class ProfileWindowTracer:
     """Traces a `Profile` window of the loop with `jax.profiler`: starts the trace before the
     window's first step, stops it after its last, and reports the `ProfileWindow` record."""
 
-    def __init__(self, profile: Profile | None, engine: LoopEngine) -> None:
+    def __init__(self, profile: Profile | None, loop: Loop) -> None:
         self.profile = profile
-        self.engine = engine
+        self.loop = loop
         self.tracing = False
         self.finished = profile is None
         self.traced = 0
@@ -51,7 +53,7 @@ class ProfileWindowTracer:
         with contextlib.suppress(RuntimeError):
             jax.block_until_ready(leaves)
         jax.profiler.stop_trace()
-        self.engine.record(
+        self.loop.record(
             "profile_window",
             ProfileWindow(
                 directory=os.fspath(self.profile.directory),

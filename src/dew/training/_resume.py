@@ -6,30 +6,45 @@ from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
+import optax
+from jaxtyping import PRNGKeyArray
 
 from dew._early_stopping import EarlyStopper, EarlyStoppingState
 from dew._interrupts import FitInterrupted
+from dew.objectives.base import Objective
 from dew.steps import TrainState, generation_params
 from dew.tracking._protocol import same_failure, set_notes
 from dew.training._placement import Placement
 
 if TYPE_CHECKING:
     from dew.checkpoints import Checkpointer
-    from dew.training._trainer import Trainer
 
-__all__ = ["closed_after_interrupt", "last_completed", "starting_state"]
+__all__ = ["closed_after_interrupt", "initial_state", "last_completed", "starting_state"]
+
+
+def initial_state(
+    objective: Objective, optimizer: optax.GradientTransformation, key: PRNGKeyArray
+) -> TrainState:
+    """The state before the first step, with EMA params when the objective keeps them."""
+    ema = objective.ema_decay is not None
+    return TrainState.create(objective, optimizer, key=key, ema=ema)
 
 
 def starting_state(
-    trainer: "Trainer",
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    key: PRNGKeyArray,
     checkpoints: "Checkpointer | None",
+    checkpoint_dir: str | None,
     steps: int,
     state: TrainState | None,
     placement: Placement | None,
     early_stopper: EarlyStopper | None,
 ) -> tuple[TrainState, int | None, EarlyStoppingState | None]:
-    """The state a fit of `steps` steps starts from, the step its saved data iterator had
-    started at (`None`: not restored) and the early stopper's saved state.
+    """The state a fit of `steps` steps of `objective` (trained by `optimizer` from the run
+    key `key`) starts from, the step its saved data iterator had started at (`None`: not
+    restored) and the early stopper's saved state. `checkpoint_dir` is where `checkpoints`
+    are, as the errors name it.
 
     A fit resumes from the newest intact checkpoint (`Checkpointer.restore`: a damaged
     newer step is passed over with a warning naming it). A checkpoint past `steps` is
@@ -38,25 +53,25 @@ def starting_state(
     """
     if checkpoints is None or not checkpoints.holds_checkpoints():
         if state is None:
-            state = trainer._initial_state()
+            state = initial_state(objective, optimizer, key)
         else:  # the step donates its input: never let fit delete the caller's arrays
-            generation_params(trainer.objective, state)  # raises when EMA params are missing
+            generation_params(objective, state)  # raises when EMA params are missing
             state = jax.tree.map(lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state)
         return state if placement is None else placement.state(state), None, None
     if state is not None:
         raise ValueError(
-            f"fit was given state= and checkpoint_dir {trainer.checkpoint_dir!r} already holds "
+            f"fit was given state= and checkpoint_dir {checkpoint_dir!r} already holds "
             f"checkpoints (steps {checkpoints.all_steps()}); resume from the checkpoints "
             "without state=, or use a new checkpoint_dir."
         )
     latest = checkpoints.latest_step()
     if latest is not None and latest > steps:
         raise ValueError(
-            f"checkpoint_dir {trainer.checkpoint_dir!r} holds a checkpoint at step {latest}, "
+            f"checkpoint_dir {checkpoint_dir!r} holds a checkpoint at step {latest}, "
             f"past steps={steps}: a fit continues a run, it never goes back; fit to steps >= "
             f"{latest} (it continues from step {latest}), or use a new checkpoint_dir."
         )
-    template = trainer._initial_state()
+    template = initial_state(objective, optimizer, key)
     if placement is not None:  # restored straight into the global arrays
         template = placement.state(template)
     restored, extra = checkpoints.restore(template)  # the newest intact step

@@ -1,10 +1,11 @@
-"""`Trainer.fit`: the loop that drives the pure step functions."""
+"""`Trainer.fit`: the loop that drives the pure step functions, asking its policies what to
+do at each step (decision 0066)."""
 
 import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import equinox as eqx
 import jax
@@ -14,21 +15,16 @@ from jaxtyping import PRNGKeyArray
 
 from dew._accumulate import check_accumulate
 from dew._checks import batch_error, failed_check
-from dew._early_stopping import EarlyStopper, EarlyStoppingState
-from dew._finite_params import check_params
-from dew._interrupts import FitInterrupted
-from dew._loop import LoopEngine, with_history
-from dew._nonfinite import check_loss, raises_on_nonfinite
+from dew._loop import Callback, EarlyStopping, LoopEngine, check_callbacks, with_history
+from dew._nonfinite import raises_on_nonfinite
 from dew._processes import is_multiprocess, replicated
 from dew.checkpoints._location import checkpoint_location
 from dew.data import Dataset, Partition
-from dew.events import STEP_END, EventSink, TrackerEventSink
+from dew.events import TrackerEventSink
 from dew.metrics import Metric, MetricSet
 from dew.naming import Split, check_path_segment
 from dew.objectives.base import Objective, ReportsSampling, check_batch_keys
-from dew.profiling import Profile
 from dew.steps import EMPTY_HISTORY, LearningRate, TrainState
-from dew.telemetry.records import CheckpointRequested
 from dew.tracking import ScalarTracker
 from dew.tracking._protocol import takes_artifacts
 from dew.training._batches import _draw_block, _opened, _stack, checked_block, data_origin
@@ -40,9 +36,14 @@ from dew.training._compiled_step import (
     state_leaves,
     state_of,
 )
-from dew.training._evaluation_event import SAMPLING_RECORD, evaluates, evaluation_event, key_text
+from dew.training._evaluation_event import evaluates, evaluation_event, key_text
+from dew.training._fit_options import FitOptions, fit_options
 from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
 from dew.training._placement import ParamSharding, Placement, fit_setup
+from dew.training._policies._checkpointing import Checkpointing
+from dew.training._policies._evaluation import Evaluation
+from dew.training._policies._nonfinite_guard import NonFiniteGuard
+from dew.training._policies._train_window import TrainingReport
 from dew.training._profile_window import ProfileWindowTracer
 from dew.training._resume import closed_after_interrupt, last_completed, starting_state
 from dew.training._sampling import sampling_record
@@ -121,23 +122,22 @@ class Trainer:
         *,
         log_every: int,
         eval_every: int | None = None,
+        checkpoint_every: int | None = None,
         metrics: Sequence[Metric] = (),
         tracker: ScalarTracker | None = None,
-        event_sinks: Sequence[EventSink] = (),
-        preview: bool = False,
-        early_stopper: EarlyStopper | None = None,
-        checkpoint_every: int | None = None,
-        profile: Profile | None = None,
+        callbacks: Sequence[Callback] = (),
         state: TrainState | None = None,
-        progress: bool = True,
-        steps_per_call: int = 1,
-        on_nonfinite: str = "raise",
-        final_eval: bool = True,
-        train_reduction: str = "mean",
-        log_optimizer: bool = False,
-        accumulate: int = 1,
+        **options: Unpack[FitOptions],
     ) -> TrainState:
         """Train to `steps` optimizer steps and return the final state.
+
+        The loop draws a batch, runs the compiled step, and asks its policies what to do
+        at that step: the training report (`log_every`), the non-finite guard
+        (`on_nonfinite`), early stopping (`early_stopper`), evaluation (`eval_every`),
+        checkpoints (`checkpoint_every`), then `callbacks` (`dew.training.Callback`
+        objects, in order: custom behaviour every N steps; docs/training.md, "Callbacks").
+        Past the cadences, `metrics`, `tracker`, `callbacks` and `state`, the keywords are
+        options (`dew.training.FitOptions`); an unknown one raises `TypeError`.
 
         - The training metrics are reported every `log_every` steps (`step_end`
           events, tags `<stage>/train/<metric>`): with `train_reduction="mean"` (the
@@ -223,22 +223,29 @@ class Trainer:
           standard error is a terminal, shows a progress bar (step, loss, steps/s)
           over the fit and over each evaluation pass.
         """
-        check_cadence(
-            steps, log_every, eval_every, checkpoint_every, steps_per_call, self.checkpoint_dir
+        given = fit_options(options)
+        spc = given.steps_per_call
+        check_cadence(steps, log_every, eval_every, checkpoint_every, spc, self.checkpoint_dir)
+        callbacks = check_callbacks(callbacks, spc)
+        raising = raises_on_nonfinite(given.on_nonfinite)
+        mean = check_train_reduction(given.train_reduction)
+        telemetry = optimizer_telemetry(
+            self.objective, self.optimizer, self.learning_rate, given.log_optimizer
         )
-        raising = raises_on_nonfinite(on_nonfinite)
-        mean = check_train_reduction(train_reduction)
-        kind = (optimizer_telemetry(self, log_optimizer), check_accumulate(accumulate))
+        kind = (telemetry, check_accumulate(given.accumulate))
         metric_set = MetricSet(metrics)
         artifacts = tracker is not None and takes_artifacts(tracker)  # refuses a non-tracker
         placement, previewing, tracker, progress = fit_setup(
-            self.optimizer, self.param_sharding, preview and artifacts, tracker, progress
+            self.optimizer,
+            self.param_sharding,
+            given.preview and artifacts,
+            tracker,
+            given.progress,
         )
         evaluating = evaluates(data, eval_every, metric_set, previewing)
-        sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
+        sinks = [*given.event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
         if not artifacts:  # a tracker that takes scalars only gets no records, no previews
             tracker = None
-
         checkpoints = None
         if self.checkpoint_dir is not None:
             from dew.checkpoints import Checkpointer
@@ -246,40 +253,116 @@ class Trainer:
             checkpoints = Checkpointer(self.checkpoint_dir)
         try:
             state, data_start, stopping = starting_state(
-                self, checkpoints, steps, state, placement, early_stopper
-            )
-            return self._run(
-                data,
+                self.objective,
+                self.optimizer,
+                self.key,
+                checkpoints,
+                self.checkpoint_dir,
                 steps,
                 state,
-                log_every=log_every,
-                eval_every=eval_every if evaluating else None,
-                metric_set=metric_set,
-                tracker=tracker,
-                sinks=sinks,
-                preview=previewing,
-                early_stopper=early_stopper,
-                stopping=stopping,
-                checkpoints=checkpoints,
-                checkpoint_every=checkpoint_every,
-                data_start=data_start,
-                profile=profile,
-                progress=progress,
-                steps_per_call=steps_per_call,
-                raising=raising,
-                placement=placement,
-                final_eval=final_eval,
-                mean=mean,
-                kind=kind,
+                placement,
+                given.early_stopper,
             )
+            # The jitted step sees the empty history only, so a growing history never
+            # changes its static fields (and never recompiles it).
+            history, start = state.metric_history, int(state.step)
+            stepping = self._stepping(with_history(state, EMPTY_HISTORY), placement, kind, mean)
+            stepping.origin = data_origin(data.train, start, data_start)
+            guard = NonFiniteGuard(raising, start, stepping.calls)
+            resumed = data_start is not None  # restored from a checkpoint
+            checkpointing = Checkpointing(
+                checkpoints, checkpoint_every, stepping.origin, guard, resumed=resumed
+            )
+            event = functools.partial(
+                evaluation_event, self.objective, self.key, data, metric_set, tracker, previewing
+            )
+            sampling = None
+            if isinstance(self.objective, ReportsSampling):  # its protocol, once per fit
+                sampling = functools.partial(sampling_record, self.objective, metric_set)
+            evaluation = Evaluation(
+                eval_every if evaluating else None, given.final_eval and evaluating, event, sampling
+            )
+            stopper = given.early_stopper
+            policies = [
+                TrainingReport(log_every, stepping.calls, stepping.unsynced),
+                guard,
+                *([EarlyStopping(stopper)] if stopper is not None else []),
+                evaluation,
+                checkpointing,
+                *callbacks,
+            ]
+            loop = LoopEngine(
+                stage=self.stage,
+                current=stepping.current,
+                history=history,
+                sinks=sinks,
+                tracker=tracker,
+                stopping=stopping,
+                progress=progress,
+                total=steps,
+                initial=min(start, steps),
+                start=start,
+                policies=policies,
+                metric_directions=metric_set.directions,  # recorded in FitStarted (decision 0064)
+            )
+            window = ProfileWindowTracer(given.profile, loop)
+            return self._loop(loop, stepping, data, steps, spc, window, checkpointing)
         finally:
             if checkpoints is not None:  # every submitted save is durable before fit returns
                 closed_after_interrupt(checkpoints)
 
-    def _initial_state(self) -> TrainState:
-        """The state before the first step, with EMA params when the objective keeps them."""
-        ema = self.objective.ema_decay is not None
-        return TrainState.create(self.objective, self.optimizer, key=self.key, ema=ema)
+    def _loop(
+        self,
+        loop: LoopEngine,
+        stepping: "_Stepping",
+        data: Dataset,
+        steps: int,
+        steps_per_call: int,
+        window: ProfileWindowTracer,
+        checkpointing: Checkpointing,
+    ) -> TrainState:
+        """Draw a batch, run the compiled step, ask the policies whose cadence falls on the
+        step (`LoopEngine.at_step`); until `steps`, or a policy stops the loop."""
+        step = loop.start  # the last completed step
+        draw, placement = stepping.draw, stepping.placement
+        # The batches drawn since the window was last fetched: a check inside the
+        # compiled step fails asynchronously, so its error may surface a few calls later.
+        unsynced = stepping.unsynced
+        completed = lambda: last_completed(stepping.current(), step)  # noqa: E731
+        with loop.reporting_fit(start=step, steps=steps, completed=completed):
+            loop.begin()
+            try:
+                if step < steps and not loop.stop:  # a finished run draws no batch
+                    agreed = placement if placement is not None and is_multiprocess() else None
+                    batches = _opened(
+                        data.train, Partition.current(), step, stepping.origin, agreed
+                    )
+                while step < steps and not loop.stop:
+                    aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
+                    block = steps_per_call if aligned else 1
+                    drawn = draw(batches, step, block, steps, data.batch)
+                    unsynced.extend(drawn)
+                    window.before(step + 1)
+                    with loop.deferred(block):  # a Ctrl-C lands between steps, not inside
+                        stepping.run(drawn)
+                        step += block
+                    loop.step = step
+                    loop.advance(block)
+                    window.after(step, stepping.leaves, block)
+                    if step >= loop.due:  # some policy's cadence falls on this step
+                        loop.at_step(step)
+                jax.block_until_ready(stepping.leaves)  # the last steps' failure surfaces here
+            except KeyboardInterrupt:
+                raise checkpointing.interrupted(step, loop) from None
+            except Exception as error:
+                explained = batch_error(self.objective, unsynced) or failed_check(error)
+                if explained is None:  # the batches are fine: a real error, unchanged
+                    raise
+                raise explained from None
+            finally:
+                window.close(stepping.leaves)
+            loop.end()  # the final checkpoint, the guard's check of the state returned
+        return loop.state()
 
     def _output_names(
         self, step_kind: tuple[Telemetry, int], state_def: Any, leaves: list[Any], batch: Any
@@ -301,42 +384,19 @@ class Trainer:
             )
         return self._names[key]
 
-    def _run(
+    def _stepping(
         self,
-        data: Dataset,
-        steps: int,
         state: TrainState,
-        *,
-        log_every: int,
-        eval_every: int | None,
-        metric_set: MetricSet,
-        tracker: ScalarTracker | None,
-        sinks: list[EventSink],
-        preview: bool,
-        early_stopper: EarlyStopper | None,
-        stopping: EarlyStoppingState | None,
-        checkpoints: Any,
-        checkpoint_every: int | None,
-        data_start: int | None,
-        profile: Profile | None,
-        progress: bool,
-        steps_per_call: int,
-        raising: bool,
         placement: Placement | None,
-        final_eval: bool,
-        mean: bool,
         kind: tuple[Telemetry, int],
-    ) -> TrainState:
-        # The jitted step sees the empty history only, so a growing history never
-        # changes its static fields (and never recompiles it).
-        history = state.metric_history
-        state = with_history(state, EMPTY_HISTORY)
-        start = int(state.step)
-        resumed = data_start is not None  # restored from a checkpoint
-        data_start = data_origin(data.train, start, data_start)
+        mean: bool,
+    ) -> "_Stepping":
+        """The compiled calls of this fit and the state they step, as leaves: compiled once
+        per Trainer and kind (telemetry, accumulation), even with unhashable statics, placed
+        on the devices of every process when `placement` says so."""
         leaves, state_def = state_leaves(state)  # its keys as raw key data
         compiled = (self._objective_def, self._static, self.optimizer)
-        if kind not in self._compiled:  # once per Trainer, even with unhashable statics
+        if kind not in self._compiled:
             self._compiled[kind] = compiled_steps(*compiled, None, *kind)
         step_call, fused_call = self._compiled[kind]
         objective_leaves, place_window = self._objective_leaves, beside(leaves)
@@ -360,141 +420,31 @@ class Trainer:
             names_of=functools.partial(self._output_names, kind, state_def),
             place=place_window,
         )
+        return _Stepping(calls, draw, place_block, placement, leaves, state_def)
 
-        def current() -> TrainState:
-            return state_of(state_def, leaves)
 
-        engine = LoopEngine(
-            stage=self.stage,
-            current=current,
-            history=history,
-            sinks=sinks,
-            tracker=tracker,
-            early_stopper=early_stopper,
-            stopping=stopping,
-            progress=progress,
-            total=steps,
-            initial=min(start, steps),
-            unit="step",
-            metric_directions=metric_set.directions,  # recorded in FitStarted (decision 0064)
-        )
-        saved_step = start if checkpoints is not None and start > 0 else None
-        saving = saved_step  # the step of the last save begun (a Ctrl-C may cut it short)
-        if progress and resumed:
-            engine.print(f"resuming at step {start} from {checkpoints.directory}")
+@dataclasses.dataclass
+class _Stepping:
+    """What a fit's loop steps: the compiled calls with their window (`calls`), how it
+    draws and stacks batches, and the state as leaves (`leaves`, replaced by each call)."""
 
-        seen = start  # the last step whose training loss was looked at
-        verified = start  # the last step whose loss and params were checked before a save
+    calls: WindowedCalls
+    draw: Callable[..., list[Any]]
+    place_block: Callable[[list[Any]], Any]
+    placement: Placement | None
+    leaves: list[Any]
+    state_def: Any
+    unsynced: list[Any] = dataclasses.field(default_factory=list)
+    origin: int = 0  # the step its training batches count from (`data_origin`)
 
-        def look(step: int, values: dict[str, float]) -> None:
-            nonlocal seen
-            if raising:
-                note = f" (finite at step {seen}, the last step looked at)" if seen > start else ""
-                check_loss(values["loss"], step, note=note)
-            seen = step
+    def current(self) -> TrainState:
+        """The state now (the history empty: the loop keeps it)."""
+        return state_of(self.state_def, self.leaves)
 
-        def verify(step: int) -> None:
-            """Before `step`'s state is saved or returned: its loss and params are finite."""
-            nonlocal verified
-            if not raising or verified == step:
-                return
-            loss = calls.loss()  # the last step's (fetched when no log step has)
-            if loss is None:  # no step ran in this fit
-                return
-            if seen != step:  # a checkpoint step that is not a log step fetches the loss
-                look(step, {"loss": loss})
-            state = engine.current()
-            check_params((state.params, state.ema_params), step, loss=loss)
-            verified = step
-
-        def checkpoint(step: int) -> None:
-            nonlocal saved_step, saving
-            verify(step)
-            saving = step
-            extra: dict[str, Any] = {"data_start": data_start}
-            if engine.stopping is not None:
-                extra["early_stopping"] = dataclasses.asdict(engine.stopping)
-            checkpoints.save(step, engine.state(), extra)
-            saved_step = step
-            engine.record(
-                "checkpoint_requested",
-                CheckpointRequested(step=step, directory=checkpoints.directory),
-                step,
-            )
-
-        def interrupted() -> FitInterrupted:
-            """Ctrl-C: save the last completed step (one process: several cannot agree on
-            a step without a collective that may hang), then say where a new fit resumes."""
-            if checkpoints is None or saving == step or is_multiprocess() or step == 0:
-                return FitInterrupted(step, None if saving != saved_step else saved_step)
-            try:
-                checkpoint(step)
-            except KeyboardInterrupt:  # a second Ctrl-C: leave without this save
-                return FitInterrupted(step, None)
-            return FitInterrupted(step, step)
-
-        window = ProfileWindowTracer(profile, engine)
-        step = start  # the last completed step
-        done_before = engine.stopping is not None and engine.stopping.stop
-        # The batches drawn since the window was last fetched: a check inside the
-        # compiled step fails asynchronously, so its error may surface a few calls later.
-        unsynced: list[Any] = []
-        with engine.reporting_fit(
-            start=start, steps=steps, completed=lambda: last_completed(current(), step)
-        ):
-            if isinstance(self.objective, ReportsSampling):  # its protocol, once per fit
-                engine.record(SAMPLING_RECORD, sampling_record(self.objective, metric_set), start)
-            try:
-                if step < steps and not done_before:  # a finished run draws no batch
-                    agreed = placement if placement is not None and is_multiprocess() else None
-                    batches = _opened(data.train, Partition.current(), start, data_start, agreed)
-                while step < steps and not done_before:
-                    aligned = step % steps_per_call == 0 and step + steps_per_call <= steps
-                    block = steps_per_call if aligned else 1
-                    drawn = draw(batches, step, block, steps, data.batch)
-                    unsynced.extend(drawn)
-                    window.before(step + 1)
-                    with engine.deferred(block):  # a Ctrl-C lands between steps, not inside
-                        if block == 1:
-                            batch = drawn[0] if placement is None else placement.batch(drawn[0])
-                            leaves = calls.step(leaves, batch)
-                        else:
-                            leaves = calls.fused(leaves, place_block(drawn), drawn[0])
-                        step += block
-                    engine.advance(block)
-                    window.after(step, leaves, block)
-                    stop = False
-                    if step % log_every == 0:
-                        values = calls.values()  # the window's, then emptied
-                        unsynced.clear()
-                        engine.report(STEP_END, Split.TRAIN, step, values)
-                        look(step, values)  # a non-finite loss is reported, then raises
-                        stop = engine.update_early_stopping(Split.TRAIN, step, values)
-                    last = final_eval and (step >= steps or stop)  # the cadence may miss it
-                    if eval_every is not None and (step % eval_every == 0 or last):
-                        stop = (
-                            evaluation_event(
-                                self, engine, data, metric_set, step, tracker, preview, progress
-                            )
-                            or stop
-                        )
-                    if checkpoint_every is not None and step % checkpoint_every == 0:
-                        checkpoint(step)
-                    if stop:
-                        break
-                jax.block_until_ready(leaves)  # a failure of the last steps surfaces here
-            except KeyboardInterrupt:
-                raise interrupted() from None
-            except Exception as error:
-                explained = batch_error(self.objective, unsynced) or failed_check(error)
-                if explained is None:  # the batches are fine: a real error, unchanged
-                    raise
-                raise explained from None
-            finally:
-                window.close(leaves)
-            if checkpoints is not None and saved_step != int(current().step):
-                checkpoint(int(current().step))
-            if checkpoints is not None:  # a failed save ends the fit as failed, not completed
-                checkpoints.wait()
-            verify(step)  # the state fit returns is checked like a saved one
-        return engine.state()
+    def run(self, drawn: list[Any]) -> None:
+        """One compiled call over the drawn batches: one step, or a fused block."""
+        if len(drawn) == 1:
+            batch = drawn[0] if self.placement is None else self.placement.batch(drawn[0])
+            self.leaves = self.calls.step(self.leaves, batch)
+        else:
+            self.leaves = self.calls.fused(self.leaves, self.place_block(drawn), drawn[0])
