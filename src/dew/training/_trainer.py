@@ -18,7 +18,7 @@ from dew._finite_params import check_params
 from dew._interrupts import FitInterrupted
 from dew._loop import LoopEngine, with_history
 from dew._nonfinite import check_loss, raises_on_nonfinite
-from dew._processes import is_multiprocess, replicated
+from dew._processes import is_multiprocess
 from dew.checkpoints._location import checkpoint_location
 from dew.data import Dataset, Partition
 from dew.events import STEP_END, EventSink, TrackerEventSink
@@ -46,7 +46,7 @@ from dew.training._evaluation_event import (
     key_text,
 )
 from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
-from dew.training._placement import ParamSharding, Placement, fit_setup
+from dew.training._placement import ParamSharding, Placement, fit_setup, placed_by
 from dew.training._profile_window import ProfileWindowTracer
 from dew.training._resume import closed_after_interrupt, last_completed, starting_state
 from dew.training._sampling import sampling_record
@@ -69,16 +69,17 @@ class Trainer:
       from: a fit started again with the same directory continues at its latest intact
       checkpoint. A local folder, a `file:///absolute/path` URI naming one, or a
       `gs://bucket/folder` URI; another URI raises `ValueError` here.
-    - `param_sharding`: how a multi-process fit lays the params out over the devices of
-      every process (`None`, the default: a full copy on every device). A callable
-      `(path, leaf) -> jax.sharding.Sharding`, called once per fit for every array leaf
-      of the params (`path` as `jax.tree_util.tree_flatten_with_path` gives it),
-      returning a sharding over every device of the data mesh
-      (`dew.distributed.data_mesh()`, axis `"data"`) that divides the leaf's shape (else
-      `fit` raises a `ValueError` naming the param); the EMA params and the optimizer
-      state's params-shaped parts (`optax.tree_map_params`) follow it, everything else
-      is replicated, and the compiled step keeps those shardings. Given in one process,
-      it places that fit on the process's devices the same way.
+    - `mesh`, `strategy`: a sharding preset (docs/training.md, "Sharding presets"):
+      `strategy` `"data"` (the default), `"fsdp"` or `"fsdp+tensor"` over `mesh`, a
+      `jax.sharding.Mesh` of every device with axes `"data"` (and `"model"`); `None`:
+      the data mesh (`dew.distributed.data_mesh()`), refused by `"fsdp+tensor"`.
+    - `param_sharding`: the escape hatch (strategy `"data"` only): a callable `(path,
+      leaf) -> jax.sharding.Sharding` over the mesh's devices, called once per fit for
+      every array leaf of the params (`path` as `jax.tree_util.tree_flatten_with_path`
+      gives it) and dividing its shape (else `fit` raises a `ValueError` naming the
+      param); the EMA params and the optimizer state's params-shaped parts
+      (`optax.tree_map_params`) follow it, everything else is replicated, and the
+      compiled step keeps those shardings (`None`: a full copy on every device).
     - `learning_rate`: the float or optax schedule the optimizer was built with, for
       `fit(..., log_optimizer=True)` to log (`None`: read from an
       `optax.inject_hyperparams` state).
@@ -94,6 +95,8 @@ class Trainer:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         param_sharding: ParamSharding | None = None,
         learning_rate: LearningRate | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+        strategy: str = "data",
     ) -> None:
         self.objective = objective
         self.optimizer = optimizer
@@ -105,12 +108,7 @@ class Trainer:
         self.checkpoint_dir = None
         if checkpoint_dir is not None:  # a URI orbax cannot write to is refused here
             self.checkpoint_dir = checkpoint_location(os.fspath(checkpoint_dir))
-        if param_sharding is not None and not callable(param_sharding):
-            raise TypeError(
-                "param_sharding must be None or a callable (path, leaf) -> "
-                f"jax.sharding.Sharding, got {type(param_sharding).__name__}."
-            )
-        self.param_sharding = param_sharding
+        self.param_sharding, self.strategy = placed_by(param_sharding, mesh, strategy)
         self.learning_rate = checked_learning_rate(learning_rate)
         arrays, static = eqx.partition(objective, eqx.is_array)
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
@@ -232,7 +230,7 @@ class Trainer:
         metric_set = MetricSet(metrics)
         artifacts = tracker is not None and takes_artifacts(tracker)  # refuses a non-tracker
         placement, previewing, tracker, progress = fit_setup(
-            self.optimizer, self.param_sharding, preview and artifacts, tracker, progress
+            self, preview and artifacts, tracker, progress
         )
         evaluating = evaluates(data, eval_every, metric_set, previewing)
         sinks = [*event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
@@ -350,7 +348,7 @@ class Trainer:
             step_call, fused_call, objective_leaves, place_block = placement.compiled_steps(
                 self._objective_def, self._static, leaves, objective_leaves, telemetry
             )
-            place_window = replicated
+            place_window = placement.replicated
         calls = WindowedCalls(
             step_call,
             fused_call,
