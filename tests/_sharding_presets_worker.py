@@ -18,10 +18,12 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from dew import metrics
 from dew.data import Dataset
 from dew.distributed import data_mesh
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
+from dew.tracking import InMemoryTracker
 from dew.training import Trainer
 
 STEPS = 3
@@ -38,7 +40,7 @@ BATCHES = [
     {"text": np.random.default_rng(step).integers(0, 64, (ROWS, SEQ + 1)).astype(np.int32)}
     for step in range(8)
 ]
-DATA = Dataset(train=lambda partition: iter(BATCHES))
+DATA = Dataset(train=lambda partition: iter(BATCHES), val=lambda partition: iter(BATCHES[:2]))
 MESH8 = jax.make_mesh((8,), ("data",))
 MESH42 = jax.make_mesh((4, 2), ("data", "model"))
 
@@ -49,6 +51,22 @@ def trainer(built: LMObjective, **kwargs: Any) -> Trainer:
 
 def fit(built: LMObjective, steps: int = STEPS, **kwargs: Any) -> Any:
     return trainer(built, **kwargs).fit(DATA, steps=steps, log_every=steps, progress=False)
+
+
+def validated(built: LMObjective, **kwargs: Any) -> tuple[Any, float]:
+    """A fit that evaluates at its last step, and the perplexity it reports."""
+    tracker = InMemoryTracker()
+    state = trainer(built, **kwargs).fit(
+        DATA,
+        steps=STEPS,
+        log_every=STEPS,
+        eval_every=STEPS,
+        metrics=(metrics.perplexity(),),
+        tracker=tracker,
+        progress=False,
+    )
+    ((_, value),) = tracker.scalars["lm/validation/perplexity"]
+    return state, float(value)
 
 
 def gap(state: Any, reference: Any) -> float:
@@ -117,17 +135,20 @@ def main(out: pathlib.Path) -> None:
     assert jax.device_count() == 8, jax.devices()
     results: dict[str, Any] = {}
     built = objective()
-    reference = fit(built)  # one device: a Trainer without a mesh runs on the default device
+    # one device: a Trainer without a mesh runs on the default device
+    reference, results["reference_perplexity"] = validated(built)
     results["reference_devices"] = len(jax.tree.leaves(reference.params)[0].devices())
     presets = {
         "data": {"mesh": MESH8},
         "fsdp": {"mesh": MESH8, "strategy": "fsdp"},
         "fsdp_default_mesh": {"strategy": "fsdp"},
-        "fsdp+tensor": {"mesh": MESH42, "strategy": "fsdp+tensor"},
     }
     for name, kwargs in presets.items():
         state = fit(built, **kwargs)
         results[name] = {"gap": gap(state, reference), "specs": specs(state)}
+    state, perplexity = validated(built, mesh=MESH42, strategy="fsdp+tensor")  # evaluates too
+    results["fsdp+tensor"] = {"gap": gap(state, reference), "specs": specs(state)}
+    results["fsdp+tensor"]["perplexity"] = perplexity
 
     remat = objective(remat=True)  # blocks stacked and scanned inside the step
     remat_state = fit(remat, mesh=MESH42, strategy="fsdp+tensor")

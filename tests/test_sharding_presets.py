@@ -76,6 +76,9 @@ def test_every_preset_trains_the_params_a_single_device_fit_does(eight_devices):
     assert tensor[f"{block}.down.weight"] == "P('data', 'model')"
     assert tensor[".stack.head.weight"] == "P('data',)"  # no declaration: fsdp alone
     assert eight_devices["remat_fsdp+tensor"]["specs"] == tensor
+    # the fit's evaluation runs on the sharded params: the one-device fit's perplexity
+    reference = eight_devices["reference_perplexity"]
+    assert abs(eight_devices["fsdp+tensor"]["perplexity"] - reference) < 1e-3 * reference
     assert set(eight_devices["param_sharding_mesh"]["specs"].values()) == {"P('model',)"}
 
 

@@ -103,7 +103,8 @@ def _record(config: "RunConfig", paths: dict[str, str] | None = None) -> RunReco
     return RunRecord(**config.to_dict(), paths=paths or {}, packages=packages)
 
 
-_NOT_IDENTITY = ("steps", "on_nonfinite")  # trainer fields a rerun of the same run may change
+# trainer fields a rerun of the same run may change
+_NOT_IDENTITY = ("steps", "on_nonfinite", "strategy")
 
 
 class _AnotherRunError(ValueError):
@@ -119,7 +120,8 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     """A run folder's existing run.json must describe the same run: the same configuration
     but for `trainer.steps` (the step budget is no part of a run's identity: a larger one
     extends the run), `trainer.on_nonfinite` (a run that stopped on a divergence resumes with
-    `on_nonfinite="continue"`), where the folder is (`LOCATION`) and the modules that
+    `on_nonfinite="continue"`), `trainer.strategy` (a checkpoint restores under another
+    sharding preset), where the folder is (`LOCATION`) and the modules that
     register its names (`REGISTRATIONS`), local paths compared absolute.
     Returns the saved record (`None`: a new run); another configuration raises
     `_AnotherRunError` naming the sections that differ."""
@@ -304,6 +306,7 @@ def train_run(
             checkpoint_dir=checkpoints if is_remote(checkpoints) else os.fspath(checkpoints),
             # the schedule the optimizer was built with, over this fit's total (decision 0020)
             learning_rate=config.optim.learning_rate_schedule(settings.steps),
+            strategy=settings.strategy,  # on the data mesh: one device's fit is unchanged
         )
         fit = functools.partial(
             trainer.fit,
