@@ -62,14 +62,11 @@ def _declared(tree: Any, prefix: str = "") -> dict[str, tuple[PartitionSpec, str
                 f"{owner}.tensor_sharding() returned {declared!r}; it must return a mapping "
                 "of field paths to PartitionSpec (e.g. {'weight': PartitionSpec('model', None)})."
             )
-        fields = {
-            jax.tree_util.keystr(path)
-            for path, _ in jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[
-                0
-            ]
-        }
+        paths, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)
+        fields = {jax.tree_util.keystr(path) for path, _ in paths}  # a None field's too
+        at = f" (the module at {prefix})" if prefix else ""
         for name, spec in declared.items():
-            where = f"{owner}{prefix}.tensor_sharding()[{name!r}]"
+            where = f"{owner}.tensor_sharding()[{name!r}]{at}"
             if not isinstance(name, str) or _joined("", name) not in fields:
                 shown = ", ".join(sorted(field.lstrip(".") for field in fields))
                 raise ValueError(f"{where} names no field of the module; its fields: {shown}.")
