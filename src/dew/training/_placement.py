@@ -103,9 +103,12 @@ class Placement:
                     "(e.g. NamedSharding(dew.distributed.data_mesh(), PartitionSpec('data')))."
                 )
             mesh = getattr(sharding, "mesh", None)
-            if isinstance(mesh, jax.sharding.Mesh) and mesh.shape == self.mesh.shape:
-                if list(mesh.devices.flat) == list(self.mesh.devices.flat):  # the Trainer's,
-                    sharding = jax.sharding.NamedSharding(self.mesh, sharding.spec)  # its types
+            if (  # the Trainer's mesh, as the user made it: moved onto the Trainer's own
+                isinstance(mesh, jax.sharding.Mesh)
+                and mesh.shape == self.mesh.shape
+                and list(mesh.devices.flat) == list(self.mesh.devices.flat)
+            ):
+                sharding = jax.sharding.NamedSharding(self.mesh, sharding.spec)
             if set(sharding.device_set) != set(self.mesh.devices.flat):
                 raise ValueError(
                     f"{where} returned a sharding over {len(sharding.device_set)} devices; "
