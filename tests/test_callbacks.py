@@ -267,7 +267,10 @@ def test_early_stopping_from_the_config_and_from_train_at_once_is_refused(tmp_pa
     ("table", "message"),
     [
         ({"metric": "loss", "split": "val"}, "split must be 'validation' or 'train', got 'val'."),
-        ({"metric": "loss", "mode": "up"}, "early_stopping.mode must be 'min' or 'max', got 'up'."),
+        (
+            {"metric": "loss", "mode": "up"},
+            "early_stopping.mode must be 'minimize' or 'maximize' or 'min' or 'max', got 'up'.",
+        ),
         ({"patience": 2}, "early_stopping needs a metric"),
         ({"metric": "loss", "patient": 2}, "has unknown key 'patient'; allowed keys are 'metric'"),
         ({"metric": "loss", "patience": -1}, "patience must be an integer >= 0, got -1."),

@@ -452,6 +452,11 @@ VALUE_ERRORS = [
         {"trainer": {"on_nonfinite": "stop"}},
         "trainer.on_nonfinite must be 'raise' or 'continue', got 'stop'.",
     ),
+    (
+        {"trainer": {"strategy": "fsdp+tensor"}},
+        "trainer.strategy must be 'data' or 'fsdp', got 'fsdp+tensor' (fsdp+tensor needs a mesh: "
+        "build the Trainer in Python).",
+    ),
     ({"trainer": {"step": 10}}, "trainer has unknown key 'step'; allowed keys are 'name', "),
     ({"optimizer": {}}, "RunConfig has unknown key 'optimizer'; allowed keys are 'model', "),
     ({"model": {"kwargs": {}}}, "model is missing the required key 'name'; allowed keys are"),

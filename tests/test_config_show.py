@@ -219,6 +219,7 @@ FIELDS = {
     "trainer.train_reduction": st.sampled_from(["mean", "last"]),
     "trainer.log_optimizer": st.booleans(),
     "trainer.on_nonfinite": st.sampled_from(["raise", "continue"]),
+    "trainer.strategy": st.sampled_from(["data", "fsdp"]),
 }
 
 

@@ -294,13 +294,19 @@ def _host_leaf(leaf: Any) -> np.ndarray:
     return np.asarray(leaf)
 
 
-def global_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
+def global_batch(batch: Mapping[str, Any], mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
     """This process's `batch` as one global batch over the data mesh: every array with a
     row axis sharded by rows (the processes' rows joined in process order), scalars
     replicated (the same on every process). Every process calls it with batches of one
-    structure and one row count, which the local device count divides."""
+    structure and one row count, which the local device count divides. Given a `mesh` with
+    a `"data"` axis (a `Trainer`'s), the rows are sharded along that axis of it (and copied
+    along its others), and the row count must divide by this process's share of that axis."""
     sharded, copied = batch_sharding(), replicated_sharding()
     devices = jax.local_device_count()
+    if mesh is not None:
+        sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        copied = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        devices = max(1, devices * int(mesh.shape["data"]) // mesh.devices.size)
 
     def place(path: Any, leaf: Any) -> jax.Array:
         array = _host_leaf(leaf)

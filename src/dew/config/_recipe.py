@@ -85,8 +85,9 @@ def _record(config: "RunConfig", paths: dict[str, str] | None = None) -> RunReco
     return RunRecord(**config.to_dict(), paths=paths or {}, packages=packages)
 
 
-# trainer fields a rerun of the same run may change (accumulate: the same updates, less memory)
-_NOT_IDENTITY = ("steps", "on_nonfinite", "accumulate")
+# trainer fields a rerun of the same run may change (accumulate: the same updates, less
+# memory; strategy: a checkpoint restores under another sharding preset)
+_NOT_IDENTITY = ("steps", "on_nonfinite", "accumulate", "strategy")
 
 
 class _AnotherRunError(ValueError):
@@ -103,8 +104,9 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     but for `trainer.steps` (the step budget is no part of a run's identity: a larger one
     extends the run), `trainer.on_nonfinite` (a run that stopped on a divergence resumes with
     `on_nonfinite="continue"`), `trainer.accumulate` (the same updates in less memory),
-    where the folder is (`LOCATION`) and the modules that register its names
-    (`REGISTRATIONS`), local paths compared absolute.
+    `trainer.strategy` (a checkpoint restores under another sharding preset), where the
+    folder is (`LOCATION`) and the modules that register its names (`REGISTRATIONS`), local
+    paths compared absolute.
     Returns the saved record (`None`: a new run); another configuration raises
     `_AnotherRunError` naming the sections that differ."""
     run = RunFolder(folder)
@@ -292,6 +294,7 @@ def train_run(
             checkpoint_dir=checkpoints if is_remote(checkpoints) else os.fspath(checkpoints),
             # the schedule the optimizer was built with, over this fit's total (decision 0020)
             learning_rate=config.optim.learning_rate_schedule(settings.steps),
+            strategy=settings.strategy,  # on the data mesh: one device's fit is unchanged
         )
         fit = functools.partial(
             trainer.fit,

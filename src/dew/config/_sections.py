@@ -215,6 +215,11 @@ class ObjectiveConfig(_Section):
         return builder(model, **kwargs)
 
 
+CONFIG_STRATEGIES = ("data", "fsdp")
+"""The sharding presets a configuration's `trainer.strategy` names (`Trainer(strategy=)`'s
+without a mesh of its own)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig(_Section):
     """How a run trains: its name, where it checkpoints, and its cadences.
@@ -247,6 +252,13 @@ class TrainerConfig(_Section):
       infinite stops there, before saving that state) or `"continue"` (it trains on);
       `Trainer.fit`'s argument of that name, `dew train --on-nonfinite`. Like `steps`, no
       part of a run's identity: a diverged run resumes with another value.
+    - `strategy`: `"data"` (the default: params and optimizer state replicated, each
+      step's global batch split by rows) or `"fsdp"` (each param and its optimizer state
+      also split over every device along its largest axis the device count divides;
+      docs/training.md, "Sharding presets"); `Trainer(strategy=...)` on the data mesh, so
+      a no-op on one device. `"fsdp+tensor"` needs a mesh with a `"model"` axis, which a
+      configuration does not give: build the `Trainer` in Python. No part of a run's
+      identity: a checkpoint restores under either.
     - `imports`: modules (dotted names) imported before the run is built, each of which
       registers models, datasets, objectives or optimizers in `dew.registry` as it is
       imported (`dew train --import MODULE` adds to it). The run's `run.json` records them,
@@ -276,6 +288,7 @@ class TrainerConfig(_Section):
     accumulate: int = 1
     log_optimizer: bool = False
     on_nonfinite: str = "raise"
+    strategy: str = "data"
     imports: Sequence[str] = ()
     early_stopping: Mapping[str, Any] = _EMPTY
     callbacks: Sequence[str] = ()
@@ -327,11 +340,19 @@ class TrainerConfig(_Section):
             allowed = " or ".join(repr(value) for value in ON_NONFINITE)
             raise ValueError(f"{where}.on_nonfinite must be {allowed}, got {self.on_nonfinite!r}.")
         _set(self, "on_nonfinite", str.__str__(self.on_nonfinite))
+        if not isinstance(self.strategy, str) or self.strategy not in CONFIG_STRATEGIES:
+            allowed = " or ".join(repr(value) for value in CONFIG_STRATEGIES)
+            tensor = " (fsdp+tensor needs a mesh: build the Trainer in Python)"
+            raise ValueError(
+                f"{where}.strategy must be {allowed}, got {self.strategy!r}"
+                f"{tensor if self.strategy == 'fsdp+tensor' else ''}."
+            )
+        _set(self, "strategy", str.__str__(self.strategy))
 
 
 EARLY_STOPPING_KEYS = ("metric", "split", "mode", "patience", "min_delta")
 SPLITS = ("validation", "train")
-MODES = ("min", "max")
+MODES = ("minimize", "maximize", "min", "max")
 
 
 def _early_stopping(where: str, value: Any) -> Any:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from dew._checks import held_on_host, ids_checked_on_host
 from dew._domains import train_step_key
@@ -132,10 +133,13 @@ def _on_host(shardings: tuple[Any, ...] | None) -> bool:
 
 def _kept(shardings: tuple[Any, ...] | None) -> dict[str, Any]:
     """`jax.jit`'s `out_shardings` that keep the state's leaves where they were placed
-    (`shardings`, one per leaf), and the training window replicated; none in one process."""
+    (`shardings`, one per leaf), and the training window replicated (on the leaves' mesh: a
+    `Trainer`'s own may be another than the data mesh); none in one process."""
     if shardings is None:
         return {}
-    return {"out_shardings": (list(shardings), replicated_sharding())}
+    meshes = [sharding.mesh for sharding in shardings if isinstance(sharding, NamedSharding)]
+    window = NamedSharding(meshes[0], PartitionSpec()) if meshes else replicated_sharding()
+    return {"out_shardings": (list(shardings), window)}
 
 
 def _compile_fused(

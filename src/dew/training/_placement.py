@@ -2,8 +2,9 @@
 arrays (replicated, or the params sharded as the user asks), each step's batch as one
 global batch over the data mesh, and the sharding the compiled step keeps them in.
 
-A `Placement` exists only for a multi-process fit or one given `param_sharding`; a plain
-one-process fit never builds one and pays nothing for it.
+A `Placement` exists only for a multi-process fit or one given `param_sharding`, a `mesh` or a
+sharding `strategy` (`dew.training._strategies`); a plain one-process fit never builds one and
+pays nothing for it.
 """
 
 import hashlib
@@ -23,14 +24,14 @@ from dew._processes import (
     is_multiprocess,
     is_process_zero,
     replicated,
-    replicated_sharding,
 )
 from dew.objectives.base import Objective, check_on_host
 from dew.steps import TrainState
 from dew.training._batches import _draw, _stack
 from dew.training._compiled_step import Telemetry, compiled_steps
+from dew.training._strategies import Strategy, sharding_strategy
 
-__all__ = ["ParamSharding", "Placement", "fit_setup", "rows_of"]
+__all__ = ["ParamSharding", "Placement", "fit_setup", "placed_by", "rows_of"]
 
 ParamSharding = Callable[[Any, jax.Array], jax.sharding.Sharding]
 
@@ -52,6 +53,19 @@ def _put(leaf: Any, sharding: jax.sharding.Sharding) -> Any:
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
+def placed_by(
+    param_sharding: Any, mesh: Any, strategy: Any
+) -> tuple[ParamSharding | None, Strategy | None]:
+    """The `Trainer`'s checked `param_sharding` (`None` or a callable, else a `TypeError`)
+    and sharding preset (`sharding_strategy`: `None` where it changes nothing)."""
+    if param_sharding is not None and not callable(param_sharding):
+        raise TypeError(
+            "param_sharding must be None or a callable (path, leaf) -> "
+            f"jax.sharding.Sharding, got {type(param_sharding).__name__}."
+        )
+    return param_sharding, sharding_strategy(mesh, strategy, param_sharding)
+
+
 class Placement:
     """The placement of one fit: see the module docstring.
 
@@ -61,14 +75,22 @@ class Placement:
       the params, found with `optax.tree_map_params`).
     - `param_sharding`: `None` (every array replicated) or a callable `(path, leaf) ->
       jax.sharding.Sharding` over the params' array leaves.
+    - `strategy`: `None` (the data mesh, params as `param_sharding` says) or a sharding
+      preset over its mesh (`dew.training._strategies.Strategy`), which places the params,
+      the objective's arrays and the batches.
     """
 
     def __init__(
-        self, optimizer: optax.GradientTransformation, param_sharding: ParamSharding | None
+        self,
+        optimizer: optax.GradientTransformation,
+        param_sharding: ParamSharding | None,
+        strategy: Strategy | None = None,
     ) -> None:
         self.optimizer = optimizer
         self.param_sharding = param_sharding
-        self.copy = replicated_sharding()
+        self.strategy = strategy
+        self.mesh = data_mesh() if strategy is None else strategy.mesh
+        self.copy = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
 
     def _param_shardings(self, params: Any) -> Any:
         def choose(path: Any, leaf: Any) -> Any:
@@ -80,11 +102,19 @@ class Placement:
                     f"{where} returned {sharding!r}; it must return a jax.sharding.Sharding "
                     "(e.g. NamedSharding(dew.distributed.data_mesh(), PartitionSpec('data')))."
                 )
-            if set(sharding.device_set) != set(data_mesh().devices.flat):
+            mesh = getattr(sharding, "mesh", None)
+            if (  # the Trainer's mesh, as the user made it: moved onto the Trainer's own
+                isinstance(mesh, jax.sharding.Mesh)
+                and mesh.shape == self.mesh.shape
+                and list(mesh.devices.flat) == list(self.mesh.devices.flat)
+            ):
+                sharding = jax.sharding.NamedSharding(self.mesh, sharding.spec)
+            if set(sharding.device_set) != set(self.mesh.devices.flat):
                 raise ValueError(
                     f"{where} returned a sharding over {len(sharding.device_set)} devices; "
                     f"a fit's arrays live on every device of every process "
-                    f"({data_mesh().devices.size}): build it on dew.distributed.data_mesh()."
+                    f"({self.mesh.devices.size}): build it on dew.distributed.data_mesh() or "
+                    "the Trainer's mesh."
                 )
             try:
                 sharding.shard_shape(np.shape(leaf))
@@ -99,9 +129,13 @@ class Placement:
 
     def state(self, state: TrainState) -> TrainState:
         """`state` (the same values on every process) as global arrays."""
-        if self.param_sharding is None:
+        if self.strategy is None and self.param_sharding is None:
             return replicated(state)
-        shardings = self._param_shardings(state.params)
+        if self.param_sharding is not None:  # beside a strategy only with "data" (checked)
+            shardings = self._param_shardings(state.params)
+        else:
+            assert self.strategy is not None
+            shardings = self.strategy.shardings(state.params)
         params = jax.tree.map(_put, state.params, shardings)
         ema = None if state.ema_params is None else jax.tree.map(_put, state.ema_params, shardings)
         opt_state = optax.tree_map_params(
@@ -120,18 +154,28 @@ class Placement:
             state.metric_history,
         )
 
-    def objective(self, leaves: list[Any]) -> list[Any]:
-        """The objective's array leaves, replicated."""
-        return replicated(leaves)
+    def replicated(self, tree: Any) -> Any:
+        """Every array of `tree` (the same values on every process) replicated on the mesh."""
+        if self.strategy is None:
+            return replicated(tree)
+        return jax.tree.map(lambda leaf: _put(leaf, self.copy), tree)
+
+    def objective(self, leaves: list[Any], objective_def: Any = None) -> list[Any]:
+        """The objective's array leaves (of the tree `objective_def`): replicated, or as the
+        strategy places the params."""
+        if self.strategy is None or objective_def is None:
+            return replicated(leaves)
+        tree = jax.tree.unflatten(objective_def, leaves)
+        return jax.tree.leaves(jax.tree.map(_put, tree, self.strategy.shardings(tree)))
 
     def batch(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """One step's batch of this process as one global batch."""
-        return global_batch(batch)
+        return global_batch(batch, self.mesh)
 
     def stacked(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """A fused block's stacked batches (`(steps, rows, ...)`) as global arrays: rows
         sharded along the data mesh, the step axis (and stacked scalars) replicated."""
-        rows = jax.sharding.NamedSharding(data_mesh(), jax.sharding.PartitionSpec(None, "data"))
+        rows = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, "data"))
 
         def place(leaf: Any) -> jax.Array:
             array = np.asarray(leaf)
@@ -161,7 +205,8 @@ class Placement:
         def place_block(drawn: list[Any]) -> Any:
             return self.stacked(_stack([dict(batch) for batch in drawn]))
 
-        return step_call, fused_call, self.objective(objective_leaves), place_block
+        placed = self.objective(objective_leaves, objective_def)
+        return step_call, fused_call, placed, place_block
 
     def draw(
         self,
@@ -235,18 +280,20 @@ class Placement:
 
 def fit_setup(
     optimizer: optax.GradientTransformation,
-    param_sharding: ParamSharding | None,
+    param_sharding: Any,
+    strategy: Any,
     previewing: bool,
     tracker: Any,
     progress: bool,
 ) -> tuple[Placement | None, bool, Any, bool]:
-    """A fit's placement (`None` for a plain one-process fit) and this process's part:
-    under `jax.distributed` process zero's tracker decides for every process whether the
-    fit previews (a preview takes collectives), and only process zero keeps its tracker
-    and prints. Returns the placement, `previewing`, `tracker` and `progress`."""
+    """A fit's placement (`None` for a plain one-process fit: see the module docstring)
+    from the Trainer's optimizer, `param_sharding` and `strategy`, and this process's
+    part: under `jax.distributed` process zero's tracker decides for every process whether
+    the fit previews (a preview takes collectives), and only process zero keeps its
+    tracker and prints. Returns the placement, `previewing`, `tracker` and `progress`."""
     placement = None
-    if is_multiprocess() or param_sharding is not None:
-        placement = Placement(optimizer, param_sharding)
+    if is_multiprocess() or param_sharding is not None or strategy is not None:
+        placement = Placement(optimizer, param_sharding, strategy)
     if is_multiprocess():
         previewing = bool(broadcast_json(previewing))
         if not is_process_zero():  # only process zero writes tracking output and prints

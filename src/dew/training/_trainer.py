@@ -17,7 +17,7 @@ from dew._accumulate import check_accumulate
 from dew._checks import batch_error, failed_check
 from dew._loop import Callback, EarlyStopping, LoopEngine, check_callbacks, with_history
 from dew._nonfinite import raises_on_nonfinite
-from dew._processes import is_multiprocess, replicated
+from dew._processes import is_multiprocess
 from dew.checkpoints._location import checkpoint_location
 from dew.data import Dataset, Partition
 from dew.events import TrackerEventSink
@@ -39,7 +39,7 @@ from dew.training._compiled_step import (
 from dew.training._evaluation_event import evaluates, evaluation_event, key_text
 from dew.training._fit_options import FitOptions, fit_options
 from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
-from dew.training._placement import ParamSharding, Placement, fit_setup
+from dew.training._placement import ParamSharding, Placement, fit_setup, placed_by
 from dew.training._policies._checkpointing import Checkpointing
 from dew.training._policies._evaluation import Evaluation
 from dew.training._policies._nonfinite_guard import NonFiniteGuard
@@ -66,16 +66,17 @@ class Trainer:
       from: a fit started again with the same directory continues at its latest intact
       checkpoint. A local folder, a `file:///absolute/path` URI naming one, or a
       `gs://bucket/folder` URI; another URI raises `ValueError` here.
-    - `param_sharding`: how a multi-process fit lays the params out over the devices of
-      every process (`None`, the default: a full copy on every device). A callable
-      `(path, leaf) -> jax.sharding.Sharding`, called once per fit for every array leaf
-      of the params (`path` as `jax.tree_util.tree_flatten_with_path` gives it),
-      returning a sharding over every device of the data mesh
-      (`dew.distributed.data_mesh()`, axis `"data"`) that divides the leaf's shape (else
-      `fit` raises a `ValueError` naming the param); the EMA params and the optimizer
-      state's params-shaped parts (`optax.tree_map_params`) follow it, everything else
-      is replicated, and the compiled step keeps those shardings. Given in one process,
-      it places that fit on the process's devices the same way.
+    - `mesh`, `strategy`: a sharding preset (docs/training.md, "Sharding presets"):
+      `strategy` `"data"` (the default), `"fsdp"` or `"fsdp+tensor"` over `mesh`, a
+      `jax.sharding.Mesh` of every device with axes `"data"` (and `"model"`); `None`:
+      the data mesh (`dew.distributed.data_mesh()`), refused by `"fsdp+tensor"`.
+    - `param_sharding`: the escape hatch (strategy `"data"` only): a callable `(path,
+      leaf) -> jax.sharding.Sharding` over the mesh's devices, called once per fit for
+      every array leaf of the params (`path` as `jax.tree_util.tree_flatten_with_path`
+      gives it) and dividing its shape (else `fit` raises a `ValueError` naming the
+      param); the EMA params and the optimizer state's params-shaped parts
+      (`optax.tree_map_params`) follow it, everything else is replicated, and the
+      compiled step keeps those shardings (`None`: a full copy on every device).
     - `learning_rate`: the float or optax schedule the optimizer was built with, for
       `fit(..., log_optimizer=True)` to log (`None`: read from an
       `optax.inject_hyperparams` state).
@@ -91,6 +92,8 @@ class Trainer:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         param_sharding: ParamSharding | None = None,
         learning_rate: LearningRate | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+        strategy: str = "data",
     ) -> None:
         self.objective = objective
         self.optimizer = optimizer
@@ -102,12 +105,7 @@ class Trainer:
         self.checkpoint_dir = None
         if checkpoint_dir is not None:  # a URI orbax cannot write to is refused here
             self.checkpoint_dir = checkpoint_location(os.fspath(checkpoint_dir))
-        if param_sharding is not None and not callable(param_sharding):
-            raise TypeError(
-                "param_sharding must be None or a callable (path, leaf) -> "
-                f"jax.sharding.Sharding, got {type(param_sharding).__name__}."
-            )
-        self.param_sharding = param_sharding
+        self.param_sharding, self.strategy = placed_by(param_sharding, mesh, strategy)
         self.learning_rate = checked_learning_rate(learning_rate)
         arrays, static = eqx.partition(objective, eqx.is_array)
         self._objective_leaves, objective_def = jax.tree.flatten(arrays)
@@ -238,6 +236,7 @@ class Trainer:
         placement, previewing, tracker, progress = fit_setup(
             self.optimizer,
             self.param_sharding,
+            self.strategy,
             given.preview and artifacts,
             tracker,
             given.progress,
@@ -410,7 +409,7 @@ class Trainer:
             step_call, fused_call, objective_leaves, place_block = placement.compiled_steps(
                 self._objective_def, self._static, leaves, objective_leaves, *kind
             )
-            place_window = replicated
+            place_window = placement.replicated
         calls = WindowedCalls(
             step_call,
             fused_call,

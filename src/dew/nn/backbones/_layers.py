@@ -6,9 +6,30 @@ Both read the layer's own fields, so a model's parameter tree stays Equinox's.""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float
 
-__all__ = ["dense", "layer_norm"]
+__all__ = ["column_parallel", "dense", "layer_norm", "row_parallel"]
+
+
+def column_parallel(*names: str) -> dict[str, PartitionSpec]:
+    """`tensor_sharding` entries (`Trainer(strategy="fsdp+tensor")`) splitting each Linear
+    field in `names` by its outputs over a mesh's `"model"` axis: its weight's rows and its
+    bias."""
+    return {
+        key: spec
+        for name in names
+        for key, spec in (
+            (f"{name}.weight", PartitionSpec("model")),
+            (f"{name}.bias", PartitionSpec("model")),
+        )
+    }
+
+
+def row_parallel(*names: str) -> dict[str, PartitionSpec]:
+    """`tensor_sharding` entries splitting each Linear field in `names` by its inputs over a
+    mesh's `"model"` axis (its weight's columns; its bias, added after the sum, whole)."""
+    return {f"{name}.weight": PartitionSpec(None, "model") for name in names}
 
 
 def dense(layer: eqx.nn.Linear, x: Float[Array, "*rows in"]) -> Float[Array, "*rows out"]:

@@ -10,7 +10,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from dew._integers import check_integer
 from dew.nn._compiled_init import initialise
-from dew.nn.backbones._layers import dense, layer_norm
+from dew.nn.backbones._layers import column_parallel, dense, layer_norm, row_parallel
 from dew.nn.backbones._remat import apply_blocks, remat_policy
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "COMPUTE_DTYPES", "KVCache", "TransformerStack"]
@@ -105,6 +105,13 @@ class _Block(eqx.Module):
         self.up = eqx.nn.Linear(emb_features, mlp_features, key=keys[2])
         self.down = eqx.nn.Linear(mlp_features, emb_features, key=keys[3])
         self.num_heads = num_heads
+
+    def tensor_sharding(self) -> dict[str, jax.sharding.PartitionSpec]:
+        """The block's split over a mesh's `"model"` axis (`Trainer(strategy="fsdp+tensor")`,
+        Megatron's): the fused query/key/value and the MLP's first projection by their
+        outputs, the attention output and the MLP's second projection by their inputs (the
+        heads, the MLP's hidden axis)."""
+        return {**column_parallel("qkv", "up"), **row_parallel("out", "down")}
 
     def _attention_inputs(
         self, x: Float[Array, "seq emb"]

@@ -6,7 +6,7 @@ import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from dew._integers import check_integer
-from dew.nn.backbones._layers import dense
+from dew.nn.backbones._layers import column_parallel, dense, row_parallel
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 
 __all__ = [
@@ -99,6 +99,12 @@ class SelfAttention(eqx.Module):
         self.qkv = eqx.nn.Linear(width, 3 * width, key=qkv_key)
         self.out = eqx.nn.Linear(width, width, key=out_key)
         self.heads = heads
+
+    def tensor_sharding(self) -> dict[str, jax.sharding.PartitionSpec]:
+        """The split over a mesh's `"model"` axis (`Trainer(strategy="fsdp+tensor")`): the
+        fused query/key/value projection by its outputs, the output projection by its inputs
+        (the heads)."""
+        return {**column_parallel("qkv"), **row_parallel("out")}
 
     def __call__(
         self, x: Float[Array, "seq width"], mask: Bool[Array, "seq seq"] | None = None

@@ -10,7 +10,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from dew.nn._compiled_init import initialise
-from dew.nn.backbones._layers import dense, layer_norm
+from dew.nn.backbones._layers import column_parallel, dense, layer_norm, row_parallel
 from dew.nn.backbones._remat import apply_blocks, remat_policy
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
@@ -60,6 +60,11 @@ class _AdaLNBlock(eqx.Module):
         self.down = eqx.nn.Linear(4 * width, width, key=keys[2])
         self.modulation = _zeroed(eqx.nn.Linear(width, 6 * width, key=keys[3]))
         self.norm = eqx.nn.LayerNorm(width, use_weight=False, use_bias=False)
+
+    def tensor_sharding(self) -> dict[str, jax.sharding.PartitionSpec]:
+        """The MLP's split over a mesh's `"model"` axis (`Trainer(strategy="fsdp+tensor")`)
+        by its hidden axis; the attention declares its own."""
+        return {**column_parallel("up"), **row_parallel("down")}
 
     def __call__(
         self, x: Float[Array, "seq width"], condition: Float[Array, " width"]

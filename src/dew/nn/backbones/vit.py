@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from dew.nn._compiled_init import initialise
-from dew.nn.backbones._layers import dense, layer_norm
+from dew.nn.backbones._layers import column_parallel, dense, layer_norm, row_parallel
 from dew.nn.backbones._remat import apply_blocks, remat_policy
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
@@ -35,6 +35,11 @@ class _Block(eqx.Module):
         self.norm_mlp = eqx.nn.LayerNorm(width)
         self.up = eqx.nn.Linear(width, 4 * width, key=keys[1])
         self.down = eqx.nn.Linear(4 * width, width, key=keys[2])
+
+    def tensor_sharding(self) -> dict[str, jax.sharding.PartitionSpec]:
+        """The MLP's split over a mesh's `"model"` axis (`Trainer(strategy="fsdp+tensor")`)
+        by its hidden axis; the attention declares its own."""
+        return {**column_parallel("up"), **row_parallel("down")}
 
     def __call__(
         self, x: Float[Array, "seq width"], mask: Bool[Array, "seq seq"]
