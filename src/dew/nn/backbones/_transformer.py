@@ -106,26 +106,30 @@ class _Block(eqx.Module):
         self.down = eqx.nn.Linear(mlp_features, emb_features, key=keys[3])
         self.num_heads = num_heads
 
+    # A block takes the rows of every sequence at once, `(sequences * seq, emb)`, and is
+    # told `seq`: its products and norms then read and write the residual stream as one
+    # matrix, and only attention splits it into sequences (decision 0058).
+
     def _attention_inputs(
-        self, x: Float[Array, "seq emb"]
-    ) -> tuple[Float[Array, "seq heads head"], ...]:
-        seq, emb = x.shape
+        self, x: Float[Array, "rows emb"], seq: int
+    ) -> tuple[Float[Array, "sequences seq heads head"], ...]:
+        emb = x.shape[-1]
         head = emb // self.num_heads
         h = layer_norm(self.norm_attention, x)
-        qkv = dense(self.qkv, h).reshape(seq, 3, self.num_heads, head)
-        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        qkv = dense(self.qkv, h).reshape(-1, seq, 3, self.num_heads, head)
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
     def _mix(
-        self, x: Float[Array, "seq emb"], attended: Float[Array, "seq heads head"]
-    ) -> Float[Array, "seq emb"]:
+        self, x: Float[Array, "rows emb"], attended: Float[Array, "sequences seq heads head"]
+    ) -> Float[Array, "rows emb"]:
         x = x + dense(self.out, attended.reshape(x.shape))
         h = layer_norm(self.norm_mlp, x)
         return x + dense(self.down, jax.nn.gelu(dense(self.up, h)))
 
     def __call__(
-        self, x: Float[Array, "seq emb"], *, causal: bool, implementation: str
-    ) -> Float[Array, "seq emb"]:
-        q, k, v = self._attention_inputs(x)
+        self, x: Float[Array, "rows emb"], *, seq: int, causal: bool, implementation: str
+    ) -> Float[Array, "rows emb"]:
+        q, k, v = self._attention_inputs(x, seq)
         return self._mix(x, _attention(q, k, v, causal=causal, implementation=implementation))
 
     def prefill(
@@ -137,10 +141,10 @@ class _Block(eqx.Module):
     ]:
         """`__call__` with a causal mask, also returning the keys and values of the
         `seq` positions, zero-padded to `capacity` positions."""
-        q, k, v = self._attention_inputs(x)
+        q, k, v = self._attention_inputs(x, x.shape[0])
         attended = _attention(q, k, v, causal=True, implementation=implementation)
         pad = ((0, capacity - x.shape[0]), (0, 0), (0, 0))
-        return self._mix(x, attended), jnp.pad(k, pad), jnp.pad(v, pad)
+        return self._mix(x, attended), jnp.pad(k[0], pad), jnp.pad(v[0], pad)
 
     def decode(
         self,
@@ -155,25 +159,25 @@ class _Block(eqx.Module):
     ]:
         """One position: its key and value written at `position`, its query attending to
         positions `0 .. position`."""
-        q, k, v = self._attention_inputs(x[None])
-        keys = jax.lax.dynamic_update_slice_in_dim(keys, k, position, axis=0)
-        values = jax.lax.dynamic_update_slice_in_dim(values, v, position, axis=0)
+        q, k, v = self._attention_inputs(x[None], 1)
+        keys = jax.lax.dynamic_update_slice_in_dim(keys, k[0], position, axis=0)
+        values = jax.lax.dynamic_update_slice_in_dim(values, v[0], position, axis=0)
         visible = jnp.arange(keys.shape[0]) <= position
         # One query against a masked cache: XLA's attention, whatever the stack's
         # implementation (cuDNN's fused kernel is for whole sequences).
-        attended = _attention(q, keys, values, mask=visible[None, None, :], implementation="xla")
-        return self._mix(x[None], attended)[0], keys, values
+        attended = _attention(q[0], keys, values, mask=visible[None, None, :], implementation="xla")
+        return self._mix(x[None], attended[None])[0], keys, values
 
 
 def _attention(
-    q: Float[Array, "seq heads head"],
-    k: Float[Array, "kv heads head"],
-    v: Float[Array, "kv heads head"],
+    q: Float[Array, "*sequences seq heads head"],
+    k: Float[Array, "*sequences kv heads head"],
+    v: Float[Array, "*sequences kv heads head"],
     *,
     causal: bool = False,
     mask: Bool[Array, "1 seq kv"] | None = None,
     implementation: str,
-) -> Float[Array, "seq heads head"]:
+) -> Float[Array, "*sequences seq heads head"]:
     if implementation == "xla":
         return _xla_attention(q, k, v, causal=causal, mask=mask)
     # jax.nn.dot_product_attention mixes bfloat16 inputs with float32 internals,
@@ -185,27 +189,28 @@ def _attention(
 
 
 def _xla_attention(
-    q: Float[Array, "seq heads head"],
-    k: Float[Array, "kv heads head"],
-    v: Float[Array, "kv heads head"],
+    q: Float[Array, "*sequences seq heads head"],
+    k: Float[Array, "*sequences kv heads head"],
+    v: Float[Array, "*sequences kv heads head"],
     *,
     causal: bool,
     mask: Bool[Array, "1 seq kv"] | None,
-) -> Float[Array, "seq heads head"]:
+) -> Float[Array, "*sequences seq heads head"]:
     """`jax.nn.dot_product_attention(..., implementation="xla")`'s arithmetic (float32
     logits and softmax, masked logits set to -0.7 x float32's largest value, the same
     scale), written as two head-batched products: its own version maps a function over
     the heads, whose transposes cost a training step a tenth of its time on CPU."""
-    logits = jnp.einsum("qhd,khd->hqk", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("...qhd,...khd->...hqk", q, k, preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(1.0 / math.sqrt(q.shape[-1]))
-    visible = jnp.ones((1, *logits.shape[-2:]), bool) if mask is None else mask
+    shape = (1,) * (logits.ndim - 2) + logits.shape[-2:]
+    visible = jnp.ones(shape, bool) if mask is None else mask
     if causal:
-        visible = visible & jnp.tril(jnp.ones((1, *logits.shape[-2:]), bool))
+        visible = visible & jnp.tril(jnp.ones(shape, bool))
     if causal or mask is not None:
         hidden = jnp.float32(-0.7 * jnp.finfo(jnp.float32).max)
         logits = jnp.where(visible, logits, hidden)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    return jnp.einsum("hqk,khd->qhd", probs, v)
+    return jnp.einsum("...hqk,...khd->...qhd", probs, v)
 
 
 class TransformerStack(eqx.Module):
@@ -262,26 +267,41 @@ class TransformerStack(eqx.Module):
             lambda leaf: leaf.astype(compute) if eqx.is_inexact_array(leaf) else leaf, self
         )
 
+    def _embed(self, tokens: Int[Array, "sequences seq"]) -> Float[Array, "rows emb"]:
+        """The token and position embeddings of each sequence, as rows."""
+        sequences, seq = tokens.shape
+        x = jax.vmap(self.token_embedding)(tokens.reshape(sequences * seq))
+        emb = x.shape[-1]
+        x = x.reshape(sequences, seq, emb) + self.position_embedding[None, :seq]
+        return x.reshape(sequences * seq, emb)
+
     def __call__(
-        self, tokens: Int[Array, " seq"], *, causal: bool, kind: str
-    ) -> Float[Array, "seq out"]:
-        seq = tokens.shape[0]
+        self, tokens: Int[Array, "*batch seq"], *, causal: bool, kind: str
+    ) -> Float[Array, "*batch seq out"]:
+        """The logits of one sequence, or of each sequence of a batch at once (any
+        leading axes): the batch's rows go through every product together, as one
+        matrix, where `jax.vmap` of the one-sequence call would batch each product over
+        the sequences (decision 0058)."""
+        if tokens.ndim == 0:
+            raise ValueError(
+                f"{kind} takes token IDs shaped (seq,) or (batch, ..., seq), got a scalar."
+            )
+        *batch, seq = tokens.shape
         if seq > self.max_seq_len:
             raise ValueError(
                 f"{kind} got a sequence of {seq} tokens, longer than max_seq_len "
                 f"{self.max_seq_len}."
             )
         model = self._computing()
-        x = jax.vmap(model.token_embedding)(tokens) + model.position_embedding[:seq]
         implementation = self.attention_impl
         x = apply_blocks(
             model.blocks,
-            x,
+            model._embed(tokens.reshape(math.prod(batch), seq)),
             self.remat,
-            lambda block, x: block(x, causal=causal, implementation=implementation),
+            lambda block, x: block(x, seq=seq, causal=causal, implementation=implementation),
         )
-        x = layer_norm(model.final_norm, x)
-        return dense(model.head, x).astype(jnp.float32)
+        logits = dense(model.head, layer_norm(model.final_norm, x)).astype(jnp.float32)
+        return logits.reshape(*batch, seq, logits.shape[-1])
 
     def prefill(
         self, tokens: Int[Array, " seq"], *, capacity: int, length: Int[ArrayLike, ""], kind: str
@@ -296,7 +316,7 @@ class TransformerStack(eqx.Module):
                 f"{self.max_seq_len}."
             )
         model = self._computing()
-        x = jax.vmap(model.token_embedding)(tokens) + model.position_embedding[:seq]
+        x = model._embed(tokens[None])
         keys, values = [], []
         for block in model.blocks:
             x, k, v = block.prefill(x, capacity=capacity, implementation=self.attention_impl)
