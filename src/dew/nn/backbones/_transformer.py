@@ -108,19 +108,20 @@ class _Block(eqx.Module):
 
     # A block takes the rows of every sequence at once, `(sequences * seq, emb)`, and is
     # told `seq`: its products and norms then read and write the residual stream as one
-    # matrix, and only attention splits it into sequences (decision 0058).
+    # matrix, and only attention splits it into sequences (decision 0058). One sequence
+    # keeps no sequences axis, so `jax.vmap` of it compiles as it did before.
 
     def _attention_inputs(
         self, x: Float[Array, "rows emb"], seq: int
-    ) -> tuple[Float[Array, "sequences seq heads head"], ...]:
-        emb = x.shape[-1]
-        head = emb // self.num_heads
+    ) -> tuple[Float[Array, "*sequences seq heads head"], ...]:
+        rows = x.shape[0]
+        sequences = () if rows == seq else (rows // seq,)
         h = layer_norm(self.norm_attention, x)
-        qkv = dense(self.qkv, h).reshape(-1, seq, 3, self.num_heads, head)
-        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        qkv = dense(self.qkv, h).reshape(*sequences, seq, 3, self.num_heads, -1)
+        return qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
 
     def _mix(
-        self, x: Float[Array, "rows emb"], attended: Float[Array, "sequences seq heads head"]
+        self, x: Float[Array, "rows emb"], attended: Float[Array, "*sequences seq heads head"]
     ) -> Float[Array, "rows emb"]:
         x = x + dense(self.out, attended.reshape(x.shape))
         h = layer_norm(self.norm_mlp, x)
@@ -144,7 +145,7 @@ class _Block(eqx.Module):
         q, k, v = self._attention_inputs(x, x.shape[0])
         attended = _attention(q, k, v, causal=True, implementation=implementation)
         pad = ((0, capacity - x.shape[0]), (0, 0), (0, 0))
-        return self._mix(x, attended), jnp.pad(k[0], pad), jnp.pad(v[0], pad)
+        return self._mix(x, attended), jnp.pad(k, pad), jnp.pad(v, pad)
 
     def decode(
         self,
@@ -160,13 +161,13 @@ class _Block(eqx.Module):
         """One position: its key and value written at `position`, its query attending to
         positions `0 .. position`."""
         q, k, v = self._attention_inputs(x[None], 1)
-        keys = jax.lax.dynamic_update_slice_in_dim(keys, k[0], position, axis=0)
-        values = jax.lax.dynamic_update_slice_in_dim(values, v[0], position, axis=0)
+        keys = jax.lax.dynamic_update_slice_in_dim(keys, k, position, axis=0)
+        values = jax.lax.dynamic_update_slice_in_dim(values, v, position, axis=0)
         visible = jnp.arange(keys.shape[0]) <= position
         # One query against a masked cache: XLA's attention, whatever the stack's
         # implementation (cuDNN's fused kernel is for whole sequences).
-        attended = _attention(q[0], keys, values, mask=visible[None, None, :], implementation="xla")
-        return self._mix(x[None], attended[None])[0], keys, values
+        attended = _attention(q, keys, values, mask=visible[None, None, :], implementation="xla")
+        return self._mix(x[None], attended)[0], keys, values
 
 
 def _attention(
@@ -271,6 +272,8 @@ class TransformerStack(eqx.Module):
         """The token and position embeddings of each sequence, as rows."""
         sequences, seq = tokens.shape
         x = jax.vmap(self.token_embedding)(tokens.reshape(sequences * seq))
+        if sequences == 1:  # as a one-sequence call computed it before decision 0058
+            return x + self.position_embedding[:seq]
         emb = x.shape[-1]
         x = x.reshape(sequences, seq, emb) + self.position_embedding[None, :seq]
         return x.reshape(sequences * seq, emb)
