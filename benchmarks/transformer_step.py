@@ -9,11 +9,12 @@ The peer is written here as an NNX user would: `nnx.Embed`, a position-embedding
 `nnx.Param`, per block `nnx.LayerNorm` (epsilon 1e-5, as Equinox's), one fused `nnx.Linear`
 for queries, keys and values, `nnx.dot_product_attention` (Flax's attention, which
 `nnx.MultiHeadAttention` uses) with a causal mask, an output `nnx.Linear`, a GELU MLP of two
-`nnx.Linear`s; a final `nnx.LayerNorm` and an `nnx.Linear` head. Batch-first: it takes the
-`(batch, seq)` tokens at once, while dew's model maps one sequence and is `jax.vmap`ped, as
-`LMObjective` does. dew's weights are copied into it (kernels transposed), and the script
-prints the two losses and the largest gradient difference: the sides compute the same
-function of the same weights.
+`nnx.Linear`s; a final `nnx.LayerNorm` and an `nnx.Linear` head. Both sides take the
+`(batch, seq)` tokens at once: dew's model is called on the batch, as `LMObjective` calls it
+(decision 0058); `--per-sequence` also times it `jax.vmap`ped over the sequences (the `vmap`
+rows, how `LMObjective` called it before). dew's weights are copied into the peer (kernels
+transposed), and the script prints the two losses and the largest gradient difference: the
+sides compute the same function of the same weights.
 
 What each side runs (the `step` rows): `jax.jit(jax.value_and_grad(loss))(params, tokens)`
 where `loss` is the mean of `-log_softmax(logits)[target]` over `(batch, seq)`; NNX's
@@ -32,7 +33,7 @@ before JAX starts (`--no-pin` to keep every core), so XLA runs single-threaded o
 
 Run: `python benchmarks/transformer_step.py` (full: 4 sizes; several minutes at load 10),
 `--quick` (smoke run: the tiny size, 2 rounds), `--only NAME` (repeatable: tiny, d128,
-d256, d512), `--no-fit` (the step rows only).
+d256, d512), `--no-fit` (the step rows only), `--per-sequence` (also the `vmap` rows).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--only", action="append", choices=list(SIZES), help="sizes to run")
     parser.add_argument("--no-fit", action="store_true", help="skip the Trainer.fit rows")
     parser.add_argument("--no-pin", action="store_true", help="never pin to one core")
+    parser.add_argument(
+        "--per-sequence", action="store_true", help="also time dew's model vmapped per sequence"
+    )
     return parser.parse_args()
 
 
@@ -192,9 +196,14 @@ def build(size: Size) -> tuple[CausalTransformer, Any, jax.Array]:
 
 def step_functions(model: CausalTransformer, peer: Any, tokens: jax.Array) -> dict[str, Any]:
     def dew_loss(params: Any, rows: jax.Array) -> jax.Array:
+        return cross_entropy(combine(params, model)(rows[:, :-1]), rows[:, 1:])
+
+    def vmap_loss(params: Any, rows: jax.Array) -> jax.Array:
         return cross_entropy(jax.vmap(combine(params, model))(rows[:, :-1]), rows[:, 1:])
 
     sides = {"dew": (jax.jit(jax.value_and_grad(dew_loss)), trainable(model))}
+    if ARGS.per_sequence:
+        sides["vmap"] = (jax.jit(jax.value_and_grad(vmap_loss)), trainable(model))
     if peer is not None:
         graphdef, state = nnx.split(peer)
 
@@ -209,7 +218,7 @@ def agreement(sides: dict[str, Any], tokens: jax.Array) -> str:
     if "nnx" not in sides:
         return "no peer"
     (dew_value, dew_grads), (nnx_value, nnx_grads) = (
-        function(params, tokens) for function, params in sides.values()
+        sides[name][0](sides[name][1], tokens) for name in ("dew", "nnx")
     )
     stack = dew_grads.stack
     pairs = [(stack.token_embedding.weight, nnx_grads["token_embedding"]["embedding"])]
@@ -335,11 +344,11 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def row(label: str, size: Size, times: dict[str, Any]) -> None:
+def row(label: str, size: Size, times: dict[str, Any], side: str = "dew") -> None:
     cpu = {name: [t[0] for t in values] for name, values in times.items()}
     wall = {name: [t[1] for t in values] for name, values in times.items()}
     cells = []
-    for name in ("dew", "nnx"):
+    for name in (side, "nnx"):
         if name in cpu:
             cells.append(
                 f"{statistics.median(cpu[name]):9.2f} ({min(cpu[name]):.2f}-{max(cpu[name]):.2f})"
@@ -348,7 +357,7 @@ def row(label: str, size: Size, times: dict[str, Any]) -> None:
         else:
             cells.append(f"{'-':>9s}")
     if "nnx" in cpu:
-        ratio = statistics.median(cpu["dew"]) / statistics.median(cpu["nnx"])
+        ratio = statistics.median(cpu[side]) / statistics.median(cpu["nnx"])
         verdict = f"{ratio:5.2f}x  <= {TARGET}x  {'met' if ratio <= TARGET else 'NOT met'}"
     else:
         verdict = "no peer (pip install flax)"
@@ -381,6 +390,8 @@ def main() -> None:
         times, check = measure_steps(size, rounds or size.rounds)
         checks.append(f"{name}: {check}")
         row("step", size, times)
+        if "vmap" in times:
+            row("vmap", size, times, side="vmap")
     if not ARGS.no_fit:
         for name in names[:2]:
             size = SIZES[name]

@@ -110,6 +110,37 @@ def test_models_vmap_over_a_batch_and_jit():
     assert logits.shape == (3, 5, 7)
 
 
+@pytest.mark.parametrize(
+    ("backbone", "remat"),
+    [(CausalTransformer, False), (CausalTransformer, True), (BidirectionalTransformer, False)],
+)
+def test_a_batch_of_sequences_is_the_vmapped_call_in_values_and_gradients(backbone, remat):
+    """Token IDs with leading batch axes go through the stack as the rows of one matrix
+    (decision 0058): the logits and gradients are those of `jax.vmap` over the sequences."""
+    model = backbone(**SIZES, remat=remat, key=jax.random.key(3))
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 7, (2, 3, 9)), jnp.int32)
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+
+    def loss_and_grads(params, batched):
+        def loss(params):
+            call = eqx.combine(params, static)
+            out = call(tokens) if batched else jax.vmap(jax.vmap(call))(tokens)
+            return jnp.mean(jnp.sin(out) * out), out
+
+        return jax.value_and_grad(loss, has_aux=True)(params)
+
+    loss_and_grads = jax.jit(loss_and_grads, static_argnums=1)
+    ((loss, logits), grads), ((again, mapped), regrads) = (
+        loss_and_grads(params, batched) for batched in (True, False)
+    )
+    assert logits.shape == (2, 3, 9, 7)
+    np.testing.assert_allclose(logits, mapped, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loss, again, rtol=1e-6)
+    for leaf, releaf in zip(jax.tree.leaves(grads), jax.tree.leaves(regrads), strict=True):
+        scale = float(jnp.max(jnp.abs(releaf))) or 1.0
+        np.testing.assert_allclose(leaf, releaf, rtol=1e-5, atol=1e-6 * scale)
+
+
 def test_sequences_longer_than_max_seq_len_raise():
     model = CausalTransformer(**SIZES, key=jax.random.key(0))
     with pytest.raises(ValueError, match="sequence of 13 tokens, longer than max_seq_len 12"):

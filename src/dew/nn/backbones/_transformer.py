@@ -113,26 +113,31 @@ class _Block(eqx.Module):
         heads, the MLP's hidden axis)."""
         return {**column_parallel("qkv", "up"), **row_parallel("out", "down")}
 
+    # A block takes the rows of every sequence at once, `(sequences * seq, emb)`, and is
+    # told `seq`: its products and norms then read and write the residual stream as one
+    # matrix, and only attention splits it into sequences (decision 0058). One sequence
+    # keeps no sequences axis, so `jax.vmap` of it compiles as it did before.
+
     def _attention_inputs(
-        self, x: Float[Array, "seq emb"]
-    ) -> tuple[Float[Array, "seq heads head"], ...]:
-        seq, emb = x.shape
-        head = emb // self.num_heads
+        self, x: Float[Array, "rows emb"], seq: int
+    ) -> tuple[Float[Array, "*sequences seq heads head"], ...]:
+        rows = x.shape[0]
+        sequences = () if rows == seq else (rows // seq,)
         h = layer_norm(self.norm_attention, x)
-        qkv = dense(self.qkv, h).reshape(seq, 3, self.num_heads, head)
-        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        qkv = dense(self.qkv, h).reshape(*sequences, seq, 3, self.num_heads, -1)
+        return qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
 
     def _mix(
-        self, x: Float[Array, "seq emb"], attended: Float[Array, "seq heads head"]
-    ) -> Float[Array, "seq emb"]:
+        self, x: Float[Array, "rows emb"], attended: Float[Array, "*sequences seq heads head"]
+    ) -> Float[Array, "rows emb"]:
         x = x + dense(self.out, attended.reshape(x.shape))
         h = layer_norm(self.norm_mlp, x)
         return x + dense(self.down, jax.nn.gelu(dense(self.up, h)))
 
     def __call__(
-        self, x: Float[Array, "seq emb"], *, causal: bool, implementation: str
-    ) -> Float[Array, "seq emb"]:
-        q, k, v = self._attention_inputs(x)
+        self, x: Float[Array, "rows emb"], *, seq: int, causal: bool, implementation: str
+    ) -> Float[Array, "rows emb"]:
+        q, k, v = self._attention_inputs(x, seq)
         return self._mix(x, _attention(q, k, v, causal=causal, implementation=implementation))
 
     def prefill(
@@ -144,7 +149,7 @@ class _Block(eqx.Module):
     ]:
         """`__call__` with a causal mask, also returning the keys and values of the
         `seq` positions, zero-padded to `capacity` positions."""
-        q, k, v = self._attention_inputs(x)
+        q, k, v = self._attention_inputs(x, x.shape[0])
         attended = _attention(q, k, v, causal=True, implementation=implementation)
         pad = ((0, capacity - x.shape[0]), (0, 0), (0, 0))
         return self._mix(x, attended), jnp.pad(k, pad), jnp.pad(v, pad)
@@ -162,7 +167,7 @@ class _Block(eqx.Module):
     ]:
         """One position: its key and value written at `position`, its query attending to
         positions `0 .. position`."""
-        q, k, v = self._attention_inputs(x[None])
+        q, k, v = self._attention_inputs(x[None], 1)
         keys = jax.lax.dynamic_update_slice_in_dim(keys, k, position, axis=0)
         values = jax.lax.dynamic_update_slice_in_dim(values, v, position, axis=0)
         visible = jnp.arange(keys.shape[0]) <= position
@@ -173,14 +178,14 @@ class _Block(eqx.Module):
 
 
 def _attention(
-    q: Float[Array, "seq heads head"],
-    k: Float[Array, "kv heads head"],
-    v: Float[Array, "kv heads head"],
+    q: Float[Array, "*sequences seq heads head"],
+    k: Float[Array, "*sequences kv heads head"],
+    v: Float[Array, "*sequences kv heads head"],
     *,
     causal: bool = False,
     mask: Bool[Array, "1 seq kv"] | None = None,
     implementation: str,
-) -> Float[Array, "seq heads head"]:
+) -> Float[Array, "*sequences seq heads head"]:
     if implementation == "xla":
         return _xla_attention(q, k, v, causal=causal, mask=mask)
     # jax.nn.dot_product_attention mixes bfloat16 inputs with float32 internals,
@@ -192,27 +197,28 @@ def _attention(
 
 
 def _xla_attention(
-    q: Float[Array, "seq heads head"],
-    k: Float[Array, "kv heads head"],
-    v: Float[Array, "kv heads head"],
+    q: Float[Array, "*sequences seq heads head"],
+    k: Float[Array, "*sequences kv heads head"],
+    v: Float[Array, "*sequences kv heads head"],
     *,
     causal: bool,
     mask: Bool[Array, "1 seq kv"] | None,
-) -> Float[Array, "seq heads head"]:
+) -> Float[Array, "*sequences seq heads head"]:
     """`jax.nn.dot_product_attention(..., implementation="xla")`'s arithmetic (float32
     logits and softmax, masked logits set to -0.7 x float32's largest value, the same
     scale), written as two head-batched products: its own version maps a function over
     the heads, whose transposes cost a training step a tenth of its time on CPU."""
-    logits = jnp.einsum("qhd,khd->hqk", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("...qhd,...khd->...hqk", q, k, preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(1.0 / math.sqrt(q.shape[-1]))
-    visible = jnp.ones((1, *logits.shape[-2:]), bool) if mask is None else mask
+    shape = (1,) * (logits.ndim - 2) + logits.shape[-2:]
+    visible = jnp.ones(shape, bool) if mask is None else mask
     if causal:
-        visible = visible & jnp.tril(jnp.ones((1, *logits.shape[-2:]), bool))
+        visible = visible & jnp.tril(jnp.ones(shape, bool))
     if causal or mask is not None:
         hidden = jnp.float32(-0.7 * jnp.finfo(jnp.float32).max)
         logits = jnp.where(visible, logits, hidden)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    return jnp.einsum("hqk,khd->qhd", probs, v)
+    return jnp.einsum("...hqk,...khd->...qhd", probs, v)
 
 
 class TransformerStack(eqx.Module):
@@ -269,26 +275,43 @@ class TransformerStack(eqx.Module):
             lambda leaf: leaf.astype(compute) if eqx.is_inexact_array(leaf) else leaf, self
         )
 
+    def _embed(self, tokens: Int[Array, "sequences seq"]) -> Float[Array, "rows emb"]:
+        """The token and position embeddings of each sequence, as rows."""
+        sequences, seq = tokens.shape
+        x = jax.vmap(self.token_embedding)(tokens.reshape(sequences * seq))
+        if sequences == 1:  # as a one-sequence call computed it before decision 0058
+            return x + self.position_embedding[:seq]
+        emb = x.shape[-1]
+        x = x.reshape(sequences, seq, emb) + self.position_embedding[None, :seq]
+        return x.reshape(sequences * seq, emb)
+
     def __call__(
-        self, tokens: Int[Array, " seq"], *, causal: bool, kind: str
-    ) -> Float[Array, "seq out"]:
-        seq = tokens.shape[0]
+        self, tokens: Int[Array, "*batch seq"], *, causal: bool, kind: str
+    ) -> Float[Array, "*batch seq out"]:
+        """The logits of one sequence, or of each sequence of a batch at once (any
+        leading axes): the batch's rows go through every product together, as one
+        matrix, where `jax.vmap` of the one-sequence call would batch each product over
+        the sequences (decision 0058)."""
+        if tokens.ndim == 0:
+            raise ValueError(
+                f"{kind} takes token IDs shaped (seq,) or (batch, ..., seq), got a scalar."
+            )
+        *batch, seq = tokens.shape
         if seq > self.max_seq_len:
             raise ValueError(
                 f"{kind} got a sequence of {seq} tokens, longer than max_seq_len "
                 f"{self.max_seq_len}."
             )
         model = self._computing()
-        x = jax.vmap(model.token_embedding)(tokens) + model.position_embedding[:seq]
         implementation = self.attention_impl
         x = apply_blocks(
             model.blocks,
-            x,
+            model._embed(tokens.reshape(math.prod(batch), seq)),
             self.remat,
-            lambda block, x: block(x, causal=causal, implementation=implementation),
+            lambda block, x: block(x, seq=seq, causal=causal, implementation=implementation),
         )
-        x = layer_norm(model.final_norm, x)
-        return dense(model.head, x).astype(jnp.float32)
+        logits = dense(model.head, layer_norm(model.final_norm, x)).astype(jnp.float32)
+        return logits.reshape(*batch, seq, logits.shape[-1])
 
     def prefill(
         self, tokens: Int[Array, " seq"], *, capacity: int, length: Int[ArrayLike, ""], kind: str
@@ -303,7 +326,7 @@ class TransformerStack(eqx.Module):
                 f"{self.max_seq_len}."
             )
         model = self._computing()
-        x = jax.vmap(model.token_embedding)(tokens) + model.position_embedding[:seq]
+        x = model._embed(tokens[None])
         keys, values = [], []
         for block in model.blocks:
             x, k, v = block.prefill(x, capacity=capacity, implementation=self.attention_impl)

@@ -69,6 +69,8 @@ class BidirectionalTransformer(eqx.Module):
         """The longest sequence the model takes."""
         return self.stack.max_seq_len
 
-    def __call__(self, tokens: Int[Array, " seq"]) -> Float[Array, "seq vocab"]:
-        """Logits over the real tokens at every position of one (partly masked) sequence."""
+    def __call__(self, tokens: Int[Array, "*batch seq"]) -> Float[Array, "*batch seq vocab"]:
+        """Logits over the real tokens at every position of one (partly masked) sequence,
+        or of each sequence of a batch (`(batch, seq)` token IDs: the same logits as
+        `jax.vmap`, every row in one matrix product)."""
         return self.stack(tokens, causal=False, kind="BidirectionalTransformer")

@@ -30,7 +30,10 @@ class CausalTransformer(eqx.Module):
       changes; `prefill` and `decode` (no gradients) run the blocks as they are.
     - `key`: the initialisation key, keyword-only and required (as in `eqx.nn`).
 
-    The module maps one sequence; `jax.vmap` it over a batch. `prefill` and `decode`
+    The module maps one sequence, or a batch of sequences of one length at once (token IDs
+    shaped `(batch, seq)`, any number of leading axes): the same logits as `jax.vmap` over
+    the batch, computed faster, with every row of the batch in one matrix product (what
+    `LMObjective` does). `prefill` and `decode` take one sequence: `jax.vmap` them. They
     generate with a key/value cache (`KVCache`): `prefill` runs the prompt once and keeps
     every layer's keys and values, then each `decode` step computes one new position
     against them. `dew.objectives.lm.generate` drives them.
@@ -83,8 +86,9 @@ class CausalTransformer(eqx.Module):
         """The longest sequence the model takes."""
         return self.stack.max_seq_len
 
-    def __call__(self, tokens: Int[Array, " seq"]) -> Float[Array, "seq vocab"]:
-        """Logits of the next token at every position of one sequence."""
+    def __call__(self, tokens: Int[Array, "*batch seq"]) -> Float[Array, "*batch seq vocab"]:
+        """Logits of the next token at every position of one sequence, or of each
+        sequence of a batch (`(batch, seq)` token IDs)."""
         return self.stack(tokens, causal=True, kind="CausalTransformer")
 
     def prefill(
