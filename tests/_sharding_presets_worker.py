@@ -86,17 +86,19 @@ def step_memory(built: LMObjective, strategy: str) -> dict[str, int]:
     from dew.steps import EMPTY_HISTORY
     from dew.training._compiled_step import state_leaves
     from dew.training._placement import Placement
+    from dew.training._resume import initial_state
     from dew.training._window import _empty, window_names
 
     made = trainer(built, mesh=MESH8, strategy=strategy)
     placement = Placement(made.optimizer, None, made.strategy)
-    state = with_history(placement.state(made._initial_state()), EMPTY_HISTORY)
+    first = initial_state(made.objective, made.optimizer, made.key)
+    state = with_history(placement.state(first), EMPTY_HISTORY)
     leaves, state_def = state_leaves(state)
     step, _, objective_leaves, _ = placement.compiled_steps(
         made._objective_def, made._static, leaves, made._objective_leaves
     )
     batch = placement.batch(BATCHES[0])
-    names = made._output_names(None, state_def, leaves, batch)
+    names = made._output_names((None, 1), state_def, leaves, batch)
     window = placement.replicated(_empty(len(window_names(names))))
     analysis = step.lower(leaves, window, batch, objective_leaves, state_def).compile()
     analysis = analysis.memory_analysis()
