@@ -53,13 +53,19 @@ class Loop(Protocol):
     stopping: "EarlyStoppingState | None"
     tracker: "ScalarTracker | None"
 
-    def state(self) -> "TrainState": ...
+    def state(self) -> "TrainState":
+        """The `TrainState` now, with the metric history reported so far."""
+        ...
 
-    def current(self) -> "TrainState": ...
+    def current(self) -> "TrainState":
+        """The `TrainState` now, its history left empty (the loop keeps the history)."""
+        ...
 
     def report(
         self, name: str, split: Split, step: int, values: Mapping[str, float], *, note: str = ""
-    ) -> None: ...
+    ) -> None:
+        """Report metrics (bare names) as the fit's own are (`note`: a line printed after)."""
+        ...
 
     def emit(
         self,
@@ -68,15 +74,23 @@ class Loop(Protocol):
         step: int,
         values: Mapping[str, float] | None = None,
         decision: Any = None,
-    ) -> None: ...
+    ) -> None:
+        """Send one `TrainingEvent` to the fit's event sinks."""
+        ...
 
-    def print(self, line: str) -> None: ...
+    def print(self, line: str) -> None:
+        """Print `line` above the progress bar (when the fit prints)."""
+        ...
 
-    def record(self, name: str, record: "Record", step: int | None) -> None: ...
+    def record(self, name: str, record: "Record", step: int | None) -> None:
+        """Log a typed record to the tracker, when it takes records."""
+        ...
 
     def counts_note(
         self, batches: int, records: int, uneven_shards: bool, key: str | Callable[[], str]
-    ) -> str: ...
+    ) -> str:
+        """The counts line an evaluation prints under its metrics."""
+        ...
 
 
 class Callback:

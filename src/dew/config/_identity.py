@@ -24,6 +24,7 @@ A keyword argument is a local path when its builder's parameter is annotated wit
 `*_path`; a value with `://` (a URI) is not a local path.
 """
 
+import dataclasses
 import inspect
 import os
 import pathlib
@@ -129,6 +130,18 @@ def absolute_paths(config: "RunConfig") -> tuple["RunConfig", dict[str, str]]:
     return type(config).from_dict(plain), given
 
 
+def _trainer_defaults() -> dict[str, Any]:
+    """Every `TrainerConfig` field's default, as `to_dict` writes it."""
+    from dew.config._fields import _thaw
+    from dew.config._sections import TrainerConfig
+
+    return {
+        field.name: _thaw(field.default)
+        for field in dataclasses.fields(TrainerConfig)
+        if field.init and field.default is not dataclasses.MISSING
+    }
+
+
 def comparable(
     plain: Mapping[str, Any], *, ignoring: tuple[str, ...] = (*LOCATION, *REGISTRATIONS)
 ) -> dict[str, Any]:
@@ -137,6 +150,7 @@ def comparable(
     result = {}
     for section, value in plain.items():
         if section == "trainer" and isinstance(value, Mapping):
+            value = {**_trainer_defaults(), **value}  # a field added since reads as its default
             value = {key: item for key, item in value.items() if key not in ignoring}
         if section == "data" and isinstance(value, Mapping):
             kwargs = value.get("kwargs")

@@ -369,7 +369,7 @@ def render_preview(value: Any, *, name: str | None = None) -> tuple[Piece, ...]:
     **Raises:** `TypeError` (`refusal`) for `TokenScores`, which has no preview form, and for
     any other value.
     """
-    return tuple(Pieces(value, name))
+    return Pieces(value, name)._rendered  # a `Preview`'s own pieces: rendered once
 
 
 def preview_files(value: Any) -> list[tuple[str, bytes]]:

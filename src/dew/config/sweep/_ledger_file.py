@@ -176,6 +176,7 @@ class _Ledger:
         sweep's search, direction, base configuration and space."""
         contents = _contents(self.path, data)
         stored = contents.data
+        self._stored_config = stored["config"]  # a converted ledger keeps what it was written for
         if stored["search"] != self.search:
             raise ValueError(
                 f"ledger {str(self.path)!r} was written by search {stored['search']!r}, but "
@@ -217,7 +218,8 @@ class _Ledger:
         taken = (*state.finished, *state.running)
         budget = max(state.budget or 0, self.trials, *(index + 1 for index in taken))
         header = {"version": LEDGER_VERSION, "space": self.space, "search": self.search}
-        header.update(config=self.config, direction=self.direction, budget=budget)
+        config = getattr(self, "_stored_config", None) or self.config
+        header.update(config=config, direction=self.direction, budget=budget)
         lines = [_dumps(header)]
         for _, trial in sorted(state.finished.items()):
             lines.append(_dumps(_finished_event(trial)))
