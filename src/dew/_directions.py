@@ -67,6 +67,8 @@ _HIGHER_IS_BETTER = (
     "f1",
     "precision",
     "recall",
+    "per_second",
+    "mfu",
 )
 """Bare names containing one of these are guessed better higher; every other one lower."""
 
@@ -79,7 +81,8 @@ def guessed_direction(bare: str) -> str | None:
     """The direction a bare metric name suggests, for a metric that declares none: a run
     recorded before metrics declared theirs, a training metric an objective reports (`loss`),
     or a `Metric` subclass that sets no `direction`. A name with `accuracy`, `psnr`, `ssim`,
-    `clip_score`, `auc`, `f1`, `precision` or `recall` in it is `"maximize"`; one starting
+    `clip_score`, `auc`, `f1`, `precision`, `recall`, `per_second` or `mfu` (the training
+    throughput) in it is `"maximize"`; one starting
     with `real_` or holding `foreground_fraction` or `foreground_parts` has none (`None`);
     every other one (losses, perplexity, errors, FID, CRPS) is `"minimize"`."""
     if bare.startswith("real_") or any(word in bare for word in _NEAR_THE_DATA):

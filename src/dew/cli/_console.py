@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from dew._directions import MAXIMIZE, direction_of
+from dew._throughput import MFU, THROUGHPUT
 from dew.naming import Split, bare_metric_name, parse_metric_tag
 
 Directions = Mapping[str, str | None]
@@ -150,13 +151,19 @@ def end_lines(
     directions: Directions | None = None,
 ) -> list[str]:
     """The end-of-run summary: the final values (`summary`), the time taken and the speed,
-    and each validation metric's last and (where it has a direction: the one `directions`
-    records for it, else its name's) best value with their steps."""
+    the training throughput's last values where the fit logged them (`log_throughput`:
+    rates, `mfu` as a percentage), and each validation metric's last and (where it has a
+    direction: the one `directions` records for it, else its name's) best value with their
+    steps."""
     if trained > 0 and seconds > 0:
         speed = f"  {trained} steps in {seconds:.1f} s ({trained / seconds:.2f} steps/s)"
     else:
         speed = f"  nothing to train: the run was at step {step} ({seconds:.1f} s)"
-    lines = [f"step {step}  {summary(history, step)}", speed]
+    speeds = {tag: series for tag, series in history.items() if _speed(tag) and series}
+    shown = {tag: series for tag, series in history.items() if tag not in speeds}
+    lines = [f"step {step}  {summary(shown, step)}", speed]
+    if speeds:
+        lines.append("  throughput  " + "  ".join(_speed_text(tag, s) for tag, s in speeds.items()))
     validation = {
         tag: series
         for tag, series in history.items()
@@ -173,6 +180,21 @@ def end_lines(
                 line += f"  best {value_text(top[1])} (step {top[0]}, {way} is better)"
             lines.append(line)
     return lines
+
+
+def _speed(tag: str) -> bool:
+    """Whether `tag` is a training throughput metric (`dew._throughput.THROUGHPUT`)."""
+    parts = parse_metric_tag(tag)
+    return parts.split is Split.TRAIN and parts.metric in THROUGHPUT
+
+
+def _speed_text(tag: str, series: Sequence[tuple[int, float]]) -> str:
+    """A throughput metric's last value as the summary shows it: a rate with thousands
+    separators, `mfu` as a percentage, and its step."""
+    at, value = series[-1]
+    metric = parse_metric_tag(tag).metric
+    text = f"{value:.2%}" if metric == MFU else f"{value:,.1f}"
+    return f"{tag} {text} (step {at})"
 
 
 def point_value(config: Any, path: str) -> str:

@@ -22,6 +22,7 @@ from dew.telemetry.records import SamplingProtocol
 
 __all__ = [
     "AbstractObjective",
+    "CountsTokens",
     "MissingBatchKeyError",
     "Objective",
     "ReadsEMAParams",
@@ -210,6 +211,19 @@ class WeighsLoss(Protocol):
 
     def loss_weight(self, batch: Batch) -> Float[Array, ""]:
         """The total weight `loss(params, batch, key)` averages over (traced, in the step)."""
+        ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """An objective whose batches are rows of tokens (`LMObjective`,
+    `MaskedDiffusionObjective`): `Trainer.fit` reports its training speed in
+    `tokens_per_second` too, from `batch_tokens(batch)`, beside `examples_per_second`
+    (docs/training.md, "Throughput and MFU")."""
+
+    def batch_tokens(self, batch: Batch) -> int:
+        """The token positions the model reads in `batch`, padding included (what the
+        step computes on), counted on the host from the batch's shapes."""
         ...
 
 

@@ -5,6 +5,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from dew._integers import check_integer
@@ -130,6 +131,11 @@ class LMObjective(Objective):
         if self.pad_id is not None:
             weights = jnp.where(targets == self.pad_id, jnp.zeros_like(weights), weights)
         return weights
+
+    def batch_tokens(self, batch: Batch) -> int:
+        """The positions the model reads in `batch` (`CountsTokens`): `seq_len` a row,
+        padding included, whatever the row's length past `seq_len + 1`."""
+        return int(np.shape(batch["text"])[0]) * self.seq_len
 
     def loss_weight(self, batch: Batch) -> Float[Array, ""]:
         """The batch's total target weight, the loss's denominator (`WeighsLoss`): a

@@ -7,6 +7,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from dew._integers import check_integer
@@ -192,6 +193,10 @@ class MaskedDiffusionObjective(Objective):
     def _tokens(self, batch: Batch) -> Array:
         tokens = check_token_batch(*self._text(batch), **self._token_limits())
         return tokens[:, : self.seq_len].astype(jnp.int32)
+
+    def batch_tokens(self, batch: Batch) -> int:
+        """The positions the model reads in `batch` (`CountsTokens`): `seq_len` a row."""
+        return int(np.shape(batch["text"])[0]) * self.seq_len
 
     def _text(self, batch: Batch) -> tuple[str, str, Any]:
         check_batch_keys(self, batch, Split.TRAIN)

@@ -22,7 +22,7 @@ from dew._processes import is_multiprocess, replicated_sharding
 from dew.steps import LearningRate, train_step
 from dew.training._window import accumulated
 
-__all__ = ["StateLayout", "compiled_steps", "state_leaves", "state_of"]
+__all__ = ["StateLayout", "by_where_batches_lie", "compiled_steps", "state_leaves", "state_of"]
 
 
 class StateLayout(NamedTuple):
@@ -187,6 +187,12 @@ class _ByWhereBatchesLie:
     def __call__(self, leaves: list, window: Any, batch: Any, *rest: Any) -> Any:
         call = self.host if held_on_host(batch) else self.device
         return call(leaves, window, batch, *rest)
+
+
+def by_where_batches_lie(call: Any) -> Any:
+    """The jitted call a compiled call runs a batch held on the host with (itself when it
+    has one variant: a placed fit's)."""
+    return call.host if isinstance(call, _ByWhereBatchesLie) else call
 
 
 def compiled_steps(

@@ -28,6 +28,7 @@ class FitOptions(TypedDict, total=False):
     train_reduction: str
     log_optimizer: bool
     accumulate: int
+    log_throughput: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Options:
     train_reduction: Any = "mean"
     log_optimizer: Any = False
     accumulate: Any = 1
+    log_throughput: Any = False
 
 
 _NAMES = tuple(field.name for field in dataclasses.fields(Options))

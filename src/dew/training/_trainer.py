@@ -31,6 +31,7 @@ from dew.training._batches import _draw_block, _opened, _stack, checked_block, d
 from dew.training._cadence import check_cadence
 from dew.training._compiled_step import (
     Telemetry,
+    by_where_batches_lie,
     compiled_steps,
     output_names,
     state_leaves,
@@ -47,6 +48,7 @@ from dew.training._policies._train_window import TrainingReport
 from dew.training._profile_window import ProfileWindowTracer
 from dew.training._resume import closed_after_interrupt, last_completed, starting_state
 from dew.training._sampling import sampling_record
+from dew.training._throughput import Throughput, compute_dtype, step_flops
 from dew.training._window import WindowedCalls, beside, check_train_reduction
 
 __all__ = ["Trainer", "key_text"]
@@ -149,6 +151,11 @@ class Trainer:
           means). The rate comes from the Trainer's `learning_rate` or an
           `optax.inject_hyperparams` optimizer state; without either, and for an
           objective whose aux already names one of these, `fit` raises a `ValueError`.
+        - `log_throughput=True` adds the training metrics `examples_per_second`,
+          `tokens_per_second` (an objective that counts its tokens:
+          `dew.objectives.base.CountsTokens`) and, on a device whose peak FLOP/s dew
+          knows, `mfu`, over the steps since the last log step (docs/training.md,
+          "Throughput and MFU"): worked out on the host at the log step, nothing per step.
         - Evaluation runs every `eval_every` steps only when `data.val` and
           `eval_every` are given and there is something to do: `metrics` to score
           (`validation_end` events, `<stage>/validation/<metric>`) or a preview; and
@@ -282,8 +289,9 @@ class Trainer:
                 eval_every if evaluating else None, given.final_eval and evaluating, event, sampling
             )
             stopper = given.early_stopper
+            throughput = self._throughput(stepping, given.log_throughput)
             policies = [
-                TrainingReport(log_every, stepping.calls, stepping.unsynced),
+                TrainingReport(log_every, stepping.calls, stepping.unsynced, throughput),
                 guard,
                 *([EarlyStopping(stopper)] if stopper is not None else []),
                 evaluation,
@@ -363,6 +371,21 @@ class Trainer:
             loop.end()  # the final checkpoint, the guard's check of the state returned
         return loop.state()
 
+    def _throughput(self, stepping: "_Stepping", log_throughput: object) -> Throughput | None:
+        """The fit's throughput meter (`log_throughput=True`), else `None`."""
+        if not isinstance(log_throughput, bool):
+            raise TypeError(f"log_throughput must be True or False, got {log_throughput!r}.")
+        if not log_throughput:
+            return None
+        placed = stepping.placement
+        return Throughput(
+            self.objective,
+            dtype=compute_dtype(self._objective_leaves),
+            flops=stepping.flops,
+            processes=jax.process_count() if is_multiprocess() else 1,
+            devices=1 if placed is None else placed.mesh.devices.size,
+        )
+
     def _output_names(
         self, step_kind: tuple[Telemetry, int], state_def: Any, leaves: list[Any], batch: Any
     ) -> tuple[str, ...]:
@@ -439,6 +462,25 @@ class _Stepping:
     def current(self) -> TrainState:
         """The state now (the history empty: the loop keeps it)."""
         return state_of(self.state_def, self.leaves)
+
+    def flops(self, batch: Any) -> float:
+        """The FLOPs of one compiled step (its single-step call) on a batch shaped like
+        `batch`, one process's share of a global batch under `jax.distributed`, counted by
+        XLA's cost analysis (`step_flops`) without compiling or running anything."""
+        processes = jax.process_count() if is_multiprocess() else 1
+
+        def shaped(leaf: Any) -> jax.ShapeDtypeStruct:
+            shape = np.shape(leaf)
+            if shape:
+                shape = (shape[0] * processes, *shape[1:])
+            dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+            return jax.ShapeDtypeStruct(shape, dtype)
+
+        calls = self.calls
+        assert calls.names is not None  # a window was reported: its names were found
+        window = jax.ShapeDtypeStruct((3, len(calls.names) + 1), np.float32)
+        args = (self.leaves, window, jax.tree.map(shaped, batch), calls.objective_leaves)
+        return step_flops(by_where_batches_lie(calls.step_call), *args, self.state_def)
 
     def run(self, drawn: list[Any]) -> None:
         """One compiled call over the drawn batches: one step, or a fused block."""

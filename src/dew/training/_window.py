@@ -12,6 +12,7 @@ one fetch takes it, and the window starts again empty.
 """
 
 import functools
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -145,30 +146,41 @@ class WindowedCalls:
         self.names: tuple[str, ...] | None = None
         self.window: Any = None  # the current window, on the device (None: none begun)
         self.fetched: Any = None  # the last window fetched, on the host
+        # When the current window's first call was made (`time.perf_counter`); `None` for
+        # the fit's first window, which compiles the step (decision 0080).
+        self.opened: float | None = None
 
-    def _started(self, leaves: list[Any], batch: Any) -> Any:
-        if self.window is None:  # the first call, or the one after a log step
-            if self.names is None:
-                self.names = window_names(self.names_of(leaves, batch))
-            # The bare zeros (`TrainWindow.empty`'s): an Equinox module costs 4x the jitted
-            # zeros, at every log step.
-            self.window = self.place(_empty(len(self.names)))
-        return self.window
+    def _opening(self, call: Callable[..., Any], leaves: list[Any], batch: Any, first: Any) -> Any:
+        """The first call of a window (the fit's first, or the one after a log step): a new
+        window, timed from this call, except the fit's first, whose call compiles the step
+        and whose steps are the device's first runs (decision 0080)."""
+        compiling = self.names is None
+        if compiling:
+            self.names = window_names(self.names_of(leaves, first))
+        assert self.names is not None
+        # The bare zeros (`TrainWindow.empty`'s): an Equinox module costs 4x the jitted
+        # zeros, at every log step.
+        window = self.place(_empty(len(self.names)))
+        self.opened = None if compiling else time.perf_counter()
+        leaves, self.window = call(leaves, window, batch, self.objective_leaves, self.state_def)
+        return leaves
 
     def step(self, leaves: list[Any], batch: Any) -> list[Any]:
         """One compiled step; returns the new leaves (the window kept, on the device)."""
-        window = self._started(leaves, batch)
+        if self.window is None:
+            return self._opening(self.step_call, leaves, batch, batch)
         leaves, self.window = self.step_call(
-            leaves, window, batch, self.objective_leaves, self.state_def
+            leaves, self.window, batch, self.objective_leaves, self.state_def
         )
         return leaves
 
     def fused(self, leaves: list[Any], batches: Any, first: Any) -> list[Any]:
         """One fused call over stacked `batches` (`first`: one step's batch); returns the new
         leaves."""
-        window = self._started(leaves, first)
+        if self.window is None:
+            return self._opening(self.fused_call, leaves, batches, first)
         leaves, self.window = self.fused_call(
-            leaves, window, batches, self.objective_leaves, self.state_def
+            leaves, self.window, batches, self.objective_leaves, self.state_def
         )
         return leaves
 
