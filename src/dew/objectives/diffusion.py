@@ -172,14 +172,15 @@ class DiffusionObjective(Objective):
     real rows'. The artifact `evaluate` returns carries the conditioning labels.
 
     ```python
-    >>> import jax, jax.numpy as jnp
+    >>> import equinox as eqx, jax, jax.numpy as jnp
     >>> model = DiT(16, 4, 3, width=32, depth=1, heads=2, num_classes=3, key=jax.random.key(0))
     >>> objective = DiffusionObjective(model, sampling=Sampling(steps=4))
     >>> batch = {"images": jnp.full((2, 16, 16, 3), 0.5), "labels": jnp.array([0, 2])}
-    >>> loss, aux = objective.loss(objective.init_params(), batch, jax.random.key(0))
+    >>> params = objective.init_params()
+    >>> loss, aux = eqx.filter_jit(objective.loss)(params, batch, jax.random.key(0))
     >>> bool(jnp.isfinite(loss)), aux
     (True, {})
-    >>> objective.evaluate(objective.init_params(), batch, jax.random.key(1)).generated.shape
+    >>> eqx.filter_jit(objective.evaluate)(params, batch, jax.random.key(1)).generated.shape
     (2, 16, 16, 3)
 
     ```

@@ -182,14 +182,15 @@ class GRPOObjective(Objective):
     within `max_seq_len`.
 
     ```python
-    >>> import jax, jax.numpy as jnp
+    >>> import equinox as eqx, jax, jax.numpy as jnp
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
     ...                           mlp_features=32, max_seq_len=8, key=jax.random.key(0))
     >>> def reward(prompts, completions):
     ...     return jnp.mean(jnp.where(completions == 3, 1.0, 0.0), axis=-1)
     >>> objective = GRPOObjective(model, model, reward, group_size=4, max_new_tokens=3)
     >>> batch = {"prompts": jnp.array([[1, 2], [2, 1]], jnp.int32)}
-    >>> loss, aux = objective.loss(objective.init_params(), batch, jax.random.key(0))
+    >>> params = objective.init_params()
+    >>> loss, aux = eqx.filter_jit(objective.loss)(params, batch, jax.random.key(0))
     >>> sorted(aux)
     ['clip_fraction', 'kl', 'reward_mean', 'reward_std']
 

@@ -164,16 +164,18 @@ class JEPAObjective(Objective):
     second encoder pass).
 
     ```python
-    >>> import jax, jax.numpy as jnp
+    >>> import equinox as eqx, jax, jax.numpy as jnp
     >>> encoder = ViT(16, 4, 3, width=32, depth=1, heads=2, key=jax.random.key(0))
     >>> predictor = ViT(16, 4, 3, width=16, depth=1, heads=2, key=jax.random.key(1))
     >>> objective = JEPAObjective(encoder, predictor, key=jax.random.key(2))
     >>> params = objective.init_params()
     >>> batch = {"images": jax.random.uniform(jax.random.key(3), (4, 16, 16, 3))}
-    >>> loss, aux = objective.ema_loss(params, params, batch, jax.random.key(4))
+    >>> ema_loss = eqx.filter_jit(objective.ema_loss)
+    >>> loss, aux = ema_loss(params, params, batch, jax.random.key(4))
     >>> bool(jnp.isfinite(loss)), sorted(aux)
     (True, ['target_feature_std'])
-    >>> objective.evaluate(params, batch, jax.random.key(5)).features.shape
+    >>> evaluate = eqx.filter_jit(objective.evaluate)
+    >>> evaluate(params, batch, jax.random.key(5)).features.shape
     (4, 32)
 
     ```

@@ -40,12 +40,13 @@ class LMObjective(Objective):
     live params (the objective declares no `ema_decay`).
 
     ```python
-    >>> import jax, jax.numpy as jnp
+    >>> import equinox as eqx, jax, jax.numpy as jnp
     >>> model = CausalTransformer(vocab_size=4, emb_features=16, num_layers=1, num_heads=2,
     ...                           mlp_features=32, max_seq_len=16, key=jax.random.key(0))
     >>> objective = LMObjective(model, seq_len=8)
     >>> batch = {"text": jnp.tile(jnp.arange(9, dtype=jnp.int32) % 4, (2, 1))}
-    >>> loss, aux = objective.loss(objective.init_params(), batch, jax.random.key(0))
+    >>> params = objective.init_params()
+    >>> loss, aux = eqx.filter_jit(objective.loss)(params, batch, jax.random.key(0))
     >>> bool(jnp.isclose(loss, jnp.log(4.0), atol=0.3))
     True
 

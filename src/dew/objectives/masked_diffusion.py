@@ -134,17 +134,18 @@ class MaskedDiffusionObjective(Objective):
     themselves), unconditional.
 
     ```python
-    >>> import jax, jax.numpy as jnp
+    >>> import equinox as eqx, jax, jax.numpy as jnp
     >>> model = BidirectionalTransformer(vocab_size=4, emb_features=16, num_layers=1,
     ...                                  num_heads=2, mlp_features=32, max_seq_len=8,
     ...                                  key=jax.random.key(0))
     >>> objective = MaskedDiffusionObjective(model, seq_len=8, sampling_steps=4)
     >>> batch = {"text": jnp.tile(jnp.arange(8, dtype=jnp.int32) % 4, (4, 1))}
     >>> params = objective.init_params()
-    >>> loss, aux = objective.loss(params, batch, jax.random.key(0))
+    >>> loss, aux = eqx.filter_jit(objective.loss)(params, batch, jax.random.key(0))
     >>> sorted(aux), bool(jnp.isfinite(loss))
     (['masked_fraction'], True)
-    >>> objective.evaluate(params, batch, jax.random.key(1)).tokens.shape
+    >>> evaluate = eqx.filter_jit(objective.evaluate)
+    >>> evaluate(params, batch, jax.random.key(1)).tokens.shape
     (4, 8)
 
     ```

@@ -145,13 +145,13 @@ class DiT(eqx.Module):
     The module maps one example; `jax.vmap` it over a batch (as the other backbones).
 
     ```python
-    >>> import jax, jax.numpy as jnp
+    >>> import equinox as eqx, jax, jax.numpy as jnp
     >>> model = DiT(16, 4, 3, width=32, depth=1, heads=2, num_classes=5,
     ...             key=jax.random.key(0))
     >>> images = jnp.zeros((8, 16, 16, 3))
     >>> t = jnp.linspace(0.0, 1.0, 8)
     >>> labels = jnp.full((8,), model.null_label)
-    >>> velocity = jax.vmap(model)(images, t, labels)
+    >>> velocity = eqx.filter_jit(jax.vmap(model))(images, t, labels)
     >>> velocity.shape, float(jnp.abs(velocity).max())
     ((8, 16, 16, 3), 0.0)
 
