@@ -22,6 +22,7 @@ from dew.registry import moving_shapes, objectives, shapes
 from dew.steps import TrainState, ema_update
 from dew.telemetry.records import SamplingProtocol
 from dew.tracking import InMemoryTracker, LocalTracker, read_journal
+from dew.training._evaluation_event import key_text
 
 MU, S = 0.7, 0.3
 
@@ -652,7 +653,7 @@ def test_a_fit_journals_its_sampling_protocol(tmp_path):
     labels = np.concatenate([labelled["labels"], second["labels"]]).astype("<i8")
     conditioned = hashlib.sha256(labels.tobytes()).hexdigest()
     for step, record in found[1:]:
-        event_key = dew.training.key_text(evaluation_key(jax.random.key(0), step))
+        event_key = key_text(evaluation_key(jax.random.key(0), step))
         assert record == SamplingProtocol(
             **common,
             generated_rows=8,

@@ -23,7 +23,6 @@ from dew.telemetry.records import SamplingProtocol
 __all__ = [
     "AbstractObjective",
     "MissingBatchKeyError",
-    "Objective",
     "ReadsEMAParams",
     "ReportsSampling",
     "SkipsMetrics",

@@ -36,7 +36,7 @@ from dew.training._compiled_step import (
     state_leaves,
     state_of,
 )
-from dew.training._evaluation_event import evaluates, evaluation_event, key_text
+from dew.training._evaluation_event import evaluates, evaluation_event
 from dew.training._fit_options import FitOptions, fit_options
 from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
 from dew.training._placement import ParamSharding, Placement, fit_setup, placed_by
@@ -49,7 +49,7 @@ from dew.training._resume import closed_after_interrupt, last_completed, startin
 from dew.training._sampling import sampling_record
 from dew.training._window import WindowedCalls, beside, check_train_reduction
 
-__all__ = ["Trainer", "key_text"]
+__all__ = ["Trainer"]
 
 
 class Trainer:
