@@ -21,7 +21,7 @@ from _weights import random_inception_weights
 from dew.cli import main
 from dew.config import builtin, evaluate_run, objective_shapes, override
 from dew.io import sha256_of
-from dew.metrics import FID
+from dew.metrics._fid import FID
 from dew.nn import inception
 from dew.objectives.base import SkipsMetrics
 

@@ -16,6 +16,7 @@ from dew import metrics
 from dew._domains import evaluation_key, preview_key
 from dew.artifacts import Clips, Images
 from dew.data import Dataset, Partition
+from dew.metrics._fid import FID
 from dew.nn.backbones.dit import DiT
 from dew.objectives.diffusion import DiffusionObjective, Sampling, sample_flow
 from dew.registry import moving_shapes, objectives, shapes
@@ -612,7 +613,7 @@ def test_a_fit_journals_its_sampling_protocol(tmp_path):
     weights.write_bytes(b"the stand-in's weights")
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
     definition = metrics.FeatureDefinition("mean colour", "none", digest)
-    fid = metrics.FID(network=_mean_colour, definition=definition)
+    fid = FID(network=_mean_colour, definition=definition)
     folder = tmp_path / "tracking"
     with LocalTracker(folder) as tracker:
         trainer = dew.Trainer(objective, optax.adam(1e-3), jax.random.key(0))

@@ -9,15 +9,10 @@ to four paths and 28 metric classes beside their factories before this change.
 
 import collections
 import importlib
-import pathlib
-import sys
 import types
 
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-from test_reference_site import public_modules  # noqa: E402
+from test_reference_site import public_modules
 
 # Shortcuts a product document or the guides import from a second namespace: importable
 # there, never in that namespace's `__all__` (decision 0086). Each maps to its home.
