@@ -426,7 +426,8 @@ def main() -> None:
 
 
 def _distance_part(reference, rounds: int, dims: int) -> None:
-    from dew.metrics import FID, FIDState, Moments, frechet_distance
+    from dew.metrics import Moments, frechet_distance
+    from dew.metrics._fid import FID, FIDState
 
     print("\ndistance")
     if reference is None:

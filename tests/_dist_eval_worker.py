@@ -21,7 +21,8 @@ import numpy as np
 
 from dew import metrics
 from dew.artifacts import Artifact, Images, TokenScores
-from dew.metrics import FID, Metric
+from dew.metrics import Metric
+from dew.metrics._fid import FID
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import Objective
 from dew.objectives.lm import LMObjective

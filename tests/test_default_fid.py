@@ -21,7 +21,7 @@ from _weights import random_inception_weights
 from dew.cli import main
 from dew.config import builtin, evaluate_run, objective_shapes, override
 from dew.io import sha256_of
-from dew.metrics import FID
+from dew.metrics._fid import FID
 from dew.nn import inception
 from dew.objectives.base import SkipsMetrics
 
@@ -138,7 +138,7 @@ def test_dew_eval_with_weights_scores_fid_loading_them_once(tmp_path, monkeypatc
     weights = tmp_path / "random_inception.safetensors"
     random_inception_weights(weights)
     monkeypatch.setenv("DEW_FID_WEIGHTS", str(weights))
-    monkeypatch.setattr(inception, "FID_WEIGHTS_SHA256_PREFIX", sha256_of(weights)[:8])
+    monkeypatch.setattr(inception, "_FID_WEIGHTS_SHA256_PREFIX", sha256_of(weights)[:8])
     loads = []
     load = inception.FIDInceptionV3.load.__func__
 

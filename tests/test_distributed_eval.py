@@ -29,7 +29,8 @@ from _multiprocess import TESTS, launch
 
 from dew import evaluate, metrics
 from dew._pass import preview_on_process_zero, run_pass
-from dew.metrics import FID, MetricSet
+from dew.metrics import MetricSet
+from dew.metrics._fid import FID
 from dew.objectives.lm import LMObjective
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from _checks import rejects
 
 from dew.nn import _inception_layers as layers
 from dew.nn.inception import (
-    FID_WEIGHTS_FILENAME,
-    FID_WEIGHTS_URL,
+    _FID_WEIGHTS_FILENAME,
+    _FID_WEIGHTS_URL,
     FIDInceptionV3,
     default_weights_path,
 )
@@ -158,11 +158,11 @@ def test_bad_images_are_refused(model):
 def test_the_default_weights_path(tmp_path, monkeypatch):
     monkeypatch.delenv("DEW_FID_WEIGHTS", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    cached = tmp_path / ".cache" / "dew" / FID_WEIGHTS_FILENAME
+    cached = tmp_path / ".cache" / "dew" / _FID_WEIGHTS_FILENAME
     with pytest.raises(FileNotFoundError) as caught:
         default_weights_path()
     message = str(caught.value)
-    assert str(cached) in message and FID_WEIGHTS_URL in message and "DEW_FID_WEIGHTS" in message
+    assert str(cached) in message and _FID_WEIGHTS_URL in message and "DEW_FID_WEIGHTS" in message
     assert "downloads nothing" in message
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"")

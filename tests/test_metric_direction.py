@@ -27,6 +27,27 @@ from dew.cli._console import best, end_lines, has_direction, higher_is_better
 from dew.config.sweep import optuna_search
 from dew.data import Dataset
 from dew.metrics import MeanState, Metric
+from dew.metrics._classification import (
+    AUROC,
+    F1,
+    Accuracy,
+    CrossEntropy,
+    ExpectedCalibrationError,
+    Precision,
+    Recall,
+    TopKAccuracy,
+)
+from dew.metrics._fid import FID
+from dew.metrics._images import MAE, MSE, PSNR, SSIM, VideoPSNR, VideoSSIM
+from dew.metrics._probes import KNNProbe, LinearProbe
+from dew.metrics._regression import RMSE, PointCRPS, RowLoss
+from dew.metrics._samples import (
+    ClassAccuracy,
+    ForegroundColourSpread,
+    ForegroundFraction,
+    ForegroundParts,
+)
+from dew.metrics._tokens import MeanLoss, Perplexity, TokenAccuracy
 from dew.naming import Split
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
@@ -36,31 +57,31 @@ from dew.telemetry.records import FitStarted
 from dew.tracking import InMemoryTracker, LocalTracker
 
 BUILT_IN = [  # each built-in metric class and the direction it declares
-    (metrics.Perplexity, "minimize"),
-    (metrics.MeanLoss, "minimize"),
-    (metrics.TokenAccuracy, "maximize"),
-    (metrics.MSE, "minimize"),
-    (metrics.MAE, "minimize"),
-    (metrics.PSNR, "maximize"),
-    (metrics.SSIM, "maximize"),
-    (metrics.VideoPSNR, "maximize"),
-    (metrics.VideoSSIM, "maximize"),
-    (metrics.LinearProbe, "maximize"),
-    (metrics.KNNProbe, "maximize"),
-    (metrics.RowLoss, "minimize"),
-    (metrics.RMSE, "minimize"),
-    (metrics.PointCRPS, "minimize"),
-    (metrics.Accuracy, "maximize"),
-    (metrics.TopKAccuracy, "maximize"),
-    (metrics.CrossEntropy, "minimize"),
-    (metrics.Precision, "maximize"),
-    (metrics.Recall, "maximize"),
-    (metrics.F1, "maximize"),
-    (metrics.ExpectedCalibrationError, "minimize"),
-    (metrics.AUROC, "maximize"),
-    (metrics.FID, "minimize"),
+    (Perplexity, "minimize"),
+    (MeanLoss, "minimize"),
+    (TokenAccuracy, "maximize"),
+    (MSE, "minimize"),
+    (MAE, "minimize"),
+    (PSNR, "maximize"),
+    (SSIM, "maximize"),
+    (VideoPSNR, "maximize"),
+    (VideoSSIM, "maximize"),
+    (LinearProbe, "maximize"),
+    (KNNProbe, "maximize"),
+    (RowLoss, "minimize"),
+    (RMSE, "minimize"),
+    (PointCRPS, "minimize"),
+    (Accuracy, "maximize"),
+    (TopKAccuracy, "maximize"),
+    (CrossEntropy, "minimize"),
+    (Precision, "maximize"),
+    (Recall, "maximize"),
+    (F1, "maximize"),
+    (ExpectedCalibrationError, "minimize"),
+    (AUROC, "maximize"),
+    (FID, "minimize"),
     (metrics._clip.CLIPScore, "maximize"),
-    (metrics.ClassAccuracy, "maximize"),
+    (ClassAccuracy, "maximize"),
 ]
 
 
@@ -100,10 +121,10 @@ def test_the_factories_metrics_carry_their_classes_direction():
 
 
 def test_a_sample_statistic_best_near_the_data_has_no_direction():
-    assert metrics.ForegroundFraction().direction is None
-    assert metrics.ForegroundParts().direction is None
-    assert metrics.ForegroundColourSpread().direction == "minimize"  # 0: one flat colour
-    for kind in (metrics.ForegroundFraction, metrics.ForegroundColourSpread):
+    assert ForegroundFraction().direction is None
+    assert ForegroundParts().direction is None
+    assert ForegroundColourSpread().direction == "minimize"  # 0: one flat colour
+    for kind in (ForegroundFraction, ForegroundColourSpread):
         assert kind(population="reference", name="real_x").direction is None
 
 
@@ -264,7 +285,7 @@ def test_the_early_stoppers_default_mode_is_its_metrics_direction():
     ("kwargs", "message"),
     [
         ({"metric": "loss", "mode": "up"}, r"^mode 'up' is not one of 'minimize', 'maximize'"),
-        ({"metric": metrics.ForegroundFraction()}, "has no direction .*; pass mode="),
+        ({"metric": ForegroundFraction()}, "has no direction .*; pass mode="),
     ],
 )
 def test_a_stopper_without_a_direction_to_use_raises(kwargs, message):
@@ -327,7 +348,7 @@ def test_the_sweeps_default_direction_is_its_scores(tmp_path):
     ledger = _ledger(tmp_path / "ledger.json", "minimize")
     assert _sweep_direction(given, "win_rate", scored, ledger) == "minimize"
     with pytest.raises(ValueError, match="'foreground_fraction' has no direction"):
-        _sweep_direction(given, "foreground_fraction", (metrics.ForegroundFraction(),), fresh)
+        _sweep_direction(given, "foreground_fraction", (ForegroundFraction(),), fresh)
 
 
 @pytest.mark.slow  # two tiny trials through the command

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from dew import metrics
 from dew.artifacts import Artifact, Images, TokenScores
-from dew.metrics import MeanLoss, Metric, MetricSet, Perplexity, stack_batches
+from dew.metrics import Metric, MetricSet, stack_batches
+from dew.metrics._tokens import MeanLoss, Perplexity
 from dew.testing import check_metric_laws, token_scores
 
 

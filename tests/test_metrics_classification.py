@@ -15,6 +15,7 @@ from sklearn import metrics as sk
 
 from dew import metrics
 from dew.artifacts import ClassScores, TokenScores
+from dew.metrics._classification import F1, ConfusionMatrix, TopKAccuracy
 from dew.testing import check_metric_laws, class_scores
 
 NO_ROW = "the pass has rows but no counted row"
@@ -186,9 +187,9 @@ def test_the_confusion_matrix_counts_weighted_pairs_like_scikit_learn():
     batches = _random_batches(4, classes=4, weighted=True)
     logits, labels, weight = _pooled(batches)
     merge = jax.jit(lambda a, b: a.merge(b))
-    matrix = metrics.ConfusionMatrix.zero(4)
+    matrix = ConfusionMatrix.zero(4)
     for batch in batches:
-        matrix = merge(matrix, jax.jit(metrics.ConfusionMatrix.of)(batch))
+        matrix = merge(matrix, jax.jit(ConfusionMatrix.of)(batch))
     expected = sk.confusion_matrix(
         labels, logits.argmax(axis=1), labels=list(range(4)), sample_weight=weight
     )
@@ -258,7 +259,7 @@ EVERY = {
     "precision": metrics.precision(2),
     "recall": metrics.recall(2),
     "f1": metrics.f1(2),
-    "f1_class_1": metrics.F1(2, class_index=1, name="f1_class_1"),
+    "f1_class_1": F1(2, class_index=1, name="f1_class_1"),
     "expected_calibration_error": metrics.expected_calibration_error(),
     "auroc": metrics.auroc(),
 }
@@ -335,12 +336,12 @@ def test_a_traced_bad_label_fails_the_compiled_call_with_the_metrics_check():
     ("build", "message"),
     [
         (lambda: metrics.top_k_accuracy(0), "k must be an integer >= 1, got 0."),
-        (lambda: metrics.TopKAccuracy(k=-2), "k must be an integer >= 1, got -2."),
+        (lambda: TopKAccuracy(k=-2), "k must be an integer >= 1, got -2."),
         (lambda: metrics.expected_calibration_error(0), "bins must be an integer >= 1, got 0."),
         (lambda: metrics.auroc(1), "thresholds must be an integer >= 2, got 1."),
         (lambda: metrics.precision(1), "classes must be an integer >= 2, got 1."),
         (
-            lambda: metrics.F1(classes=3, class_index=3),
+            lambda: F1(classes=3, class_index=3),
             "class_index must be None or an integer between 0 and 2, got 3.",
         ),
         (

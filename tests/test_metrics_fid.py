@@ -23,14 +23,13 @@ from hypothesis.extra import numpy as hnp
 from dew import io, metrics
 from dew.artifacts import Images, Representations
 from dew.metrics import (
-    FID,
     FIDStatistics,
     Moments,
     frechet_distance,
     load_fid_statistics,
     save_fid_statistics,
 )
-from dew.metrics._fid import _statistics
+from dew.metrics._fid import FID, _statistics
 from dew.nn import inception
 from dew.testing import check_metric_laws, images
 

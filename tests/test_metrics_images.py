@@ -17,6 +17,7 @@ from skimage.metrics import mean_squared_error, peak_signal_noise_ratio, structu
 from dew import metrics
 from dew.artifacts import Clips, Images
 from dew.metrics import MetricSet, stack_batches
+from dew.metrics._images import PSNR, SSIM, VideoPSNR, VideoSSIM
 from dew.testing import assert_scores_close, check_metric_laws, clips, images
 
 # A few fixed shapes, so that JAX compiles each once: four rows per batch (and four frames
@@ -434,7 +435,7 @@ def test_ssim_of_images_smaller_than_its_window_raises(size):
     )
 
 
-DATA_RANGE_METRICS = [metrics.PSNR, metrics.SSIM, metrics.VideoPSNR, metrics.VideoSSIM]
+DATA_RANGE_METRICS = [PSNR, SSIM, VideoPSNR, VideoSSIM]
 DATA_RANGE_FACTORIES = [metrics.psnr, metrics.ssim, metrics.video_psnr, metrics.video_ssim]
 
 

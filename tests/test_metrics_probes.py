@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from dew import metrics
 from dew.artifacts import Representations
 from dew.metrics import MetricSet, stack_batches
+from dew.metrics._probes import KNNProbe, LinearProbe
 from dew.testing import assert_scores_close, check_metric_laws, representations
 
 NUM_CLASSES = 3
@@ -315,7 +316,7 @@ def test_probe_with_num_classes_below_one_raises(build, num_classes):
 
 
 @pytest.mark.parametrize("num_classes", [2.5, True, "3", None])
-@pytest.mark.parametrize("build", [metrics.LinearProbe, metrics.KNNProbe])
+@pytest.mark.parametrize("build", [LinearProbe, KNNProbe])
 def test_probe_with_num_classes_of_the_wrong_type_is_rejected(build, num_classes):
     with rejects(ValueError, "num_classes", parameter="num_classes"):
         build(num_classes=num_classes)
@@ -330,7 +331,7 @@ def test_knn_probe_with_k_below_one_raises(k):
 @pytest.mark.parametrize("k", [2.0, True])
 def test_knn_probe_with_k_of_the_wrong_type_is_rejected(k):
     with rejects(ValueError, "k must", parameter="k"):
-        metrics.KNNProbe(num_classes=NUM_CLASSES, k=k)
+        KNNProbe(num_classes=NUM_CLASSES, k=k)
 
 
 @pytest.mark.parametrize("l2", [0.0, -1.0, math.nan, math.inf])

@@ -12,14 +12,13 @@ from scipy import ndimage
 
 from dew import metrics
 from dew.artifacts import Clips, Images
-from dew.metrics import (
+from dew.metrics import MetricSet, ShapeClassifier
+from dew.metrics._samples import (
     ForegroundColourSpread,
     ForegroundFraction,
     ForegroundParts,
-    MetricSet,
-    ShapeClassifier,
+    foreground_parts,
 )
-from dew.metrics._samples import foreground_parts
 from dew.testing import check_metric_laws, clips, images
 
 UNTRAINED = ShapeClassifier.fresh(11, (4, 4), key=jax.random.key(0))

@@ -12,7 +12,7 @@ import pytest
 
 from dew import metrics
 from dew.artifacts import Clips, Images, Representations, TokenRows, TokenScores
-from dew.metrics import MeanLoss, Perplexity, TokenAccuracy
+from dew.metrics._tokens import MeanLoss, Perplexity, TokenAccuracy
 from dew.testing import check_metric_laws, token_scores
 
 NO_TARGET = "the pass has token positions but no counted target"

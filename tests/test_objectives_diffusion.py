@@ -16,12 +16,14 @@ from dew import metrics
 from dew._domains import evaluation_key, preview_key
 from dew.artifacts import Clips, Images
 from dew.data import Dataset, Partition
+from dew.metrics._fid import FID
 from dew.nn.backbones.dit import DiT
 from dew.objectives.diffusion import DiffusionObjective, Sampling, sample_flow
 from dew.registry import moving_shapes, objectives, shapes
 from dew.steps import TrainState, ema_update
 from dew.telemetry.records import SamplingProtocol
 from dew.tracking import InMemoryTracker, LocalTracker, read_journal
+from dew.training._evaluation_event import key_text
 
 MU, S = 0.7, 0.3
 
@@ -611,7 +613,7 @@ def test_a_fit_journals_its_sampling_protocol(tmp_path):
     weights.write_bytes(b"the stand-in's weights")
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
     definition = metrics.FeatureDefinition("mean colour", "none", digest)
-    fid = metrics.FID(network=_mean_colour, definition=definition)
+    fid = FID(network=_mean_colour, definition=definition)
     folder = tmp_path / "tracking"
     with LocalTracker(folder) as tracker:
         trainer = dew.Trainer(objective, optax.adam(1e-3), jax.random.key(0))
@@ -652,7 +654,7 @@ def test_a_fit_journals_its_sampling_protocol(tmp_path):
     labels = np.concatenate([labelled["labels"], second["labels"]]).astype("<i8")
     conditioned = hashlib.sha256(labels.tobytes()).hexdigest()
     for step, record in found[1:]:
-        event_key = dew.training.key_text(evaluation_key(jax.random.key(0), step))
+        event_key = key_text(evaluation_key(jax.random.key(0), step))
         assert record == SamplingProtocol(
             **common,
             generated_rows=8,

@@ -28,7 +28,7 @@ from dew.objectives.masked_diffusion import (
 from dew.steps import TrainState, train_step
 from dew.telemetry.records import SamplingProtocol
 from dew.tracking import InMemoryTracker
-from dew.training import key_text
+from dew.training._evaluation_event import key_text
 
 VOCAB = 5
 SEQ = 6

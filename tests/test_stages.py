@@ -10,12 +10,12 @@ import pytest
 from scipy import integrate, stats
 
 from dew.events import TrackerEventSink
+from dew.metrics import gaussian_crps
 from dew.supervised import (
     Batch,
     GammaVarianceStage,
     MeanStage,
     gamma_variance_nll,
-    gaussian_crps,
     positive_variance,
     run_stages,
 )

@@ -10,7 +10,8 @@ from _tiny_sweep_run import tiny_lm_run
 
 from dew.cli import main
 from dew.config import DataConfig, ModelConfig, RunConfig, TrainerConfig
-from dew.config.sweep import OWNER_ATTR, Uniform, optuna_search, sweep
+from dew.config.sweep import Uniform, optuna_search, sweep
+from dew.config.sweep._optuna_run import OWNER_ATTR
 
 SPACE = {"optim.learning_rate": Uniform(1e-4, 1e-1, log=True)}
 

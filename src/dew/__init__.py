@@ -5,6 +5,24 @@ numerical work; a thin shell (runners, trackers, sweeps, checkpoints) drives it.
 Importing `dew` imports no optional extra, and no JAX: each name below imports its module
 when it is first used (`dew.Trainer`, `from dew import metrics`), so the `dew` command's
 `--help` and `dew runs` start without JAX; trackers import their extras when built.
+
+Each public name has one home, the module whose reference page documents it (decision
+0086). The guides' shortcuts, importable from `dew` too, are those homes' objects:
+
+- `dew.Trainer`: [`dew.training.Trainer`][dew.training.Trainer]
+- `dew.evaluate`: [`dew.evaluation.evaluate`][dew.evaluation.evaluate]
+- `dew.Evaluation`: [`dew.evaluation.Evaluation`][dew.evaluation.Evaluation]
+- `dew.load_run`: [`dew.config.load_run`][dew.config.load_run]
+- `dew.LoadedRun`: [`dew.config.LoadedRun`][dew.config.LoadedRun]
+- `dew.profile`: [`dew.profiling.profile`][dew.profiling.profile]
+- `dew.Profile`: [`dew.profiling.Profile`][dew.profiling.Profile]
+- `dew.Trackers`: [`dew.tracking.Trackers`][dew.tracking.Trackers]
+- `dew.InMemoryTracker`: [`dew.tracking.InMemoryTracker`][dew.tracking.InMemoryTracker]
+- `dew.LocalTracker`: [`dew.tracking.local.LocalTracker`][dew.tracking.local.LocalTracker]
+- `dew.TensorBoardTracker`:
+  [`dew.tracking.tensorboard.TensorBoardTracker`][dew.tracking.tensorboard.TensorBoardTracker]
+- `dew.MLflowTracker`: [`dew.tracking.mlflow.MLflowTracker`][dew.tracking.mlflow.MLflowTracker]
+- `dew.WandbTracker`: [`dew.tracking.wandb.WandbTracker`][dew.tracking.wandb.WandbTracker]
 """
 
 from typing import TYPE_CHECKING
@@ -53,25 +71,8 @@ _HOMES: dict[str, str] = {
     "tracking": "dew.tracking",
 }
 
-__all__ = [
-    "Evaluation",
-    "InMemoryTracker",
-    "LoadedRun",
-    "LocalTracker",
-    "MLflowTracker",
-    "TensorBoardTracker",
-    "Profile",
-    "Trainer",
-    "Trackers",
-    "WandbTracker",
-    "__version__",
-    "evaluate",
-    "events",
-    "load_run",
-    "metrics",
-    "profile",
-    "naming",
-    "tracking",
-]
+# The submodules the guides reach through `dew`; the shortcuts in `_HOMES` are listed at
+# their homes alone, so the reference shows each once.
+__all__ = ["__version__", "events", "metrics", "naming", "tracking"]
 
 __getattr__, __dir__ = lazy_names(__name__, _HOMES)

@@ -29,7 +29,10 @@ from jaxtyping import Array, Bool, Float, Int, Shaped
 
 from dew._checks import check_ids
 from dew._host import collective_host, host
-from dew._processes import PhaseFailedError, agree_process_phase
+
+# importable from here too (their home is dew.distributed): evaluation hooks call them
+from dew._processes import PhaseFailedError as PhaseFailedError
+from dew._processes import agree_process_phase as agree_process_phase
 
 __all__ = [
     "Artifact",
@@ -40,11 +43,9 @@ __all__ = [
     "Representations",
     "TokenRows",
     "TokenScores",
-    "agree_process_phase",
     "collective_host",
     "concatenate_rows",
     "host",
-    "PhaseFailedError",
 ]
 
 _A = TypeVar("_A", bound="Artifact")

@@ -6,12 +6,12 @@ from typing import Any
 
 from jaxtyping import PRNGKeyArray, PyTree
 
-from dew._pass import SCORING_DOMAIN, PassResult, run_pass, scoring_key
+from dew._pass import SCORING_DOMAIN, run_pass, scoring_key
 from dew.data import Partition, _lazily
 from dew.metrics import Metric, MetricSet
 from dew.objectives.base import Objective
 
-__all__ = ["SCORING_DOMAIN", "Evaluation", "PassResult", "evaluate", "run_pass", "scoring_key"]
+__all__ = ["SCORING_DOMAIN", "Evaluation", "evaluate", "scoring_key"]
 
 
 @dataclasses.dataclass(frozen=True)

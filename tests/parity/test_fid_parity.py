@@ -24,7 +24,8 @@ import scipy.linalg
 from _pytorch_fid import import_pytorch_fid
 
 from dew.artifacts import Images
-from dew.metrics import FID, frechet_distance
+from dew.metrics import frechet_distance
+from dew.metrics._fid import FID
 
 import_pytorch_fid()  # skips without torch, torchvision or pytorch-fid
 fid_score = pytest.importorskip("pytorch_fid.fid_score")

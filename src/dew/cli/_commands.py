@@ -95,9 +95,9 @@ def _start_step(folder: pathlib.Path) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from dew._loop import verbose_console
     from dew._run_folder import run_folder
     from dew.cli._trackers import open_trackers, tensorboard_hint
-    from dew.training import verbose_console
 
     config = _train_config(args)
     name = config.trainer.name
@@ -303,8 +303,9 @@ def _sweep(args: argparse.Namespace) -> int:
             _say(tensorboard_hint(local))
 
     def trial(run: Any) -> float:
+        from dew._loop import verbose_console
         from dew.config.sweep import pruning_stopper
-        from dew.training import NonFiniteTrainingError, verbose_console
+        from dew.training import NonFiniteTrainingError
 
         _say(_trial_line(run, space, args.trials))
         stopper = pruning_stopper(metric)  # None without --pruner
@@ -388,7 +389,6 @@ def _eval(args: argparse.Namespace) -> int:
     from dew.config import RunConfig, evaluate_run
     from dew.distributed import process_count
     from dew.registry import import_modules
-    from dew.training import counts_line, key_text
 
     # Public names alone (a test holds dew eval to them), so run.json is spelled here as the
     # documentation spells it (`dew._run_folder.RUN_RECORD`).
@@ -419,6 +419,14 @@ def _eval(args: argparse.Namespace) -> int:
         )
     # The counts say something with uneven shards or several processes, else on --verbose.
     if args.verbose or result.uneven_shards or process_count() > 1:
-        counts = (result.coordinated_batches, result.records, result.uneven_shards)
-        _say(f"  {counts_line(*counts, key_text(result.key))}")
+        _say(f"  {_counts_line(result)}")
     return 0
+
+
+def _counts_line(result: Any) -> str:
+    """An `Evaluation`'s counts and key as `dew train` prints them (the console's own line)."""
+    from dew._loop import counts_line
+    from dew.training._evaluation_event import key_text
+
+    counts = (result.coordinated_batches, result.records, result.uneven_shards)
+    return counts_line(*counts, key_text(result.key))

@@ -208,7 +208,7 @@ def _extract(network: Callable[[Array], Array], images: Array) -> Array:
 class FID(Metric[Images]):
     """Fréchet Inception Distance over `Images`: generated rows against reference rows.
 
-    `dew.metrics.fid()` builds it on pytorch-fid's InceptionV3. The fields:
+    `dew.metrics.fid()` builds it, on pytorch-fid's InceptionV3 or another network. The fields:
 
     - `network`: the feature network, a (jit-compatible) callable from images
       `(rows, height, width, 3)` in `[0, 1]` to features `(rows, dims)`. Values compare
@@ -320,6 +320,7 @@ class FID(Metric[Images]):
 def fid(
     weights: str | os.PathLike[str] | None = None,
     *,
+    network: Callable[[Array], Array] | None = None,
     dtype: str = "float32",
     reference: str | os.PathLike[str] | FIDStatistics | Moments | None = None,
     name: str = "fid",
@@ -332,6 +333,10 @@ def fid(
       named by `$DEW_FID_WEIGHTS`, else `~/.cache/dew/pt_inception-2015-12-05-6726825d.pth`,
       checked by its SHA-256 prefix (`dew.nn.inception.default_weights_path`). Nothing is
       downloaded.
+    - `network`: another feature network instead of InceptionV3, a (jit-compatible)
+      callable from images `(rows, height, width, 3)` in `[0, 1]` to features
+      `(rows, dims)`: the metric is then the Fréchet distance of its features, not FID
+      (`weights` must be None; nothing is loaded).
     - `dtype`: the network's `"float32"` (default) or `"float64"` (needs 64-bit JAX).
     - `reference`: precomputed statistics of the real population: the path of a file
       `save_fid_statistics` wrote, or of pytorch-fid's own `.npz` (its row count then
@@ -341,8 +346,15 @@ def fid(
     **Raises:** `FileNotFoundError` when the weights (or the statistics) are not there, the
     message saying where to put pytorch-fid's published weights.
     """
-    network = FIDInceptionV3.load(weights, dtype=dtype)
     if reference is not None and not isinstance(reference, FIDStatistics | Moments):
         reference = load_fid_statistics(reference)
-    definition = FeatureDefinition(FEATURES, network.preprocessing, network.weights_sha256)
-    return FID(network=network.features, reference=reference, name=name, definition=definition)
+    if network is not None:
+        if weights is not None:
+            raise ValueError(
+                f"fid takes weights for InceptionV3 or another network, not both; got "
+                f"weights={weights!r} and network={network!r}."
+            )
+        return FID(network=network, reference=reference, name=name)
+    inception = FIDInceptionV3.load(weights, dtype=dtype)
+    definition = FeatureDefinition(FEATURES, inception.preprocessing, inception.weights_sha256)
+    return FID(network=inception.features, reference=reference, name=name, definition=definition)

@@ -74,7 +74,7 @@ class MetricSet(Metric[Artifact]):
             raise ValueError(
                 f"metric names must be unique within a pass, got {duplicates} more than once"
                 f"{keyed if nested else ''}; "
-                "give one of them another name (for example PSNR(name='psnr_full_range'))."
+                "give one of them another name (for example psnr(name='psnr_full_range'))."
             )
         self.metrics = metrics
 

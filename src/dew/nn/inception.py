@@ -23,21 +23,16 @@ from dew.nn._inception_layers import (
 
 __all__ = [
     "FEATURES",
-    "FID_WEIGHTS_FILENAME",
-    "FID_WEIGHTS_SHA256_PREFIX",
-    "FID_WEIGHTS_URL",
-    "WEIGHTS_ENVIRONMENT_VARIABLE",
     "FIDInceptionV3",
     "default_weights_path",
-    "missing_weights",
 ]
 
-FID_WEIGHTS_FILENAME = "pt_inception-2015-12-05-6726825d.pth"
-FID_WEIGHTS_SHA256_PREFIX = "6726825d"
-FID_WEIGHTS_URL = (
-    "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/" + FID_WEIGHTS_FILENAME
+_FID_WEIGHTS_FILENAME = "pt_inception-2015-12-05-6726825d.pth"
+_FID_WEIGHTS_SHA256_PREFIX = "6726825d"
+_FID_WEIGHTS_URL = (
+    "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/" + _FID_WEIGHTS_FILENAME
 )
-WEIGHTS_ENVIRONMENT_VARIABLE = "DEW_FID_WEIGHTS"
+_WEIGHTS_ENVIRONMENT_VARIABLE = "DEW_FID_WEIGHTS"
 FEATURES = "pytorch-fid 0.3.0 FID InceptionV3, pool3 (2048 features)"
 """What `FIDInceptionV3.features` reads, as a `SamplingProtocol` record names it."""
 
@@ -50,12 +45,12 @@ def _candidate(
     """The weights file `default_weights_path` reads, and what chose it (None: the cache)."""
     if weights is not None:
         path, source = pathlib.Path(weights), "the weights path given"
-    elif os.environ.get(WEIGHTS_ENVIRONMENT_VARIABLE):
-        path = pathlib.Path(os.environ[WEIGHTS_ENVIRONMENT_VARIABLE])
-        source = f"${WEIGHTS_ENVIRONMENT_VARIABLE}"
+    elif os.environ.get(_WEIGHTS_ENVIRONMENT_VARIABLE):
+        path = pathlib.Path(os.environ[_WEIGHTS_ENVIRONMENT_VARIABLE])
+        source = f"${_WEIGHTS_ENVIRONMENT_VARIABLE}"
     else:
         path, source = (
-            pathlib.Path.home() / ".cache" / "dew" / FID_WEIGHTS_FILENAME,
+            pathlib.Path.home() / ".cache" / "dew" / _FID_WEIGHTS_FILENAME,
             None,
         )
     return path.expanduser(), source
@@ -74,8 +69,8 @@ def default_weights_path(weights: str | os.PathLike[str] | None = None) -> pathl
     where = f" ({source})" if source else ""
     raise FileNotFoundError(
         f"No FID InceptionV3 weights at {str(path)!r}{where}. dew downloads nothing: save "
-        f"pytorch-fid's published weights, {FID_WEIGHTS_URL} , as "
-        f"~/.cache/dew/{FID_WEIGHTS_FILENAME}, or point ${WEIGHTS_ENVIRONMENT_VARIABLE} "
+        f"pytorch-fid's published weights, {_FID_WEIGHTS_URL} , as "
+        f"~/.cache/dew/{_FID_WEIGHTS_FILENAME}, or point ${_WEIGHTS_ENVIRONMENT_VARIABLE} "
         "or weights= at the file."
     )
 
@@ -89,11 +84,11 @@ def missing_weights(weights: str | os.PathLike[str] | None = None) -> str | None
         return None
     if source is not None:
         return (
-            f"no weights at {path}, named by {source} (save pytorch-fid's {FID_WEIGHTS_URL} there)"
+            f"no weights at {path}, named by {source} (save pytorch-fid's {_FID_WEIGHTS_URL} there)"
         )
     return (
-        f"no weights at {path} (save pytorch-fid's {FID_WEIGHTS_URL} there, or point "
-        f"${WEIGHTS_ENVIRONMENT_VARIABLE} at a copy)"
+        f"no weights at {path} (save pytorch-fid's {_FID_WEIGHTS_URL} there, or point "
+        f"${_WEIGHTS_ENVIRONMENT_VARIABLE} at a copy)"
     )
 
 
@@ -163,8 +158,8 @@ class FIDInceptionV3(eqx.Module):
         _check_dtype(dtype)
         resolved = default_weights_path(path)
         digest = sha256_of(resolved)
-        if path is None and not digest.startswith(FID_WEIGHTS_SHA256_PREFIX):
-            check_sha256(resolved, FID_WEIGHTS_SHA256_PREFIX)  # raises, naming the file
+        if path is None and not digest.startswith(_FID_WEIGHTS_SHA256_PREFIX):
+            check_sha256(resolved, _FID_WEIGHTS_SHA256_PREFIX)  # raises, naming the file
         return cls(load_torch_state_dict(resolved), dtype=dtype, weights_sha256=digest)
 
     @property

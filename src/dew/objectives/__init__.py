@@ -7,4 +7,5 @@ One module per objective family: `dew.objectives.lm`, `masked_diffusion`, `dpo`,
 from dew.objectives.base import AbstractObjective as AbstractObjective
 from dew.objectives.base import Objective as Objective
 
-__all__ = ["AbstractObjective", "Objective"]
+# The objective base is documented at its home, `dew.objectives.base`; importable here too.
+__all__: list[str] = []

@@ -24,7 +24,6 @@ __all__ = [
     "AbstractObjective",
     "CountsTokens",
     "MissingBatchKeyError",
-    "Objective",
     "ReadsEMAParams",
     "ReportsSampling",
     "SkipsMetrics",

@@ -23,9 +23,10 @@ from dew.objectives.base import (
     token_log_probs,
     trainable,
 )
-from dew.objectives.sampling import Samples, _sample_tokens
+from dew.objectives.sampling import Samples as Samples
+from dew.objectives.sampling import _sample_tokens
 
-__all__ = ["DPOObjective", "Samples"]
+__all__ = ["DPOObjective"]  # `Samples`: its home is dew.objectives.sampling
 
 _SIDES = ("chosen", "rejected")
 

@@ -25,9 +25,11 @@ from dew.objectives.base import (
     token_log_probs,
     trainable,
 )
-from dew.objectives.sampling import Samples, sample_continuations
+from dew.objectives.sampling import Samples as Samples
+from dew.objectives.sampling import sample_continuations
 
-__all__ = ["GRPOObjective", "GRPOTerms", "Samples", "group_advantages", "grpo_loss_terms"]
+# `Samples`: its home is dew.objectives.sampling
+__all__ = ["GRPOObjective", "GRPOTerms", "group_advantages", "grpo_loss_terms"]
 
 RewardFn = Callable[[Int[Array, "rows prompt"], Int[Array, "rows group new"]], Array]
 

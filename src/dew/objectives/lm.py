@@ -23,9 +23,13 @@ from dew.objectives.base import (
     token_log_probs,
     trainable,
 )
-from dew.objectives.sampling import Generation, Samples, generate
+from dew.objectives.sampling import Generation as Generation
+from dew.objectives.sampling import Samples as Samples
+from dew.objectives.sampling import generate as generate
 
-__all__ = ["Generation", "LMObjective", "Samples", "generate"]
+# `Samples`, `Generation` and `generate` stay importable from here (their home is
+# `dew.objectives.sampling`), as the guides import them.
+__all__ = ["LMObjective"]
 
 
 class LMObjective(Objective):

@@ -12,7 +12,6 @@ from dew.supervised._stages import GammaVarianceStage as GammaVarianceStage
 from dew.supervised._stages import GaussianValidation as GaussianValidation
 from dew.supervised._stages import MeanStage as MeanStage
 from dew.supervised._stages import gamma_variance_nll as gamma_variance_nll
-from dew.supervised._stages import gaussian_crps as gaussian_crps
 from dew.supervised._stages import positive_variance as positive_variance
 from dew.supervised._stages import run_stages as run_stages
 
@@ -27,7 +26,6 @@ __all__ = [
     "Optimizer",
     "create_optimizer",
     "gamma_variance_nll",
-    "gaussian_crps",
     "initialize_training_state",
     "positive_variance",
     "run_stages",

@@ -28,7 +28,8 @@ from dew._nonfinite import check_loss, raises_on_nonfinite
 from dew._pass import run_pass
 from dew.artifacts import RegressionScores
 from dew.events import EPOCH_END, VALIDATION_END, EventSink
-from dew.metrics import MetricSet, RowLoss, RowMeanState
+from dew.metrics import MetricSet
+from dew.metrics._regression import RowLoss, RowMeanState
 from dew.naming import Split, check_name
 from dew.objectives.base import trainable
 from dew.objectives.supervised import SupervisedObjective

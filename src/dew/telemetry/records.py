@@ -274,8 +274,8 @@ class SamplingProtocol(Record):
       or `"unconditional"`.
     - `generated_rows`, `real_rows`: the rows an evaluation generated and the real rows
       it consumed (both `0` in the record a fit reports once, at its start).
-    - `event_key`: the evaluation event's key as hex (`dew.training.key_text`), from which
-      the scoring keys derive; `None` in the fit's record.
+    - `event_key`: the evaluation event's key as hex (each word of its raw key data as
+      eight hex digits), from which the scoring keys derive; `None` in the fit's record.
     - `conditioning_sha256`: the identity of the conditioning data: the SHA-256 of every
       generated row's conditioning values (its class label) in pass order, as
       little-endian int64 (`hashlib.sha256(np.asarray(labels, "<i8").tobytes())` over

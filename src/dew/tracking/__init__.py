@@ -1,7 +1,11 @@
 """Experiment trackers: the `Tracker` protocol, its base classes and the trackers dew ships.
 
-Concrete trackers for TensorBoard, MLflow and W&B live in their own modules and
-import their extra only when constructed.
+The trackers that write files or reach a service live in their own modules, where the
+reference documents them: `dew.tracking.local.LocalTracker`,
+`dew.tracking.tensorboard.TensorBoardTracker`, `dew.tracking.mlflow.MLflowTracker` and
+`dew.tracking.wandb.WandbTracker`, each importing its extra only when constructed. They are
+importable from `dew.tracking` too (and, as the dew guide does, from `dew` and
+`dew.training`).
 """
 
 from typing import TYPE_CHECKING
@@ -24,19 +28,16 @@ if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see
     from dew.tracking.tensorboard import TensorBoardTracker as TensorBoardTracker
     from dew.tracking.wandb import WandbTracker as WandbTracker
 
+# The trackers of the modules below are importable here too, listed at their homes.
 __all__ = [
     "AbstractRunTracker",
     "AbstractTracker",
     "InMemoryTracker",
     "Journal",
-    "LocalTracker",
-    "MLflowTracker",
     "Preview",
     "ScalarTracker",
-    "TensorBoardTracker",
     "Tracker",
     "Trackers",
-    "WandbTracker",
     "preview_files",
     "read_journal",
 ]

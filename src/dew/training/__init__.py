@@ -1,11 +1,13 @@
-"""The trainer, the callback protocol its loop asks, and the names the dew guide imports from
-`dew.training`: the trackers."""
+"""The trainer and the callback protocol its loop asks.
+
+The dew guide imports the trackers from here too: `LocalTracker`, `TensorBoardTracker`,
+`MLflowTracker`, `WandbTracker`, `InMemoryTracker` and `Trackers` are `dew.tracking`'s
+(decision 0086), documented there.
+"""
 
 from dew._interrupts import FitInterrupted as FitInterrupted
 from dew._loop import Callback as Callback
 from dew._loop import Loop as Loop
-from dew._loop import counts_line as counts_line
-from dew._loop import verbose_console as verbose_console
 from dew._nonfinite import NonFiniteTrainingError as NonFiniteTrainingError
 from dew.tracking import InMemoryTracker as InMemoryTracker
 from dew.tracking import LocalTracker as LocalTracker
@@ -15,22 +17,13 @@ from dew.tracking import Trackers as Trackers
 from dew.tracking import WandbTracker as WandbTracker
 from dew.training._fit_options import FitOptions as FitOptions
 from dew.training._trainer import Trainer as Trainer
-from dew.training._trainer import key_text as key_text
 
+# The trackers above are importable here for the guide; their home is dew.tracking.
 __all__ = [
     "Callback",
     "FitInterrupted",
     "FitOptions",
-    "InMemoryTracker",
-    "LocalTracker",
     "Loop",
-    "MLflowTracker",
     "NonFiniteTrainingError",
-    "TensorBoardTracker",
-    "Trackers",
     "Trainer",
-    "WandbTracker",
-    "counts_line",
-    "key_text",
-    "verbose_console",
 ]

@@ -11,9 +11,8 @@ from tqdm.auto import tqdm
 
 from dew import _domains
 from dew._loop import Loop
-from dew._pass import preview_on_process_zero
+from dew._pass import preview_on_process_zero, run_pass
 from dew.data import Dataset, Partition, _lazily
-from dew.evaluation import run_pass
 from dew.events import VALIDATION_END
 from dew.metrics import MetricSet
 from dew.naming import Split, preview_name

@@ -37,7 +37,7 @@ from dew.training._compiled_step import (
     state_leaves,
     state_of,
 )
-from dew.training._evaluation_event import evaluates, evaluation_event, key_text
+from dew.training._evaluation_event import evaluates, evaluation_event
 from dew.training._fit_options import FitOptions, fit_options
 from dew.training._optimizer_telemetry import checked_learning_rate, optimizer_telemetry
 from dew.training._placement import ParamSharding, Placement, fit_setup, placed_by
@@ -51,7 +51,7 @@ from dew.training._sampling import sampling_record
 from dew.training._throughput import Throughput, compute_dtype, step_flops
 from dew.training._window import WindowedCalls, beside, check_train_reduction
 
-__all__ = ["Trainer", "key_text"]
+__all__ = ["Trainer"]
 
 
 class Trainer:

@@ -64,10 +64,8 @@ from typing import TYPE_CHECKING
 from dew._lazy import lazy_names
 
 if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see them
-    from dew.config.sweep._ledger import LEDGER_VERSION as LEDGER_VERSION
     from dew.config.sweep._optuna import OptunaSearch as OptunaSearch
     from dew.config.sweep._optuna import optuna_search as optuna_search
-    from dew.config.sweep._optuna_run import OWNER_ATTR as OWNER_ATTR
     from dew.config.sweep._optuna_run import _OptunaRun as _OptunaRun
     from dew.config.sweep._pruning import PruningStopper as PruningStopper
     from dew.config.sweep._pruning import pruning_stopper as pruning_stopper
@@ -91,8 +89,6 @@ if TYPE_CHECKING:  # the names as type checkers, IDEs and the reference site see
     from dew.config.sweep._sweep import sweep as sweep
 
 __all__ = [
-    "LEDGER_VERSION",
-    "OWNER_ATTR",
     "VALUE_TAG",
     "Choice",
     "GridSearch",
@@ -115,8 +111,6 @@ __all__ = [
 
 # Each public name and the module it comes from, imported when the name is first used.
 _HOMES = {
-    "LEDGER_VERSION": "dew.config.sweep._ledger",
-    "OWNER_ATTR": "dew.config.sweep._optuna_run",
     "OptunaSearch": "dew.config.sweep._optuna",
     "_OptunaRun": "dew.config.sweep._optuna_run",
     "optuna_search": "dew.config.sweep._optuna",

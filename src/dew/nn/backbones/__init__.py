@@ -8,4 +8,6 @@ from dew.nn.backbones.causal_transformer import CausalTransformer as CausalTrans
 from dew.nn.backbones.dit import DiT as DiT
 from dew.nn.backbones.vit import ViT as ViT
 
-__all__ = ["REMAT_POLICIES", "BidirectionalTransformer", "CausalTransformer", "DiT", "ViT"]
+# Each backbone is documented in its own module (`dew.nn.backbones.causal_transformer`, ...),
+# and importable from here too.
+__all__ = ["REMAT_POLICIES"]
