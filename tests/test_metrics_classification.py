@@ -4,6 +4,7 @@ the AUROC grid's exactness and bound, empty and degenerate passes, and their err
 
 import re
 import warnings
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -11,12 +12,22 @@ import jaxtyping
 import numpy as np
 import pytest
 from hypothesis import strategies as st
-from sklearn import metrics as sk
 
 from dew import metrics
 from dew.artifacts import ClassScores, TokenScores
 from dew.metrics._classification import F1, ConfusionMatrix, TopKAccuracy
 from dew.testing import check_metric_laws, class_scores
+
+# scikit-learn's metrics, imported when this file's tests run (the fixture below), not when
+# pytest collects it: each xdist worker collects the whole suite.
+sk: Any = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sklearn_imported():
+    global sk
+    from sklearn import metrics as sk
+
 
 NO_ROW = "the pass has rows but no counted row"
 

@@ -4,7 +4,6 @@ their laws, their empty and degenerate passes, and their errors."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from dew import metrics
 from dew.artifacts import RegressionScores, TokenScores
@@ -47,6 +46,8 @@ def _field(batches, name):
 
 def _reference(batches, name: str) -> float:
     """The pooled weighted mean over rows, in float64 NumPy (SciPy for the CRPS)."""
+    from scipy import stats  # here, not at collection
+
     weights = _field(batches, "weights")
     mean, std, targets = (_field(batches, field) for field in ("mean", "std", "targets"))
     if name == "loss":

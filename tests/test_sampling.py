@@ -12,7 +12,6 @@ import pytest
 from _checks import rejects
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from dew._checks import failed_check
 from dew.nn.backbones.causal_transformer import CausalTransformer
@@ -158,6 +157,8 @@ def test_sampled_first_tokens_follow_the_filtered_distribution(temperature, top_
     """3000 rows of one prompt, one token each: the frequencies against the NumPy
     reference's distribution over the model's logits (a chi-square test), and never a
     token the filters removed."""
+    from scipy import stats  # here, not at collection
+
     model = _model(2, sharpen=1.5)
     prompt = np.array([2, 5, 1], np.int32)
     rows = 3000

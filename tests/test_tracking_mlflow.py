@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -24,13 +25,23 @@ from dew.telemetry.records import (
     record_from_json,
 )
 from dew.tracking import Preview, preview_files
+from dew.tracking.mlflow import MLflowTracker
 
-mlflow = pytest.importorskip("mlflow")
+# MLflow and its names, imported when this file's tests run (the fixture below), not when
+# pytest collects it: each xdist worker collects the whole suite, and importing MLflow took 7 s
+# of each collection.
+mlflow: Any = None
+MlflowException: Any = None
+MlflowClient: Any = None
 
-from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
 
-from dew.tracking.mlflow import MLflowTracker  # noqa: E402
+@pytest.fixture(scope="module", autouse=True)
+def _mlflow_imported():
+    global mlflow, MlflowException, MlflowClient
+    mlflow = pytest.importorskip("mlflow")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
 
 # MLflow's SQL store configures its SQLAlchemy mappers with a loader SQLAlchemy deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")

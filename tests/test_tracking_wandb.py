@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import types
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -27,13 +28,22 @@ from dew.naming import Split, preview_name
 from dew.telemetry.records import FitEnded, RunRecord, record_from_json
 from dew.tracking import Preview, preview_files
 from dew.tracking._render import histogram
+from dew.tracking.wandb import WandbTracker
 
-wandb = pytest.importorskip("wandb")
+# wandb and its record format, imported when this file's tests run (the fixture below), not
+# when pytest collects it: each xdist worker collects the whole suite.
+wandb: Any = None
+DecodeError: Any = None
+wandb_internal_pb2: Any = None
 
-from google.protobuf.message import DecodeError  # noqa: E402
-from wandb.proto import wandb_internal_pb2  # noqa: E402
 
-from dew.tracking.wandb import WandbTracker  # noqa: E402
+@pytest.fixture(scope="module", autouse=True)
+def _wandb_imported():
+    global wandb, DecodeError, wandb_internal_pb2
+    wandb = pytest.importorskip("wandb")
+    from google.protobuf.message import DecodeError
+    from wandb.proto import wandb_internal_pb2
+
 
 BLOCK = 32768  # the log's block size; a record header is 7 bytes
 
