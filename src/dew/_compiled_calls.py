@@ -106,9 +106,8 @@ class ByIdentity(Generic[_V]):
     referenced get a fresh value each time.
 
     ```python
-    >>> import types
-    >>> first, second = types.SimpleNamespace(), types.SimpleNamespace()
-    >>> made = ByIdentity()
+    >>> class Thing: ...
+    >>> first, second, made = Thing(), Thing(), ByIdentity()
     >>> made.get((first, second), list) is made.get((first, second), list)
     True
     >>> made.get((second, first), list) is made.get((first, second), list)
