@@ -183,7 +183,8 @@ def _plan_for(objective: Objective, metrics: MetricSet, params_def: Any) -> _Pla
 
 def _split(metrics: MetricSet) -> tuple[MetricSet, MetricSet]:
     """`metrics.split_by_host()`, remembered while the set's metrics live."""
-    return _splits.get(metrics.metrics, metrics.split_by_host)
+    # (a lambda: binding an Equinox module's method flattens the module, on every call)
+    return _splits.get(metrics.metrics, lambda: metrics.split_by_host())
 
 
 class _Reducer:
