@@ -23,6 +23,7 @@ GROUND = (
     "_weights",
     "_processes",
     "_host",
+    "_compiled_calls",
     "_shape_drawing",
     "_cache_dir",
     "_integers",

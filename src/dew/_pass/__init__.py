@@ -16,9 +16,13 @@ compiled call over global arrays, so the device metrics reduce over every proces
 Only process zero updates and finalizes the host metrics (on the artifacts gathered by
 `collective_host`) and shares their values; every process returns the same result.
 
+`run_pass` here is the one loop; what differs between one process and several is its
+strategy: `OneProcess` (`_reducer`), whose methods are the identity or the one-process work
+itself, or `Processes` (`_processes`), which coordinates and places the batches, does the
+host metrics' work on process zero with its outcome agreed, and gathers and shares values.
 The package: `_result` (`PassResult`, `scoring_key`), `_reducer` (the compiled calls, their
-plans and one process's reducer), `_placing` and `_processes` (the multi-process pass),
-`_preview` (`preview_on_process_zero`); `run_pass` here dispatches between the two passes.
+plans, one process's reducer and strategy), `_placing` and `_processes` (the multi-process
+placement and strategy), `_preview` (`preview_on_process_zero`).
 """
 
 from collections.abc import Callable, Iterable, Mapping
@@ -27,19 +31,19 @@ from typing import Any
 import jax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from dew._checks import batch_error, explain_failure, failed_check
+from dew._checks import batch_error, failed_check
 from dew._domains import SCORING_DOMAIN
 from dew._pass._conditioning import ConditioningDigest
 from dew._pass._preview import preview_on_process_zero
-from dew._pass._processes import _run_pass_processes
+from dew._pass._processes import Processes
+from dew._pass._reducer import OneProcess, _split
 from dew._pass._reducer import _Plan as _Plan  # tests count the plans built
-from dew._pass._reducer import _Reducer, _split
+from dew._pass._reducer import _Reducer as _Reducer
 from dew._pass._reducer import _update_for as _update_for
 from dew._pass._result import PassResult, _rows, scoring_key
 from dew._processes import is_multiprocess
 from dew.metrics import MetricSet
-from dew.naming import Split
-from dew.objectives.base import Objective, check_batch_keys
+from dew.objectives.base import Objective
 
 __all__ = [
     "SCORING_DOMAIN",
@@ -77,51 +81,62 @@ def run_pass(
     A failure that surfaces only at the final fetch re-checks the last batch, else raises
     the traced check's own message (`failed_check`).
     """
-    if is_multiprocess():
-        return _run_pass_processes(
-            objective, params, batches, metrics, key, keep_first_artifact, conditioning
-        )
+    # How the processes agree: in one process, they need not (`OneProcess`'s methods are
+    # the identity, or the one-process work itself).
+    strategy = Processes() if is_multiprocess() else OneProcess()
+    keep_first_artifact = strategy.agreed_keep(keep_first_artifact)
     device, host = _split(metrics)
     names = metrics.names
-    reducer = _Reducer(objective, params, device, key) if names else None
+    reducer = strategy.reducer(objective, params, device, key) if names else None
     on_host = bool(host.metrics)
-    host_state = host.init() if on_host else None
-    first_artifact = first_batch = None
+    host_state = None
+    if on_host:
+        host_state = strategy.on_zero("starting the host metrics on process 0", host.init)
+    first_artifact = first_batch = last = None
     count = records = 0
     digest = ConditioningDigest()
-    for index, batch in enumerate(batches):
-        if first_batch is None:  # its keys checked before anything is compiled for it
-            check_batch_keys(objective, batch, Split.VALIDATION)
-            first_batch = batch
+    # `local` is this process's batch, `batch` the pass's (the same in one process).
+    for index, (local, batch) in enumerate(strategy.batches(objective, batches)):
+        first_batch = batch if first_batch is None else first_batch
+        last = local
         records += _rows(batch)
         if reducer is not None:
             keep = on_host or (index == 0 and keep_first_artifact)
-            try:  # a host metric fetches the artifact: a failed call surfaces there
+            # a host metric fetches the artifact: a failed call may surface there
+            with strategy.explained(objective, local):
                 artifact = reducer.add(batch, index, keep)
-                if on_host:
-                    host_state = host.update(host_state, artifact)
-            except Exception:  # a check fired in the call: raise the objective's own error
-                with explain_failure(objective, batch):
-                    raise
+                if on_host:  # gathered on every process, merged on process zero alone
+                    host_state = strategy.on_zero(
+                        f"host metrics on process 0, batch {index}",
+                        host.update,
+                        host_state,
+                        strategy.gathered(artifact),
+                    )
             if index == 0 and keep:
                 first_artifact = artifact
         if conditioning is not None and (given := conditioning(batch)) is not None:
-            digest.update(given)
+            # under jax.distributed the placed global batch's values, gathered on every
+            # process: the same digest as one process reading the same global batches
+            digest.update(strategy.gathered(given))
         count += 1
-    conditioned = digest.hexdigest()
+    conditioned, uneven = digest.hexdigest(), strategy.uneven
     if count == 0 or reducer is None:
-        return PassResult(
-            {}, count, records, first_artifact, first_batch, conditioning_sha256=conditioned
-        )
-    host_values = host.finalize(host_state) if on_host else {}
+        return PassResult({}, count, records, first_artifact, first_batch, uneven, conditioned)
     try:  # fetched here: a check that fired in a call may surface only at the fetch
-        values = jax.device_get(reducer.finalize() | host_values)
+        values = jax.device_get(reducer.finalize())
     except Exception as error:  # the last batch re-checked, else the check's own message
-        explained = batch_error(objective, batch) or failed_check(error)
+        explained = batch_error(objective, last) or failed_check(error)
         if explained is None:
             raise
         raise explained from None
+    if on_host:  # finalized on process zero, the values shared with every process
+        phase = "finalizing the host metrics on process 0"
+        values |= strategy.shared(strategy.on_zero(phase, _host_scores, host, host_state))
     scores = {name: float(values[name]) for name in names}
-    return PassResult(
-        scores, count, records, first_artifact, first_batch, conditioning_sha256=conditioned
-    )
+    return PassResult(scores, count, records, first_artifact, first_batch, uneven, conditioned)
+
+
+def _host_scores(host: MetricSet, state: Any) -> dict[str, float]:
+    """The host metrics' values (non-finite ones included), as floats."""
+    finalized = jax.device_get(host.finalize(state))
+    return {name: float(finalized[name]) for name in host.names}

@@ -8,9 +8,10 @@ import jax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._checks import ids_checked_on_host
+from dew._host import collective_host
 from dew._pass._placing import _everywhere
 from dew._processes import agree_process_phase, is_multiprocess, is_process_zero
-from dew.artifacts import Artifact, collective_host
+from dew.artifacts import Artifact
 from dew.objectives.base import Objective
 
 

@@ -1,4 +1,5 @@
-"""`run_pass` under `jax.distributed`: every process runs the pass over its own shard.
+"""How the processes of a `jax.distributed` run agree on a pass: `run_pass`'s strategy
+under `jax.distributed`, each process running the pass over its own shard.
 
 The processes read the shortest coordinated prefix of their shards, check each local batch
 on the host and agree on the outcome before anything collective runs, place it as one global
@@ -7,17 +8,16 @@ every process's rows. Only process zero updates and finalizes the host metrics (
 artifacts gathered by `collective_host`) and shares their values.
 """
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import jax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from dew._checks import batch_error, failed_check
-from dew._pass._conditioning import ConditioningDigest
+from dew._host import collective_host
 from dew._pass._placing import _everywhere, _local, _place
-from dew._pass._reducer import _plan_for, _split
-from dew._pass._result import PassResult, _rows
+from dew._pass._reducer import _plan_for
 from dew._processes import (
     _agree,
     agree_process_phase,
@@ -26,112 +26,105 @@ from dew._processes import (
     is_process_zero,
     replicated,
 )
-from dew.artifacts import collective_host
+from dew.artifacts import Artifact
 from dew.metrics import MetricSet
 from dew.objectives.base import Objective
 
-
-def _host_scores(host: MetricSet, state: Any, zero: bool) -> dict[str, float]:
-    """The host metrics' values: finalized on process zero, the outcome agreed, the
-    values (non-finite ones included) shared with every process."""
-    values: dict[str, float] | None = None
-    outcome: bool | BaseException = True
-    if zero:
-        try:
-            finalized = jax.device_get(host.finalize(state))
-            values = {name: float(finalized[name]) for name in host.names}
-        except Exception as error:
-            outcome = error
-    agree_process_phase("finalizing the host metrics on process 0", outcome)
-    return broadcast_json(values)
+_T = TypeVar("_T")
 
 
-def _run_pass_processes(
-    objective: Objective,
-    params: PyTree,
-    batches: Iterable[Mapping[str, Any]],
-    metrics: MetricSet,
-    key: PRNGKeyArray,
-    keep_first_artifact: bool,
-    conditioning: Callable[[Mapping[str, Any]], Any] | None = None,
-) -> PassResult:
-    """`run_pass` under `jax.distributed`: every process calls it with its own shard."""
-    # Every process must keep the first artifact if any does (a tracker may live on
-    # process zero alone): the compiled calls must be the same on every process.
-    keep_first_artifact = any(_agree("starting a validation pass", True, int(keep_first_artifact)))
-    device, host = _split(metrics)
-    names = metrics.names
-    on_host = bool(host.metrics)
-    zero = is_process_zero()
-    plan = _plan_for(objective, device, jax.tree.structure(params)) if names else None
-    if plan is not None:
-        objective_leaves, metric_leaves = plan.replicated_leaves()
-        global_params = jax.tree.leaves(_everywhere(params))
-        global_key = _everywhere(key)
-        accumulator = replicated(plan.initial)
-    host_state = None
-    if on_host:
+class _GlobalReducer:
+    """One pass's replicated accumulator over its plan's calls on global arrays (batches
+    checked on the host, every process holding the whole accumulator)."""
+
+    def __init__(
+        self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
+    ) -> None:
+        self.metrics = metrics
+        self.plan = _plan_for(objective, metrics, jax.tree.structure(params))
+        self.objective_leaves, self.metric_leaves = self.plan.replicated_leaves()
+        self.params = jax.tree.leaves(_everywhere(params))
+        self.key = _everywhere(key)
+        self.accumulator = replicated(self.plan.initial)
+
+    def add(self, batch: Mapping[str, Any], index: int, keep: bool) -> Artifact | None:
+        """Score the placed global `batch` and merge its statistics; the artifact when
+        `keep`."""
+        self.accumulator, artifact = self.plan.global_variant(keep)(
+            self.accumulator,
+            batch,
+            index,
+            self.key,
+            self.params,
+            self.objective_leaves,
+            self.metric_leaves,
+        )
+        return artifact
+
+    def finalize(self) -> dict[str, Any]:
+        """Finalized by every process on its own copy of the replicated accumulator: the
+        same values everywhere, so a pass with no counted target raises the same error on
+        each."""
+        if not self.metrics.metrics:
+            return {}
+        return self.plan.finalize(
+            [_local(leaf) for leaf in self.accumulator], self.plan.metric_leaves
+        )
+
+
+class Processes:
+    """`run_pass`'s agreement under `jax.distributed` (`OneProcess` is the one-process
+    strategy): the batches coordinated and placed as global batches, the host metrics'
+    work done on process zero with its outcome agreed, values gathered and shared."""
+
+    def __init__(self) -> None:
+        self._shards: Any = None
+
+    def agreed_keep(self, keep_first_artifact: bool) -> bool:
+        """Every process keeps the first artifact if any does (a tracker may live on process
+        zero alone): the compiled calls must be the same on every process."""
+        return any(_agree("starting a validation pass", True, int(keep_first_artifact)))
+
+    def reducer(
+        self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
+    ) -> _GlobalReducer:
+        return _GlobalReducer(objective, params, metrics, key)
+
+    def batches(
+        self, objective: Objective, batches: Iterable[Mapping[str, Any]]
+    ) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+        """Each process's batch and the placed global batch, while every process has one;
+        each batch checked on the host, its outcome and layout agreed."""
+        self._shards = coordinated(batches)
+        for index, local in enumerate(self._shards):
+            yield local, _place(objective, local, index)
+
+    @property
+    def uneven(self) -> bool:
+        """Whether some process still had a batch when another's shard had ended."""
+        return self._shards is not None and self._shards.uneven
+
+    def explained(self, objective: Objective, batch: Mapping[str, Any]) -> Any:
+        """Nothing to explain: every batch was checked on the host before its call."""
+        return contextlib.nullcontext()
+
+    def on_zero(self, phase: str, work: Callable[..., _T], *args: Any) -> _T | None:
+        """`work(*args)` on process zero, its outcome agreed by every process (the same
+        error raised on all when it failed); `None` on the other processes."""
+        value: Any = None
         outcome: bool | BaseException = True
-        if zero:
+        if is_process_zero():
             try:
-                host_state = host.init()
+                value = work(*args)
             except Exception as error:
                 outcome = error
-        agree_process_phase("starting the host metrics on process 0", outcome)
-    first_artifact = first_batch = None
-    count = records = 0
-    digest = ConditioningDigest()
-    shards = coordinated(batches)
-    for index, local in enumerate(shards):
-        batch = _place(objective, local, index)
-        records += _rows(batch)
-        if first_batch is None:
-            first_batch = batch
-        if plan is not None:
-            keep = on_host or (index == 0 and keep_first_artifact)
-            accumulator, artifact = plan.global_variant(keep)(
-                accumulator,
-                batch,
-                index,
-                global_key,
-                global_params,
-                objective_leaves,
-                metric_leaves,
-            )
-            if on_host:  # gathered on every process, merged on process zero alone
-                gathered = collective_host(artifact)
-                outcome = True
-                if zero:
-                    try:
-                        host_state = host.update(host_state, gathered)
-                    except Exception as error:
-                        outcome = error
-                agree_process_phase(f"host metrics on process 0, batch {index}", outcome)
-            if index == 0 and keep:
-                first_artifact = artifact
-        if conditioning is not None and (given := conditioning(batch)) is not None:
-            # the placed global batch's values, gathered on every process: the same digest
-            # as one process reading the same global batches
-            digest.update(collective_host(given))
-        count += 1
-    uneven = shards.uneven
-    conditioned = digest.hexdigest()
-    if count == 0 or plan is None:
-        return PassResult({}, count, records, first_artifact, first_batch, uneven, conditioned)
-    # Finalized by every process on its own copy of the replicated accumulator: the same
-    # values everywhere, so a pass with no counted target raises the same error on each.
-    try:
-        values = jax.device_get(
-            plan.finalize([_local(leaf) for leaf in accumulator], plan.metric_leaves)
-            if device.metrics
-            else {}
-        )
-    except Exception as error:
-        explained = batch_error(objective, local) or failed_check(error)
-        if explained is None:
-            raise
-        raise explained from None
-    if on_host:
-        values |= _host_scores(host, host_state, zero)
-    scores = {name: float(values[name]) for name in names}
-    return PassResult(scores, count, records, first_artifact, first_batch, uneven, conditioned)
+        agree_process_phase(phase, outcome)
+        return value
+
+    def gathered(self, tree: _T) -> _T:
+        """`tree`'s global arrays gathered on the host of every process."""
+        return collective_host(tree)
+
+    def shared(self, value: _T) -> _T:
+        """Process zero's `value` (JSON data) on every process."""
+        return broadcast_json(value)

@@ -1,28 +1,33 @@
-"""One process's pass machinery: the compiled score-and-merge calls, their plans, the reducer.
+"""One process's pass machinery: the compiled score-and-merge calls, their plans, the
+reducer, and `OneProcess`, `run_pass`'s strategy in one process.
 
 For each batch one compiled call scores it with the objective and merges the device
 metrics' statistics into the accumulator, whose buffers are donated. The calls are compiled
-once per structure of objective, parameters, metric set and batch; a `_Plan` holds what
-every pass of one objective, metric set and params structure reuses, found by identity.
+once per structure of objective, parameters, metric set and batch (`dew._compiled_calls`);
+a `_Plan` holds what every pass of one objective, metric set and params structure reuses,
+found by identity.
 """
 
 import dataclasses
 import functools
-import weakref
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from dew._checks import held_on_host, ids_checked_on_host
+from dew._checks import explain_failure, held_on_host, ids_checked_on_host
+from dew._compiled_calls import ByIdentity, CompiledCalls, partitioned
 from dew._pass._placing import _everywhere
 from dew._pass._result import scoring_key
 from dew._processes import replicated_sharding
 from dew.artifacts import Artifact
 from dew.metrics import MetricSet
-from dew.objectives.base import Objective, check_on_host
+from dew.naming import Split
+from dew.objectives.base import Objective, check_batch_keys, check_on_host
+
+_T = TypeVar("_T")
 
 
 def _update_function(objective_def: Any, objective_static: Any):
@@ -64,33 +69,17 @@ def _update_function(objective_def: Any, objective_static: Any):
     return specialised
 
 
-_shared_update = functools.lru_cache(maxsize=32)(_update_function)
-# Each objective object's compiled calls and array leaves, found by identity: an
-# objective is immutable, and partitioning a model and hashing its static structure on
-# every pass would cost more than the pass's dispatches.
-_updates: dict[int, tuple[weakref.ref, Callable[..., Any], list]] = {}
-# (The weakref callbacks below hold their dict: one that fires while the interpreter shuts
-# down, after this module's globals were cleared, still finds it.)
+# Objectives of one structure share their compiled calls. An evaluation's passes find them
+# through their plan (`_plans`), by the objective's identity; a plan is built once per
+# objective, metric set and params structure, so the calls need no identity layer of their
+# own (decision 0082).
+_updates = CompiledCalls(_update_function)
 
 
 def _update_for(objective: Objective) -> tuple[Callable[..., Any], list]:
     """The objective's compiled updates (a function of a `_Spec`) and its array leaves."""
-    entry = _updates.get(id(objective))
-    if entry is not None and entry[0]() is objective:
-        return entry[1], entry[2]
-    arrays, static = eqx.partition(objective, eqx.is_array)
-    leaves, objective_def = jax.tree.flatten(arrays)
-    try:  # objectives of one structure share their compiled calls
-        update = _shared_update(objective_def, static)
-    except TypeError:  # an unhashable static field: compile for this objective alone
-        update = _update_function(objective_def, static)
-    identity = id(objective)
-    try:
-        reference = weakref.ref(objective, lambda _, found=_updates: found.pop(identity, None))
-    except TypeError:  # not weakly referenceable: look it up by structure each time
-        return update, leaves
-    _updates[identity] = (reference, update, leaves)
-    return update, leaves
+    leaves, objective_def, static = partitioned(objective)
+    return _updates(objective_def, static), leaves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,48 +163,28 @@ class _Plan:
         return self.global_leaves
 
 
-# Plans found by the identity of their (immutable) objective and metric set, as `_updates`
-# finds compiled calls: building one costs a small pass's time.
-_plans: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, dict[Any, _Plan]]] = {}
+# Plans found by the identity of their (immutable) objective and metric set: building one
+# costs a small pass's time (decision 0082 measures it), more than the pass's dispatches.
+_plans: ByIdentity[dict[Any, _Plan]] = ByIdentity()
 # Host/device splits found by the identities of the set's metrics, not of the set: a caller
 # that builds a new `MetricSet` of the same metrics for each pass (`dew.evaluate`, each
 # `Trainer.fit`) gets the same device set back, and so the same plan.
-_splits: dict[tuple[int, ...], tuple[tuple[weakref.ref, ...], tuple[MetricSet, MetricSet]]] = {}
+_splits: ByIdentity[tuple[MetricSet, MetricSet]] = ByIdentity()
 
 
 def _plan_for(objective: Objective, metrics: MetricSet, params_def: Any) -> _Plan:
-    identity = (id(objective), id(metrics))
-    entry = _plans.get(identity)
-    if entry is None or entry[0]() is not objective or entry[1]() is not metrics:
-        try:
-            forget = lambda _, found=_plans: found.pop(identity, None)  # noqa: E731
-            entry = (weakref.ref(objective, forget), weakref.ref(metrics, forget), {})
-        except TypeError:  # not weakly referenceable: plan this pass alone
-            return _Plan(objective, metrics, params_def)
-        _plans[identity] = entry
-    plan = entry[2].get(params_def)
+    """The plan of `objective`, `metrics` and a params structure, built on first use."""
+    plans = _plans.get((objective, metrics), dict)
+    plan = plans.get(params_def)
     if plan is None:
-        plan = entry[2][params_def] = _Plan(objective, metrics, params_def)
+        plan = plans[params_def] = _Plan(objective, metrics, params_def)
     return plan
 
 
 def _split(metrics: MetricSet) -> tuple[MetricSet, MetricSet]:
     """`metrics.split_by_host()`, remembered while the set's metrics live."""
-    members = metrics.metrics
-    identity = tuple(map(id, members))
-    entry = _splits.get(identity)
-    if entry is not None and all(
-        reference() is member for reference, member in zip(entry[0], members, strict=True)
-    ):
-        return entry[1]
-    split = metrics.split_by_host()
-    try:
-        forget = lambda _, found=_splits: found.pop(identity, None)  # noqa: E731
-        references = tuple(weakref.ref(member, forget) for member in members)
-    except TypeError:
-        return split
-    _splits[identity] = (references, split)
-    return split
+    # (a lambda: binding an Equinox module's method flattens the module, on every call)
+    return _splits.get(metrics.metrics, lambda: metrics.split_by_host())
 
 
 class _Reducer:
@@ -258,3 +227,42 @@ class _Reducer:
         if not self.metrics.metrics:
             return {}
         return self.plan.finalize(self.accumulator, self.metric_leaves)
+
+
+class OneProcess:
+    """`run_pass`'s strategy in one process: nothing to agree on (`_processes.Processes` is
+    the strategy under `jax.distributed`). Each batch is scored as it comes, its keys checked
+    on the first; a failed call is explained by the objective's own host checks."""
+
+    uneven = False  # one process's shard is the whole pass
+
+    def agreed_keep(self, keep_first_artifact: bool) -> bool:
+        return keep_first_artifact
+
+    def reducer(
+        self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
+    ) -> _Reducer:
+        return _Reducer(objective, params, metrics, key)
+
+    def batches(
+        self, objective: Objective, batches: Iterable[Mapping[str, Any]]
+    ) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+        """Each batch twice (the process's batch is the pass's), its keys checked on the
+        first before anything is compiled for it."""
+        for index, batch in enumerate(batches):
+            if index == 0:
+                check_batch_keys(objective, batch, Split.VALIDATION)
+            yield batch, batch
+
+    def explained(self, objective: Objective, batch: Mapping[str, Any]) -> Any:
+        """A check fired in the call: raise the objective's own error (`explain_failure`)."""
+        return explain_failure(objective, batch)
+
+    def on_zero(self, phase: str, work: Callable[..., _T], *args: Any) -> _T:
+        return work(*args)
+
+    def gathered(self, tree: _T) -> _T:
+        return tree
+
+    def shared(self, value: _T) -> _T:
+        return value

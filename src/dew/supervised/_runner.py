@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import PRNGKeyArray, PyTree
 
+from dew._compiled_calls import CompiledCalls, partitioned
 from dew._domains import supervised_step_key, supervised_validation_key
 from dew._early_stopping import EarlyStopper
 from dew._finite_params import check_params
@@ -150,17 +151,14 @@ def _compile_step(objective_def: Any, static: Any, transformation: optax.Gradien
     return jax.jit(step, donate_argnums=(0, 4), static_argnums=3)
 
 
-_cached_step = functools.lru_cache(maxsize=32)(_compile_step)
+# Runs of one model structure, loss and optimizer share a compiled step (`dew._compiled_calls`).
+_steps = CompiledCalls(_compile_step)
 
 
 def _step_for(objective: SupervisedObjective, transformation: optax.GradientTransformation):
     """The compiled step of `objective`'s structure, and the objective's array leaves."""
-    arrays, static = eqx.partition(objective, eqx.is_array)
-    leaves, objective_def = jax.tree.flatten(arrays)
-    try:  # runs of one model structure, loss and optimizer share a compiled step
-        return _cached_step(objective_def, static, transformation), leaves
-    except TypeError:  # an unhashable static field: compile for this run alone
-        return _compile_step(objective_def, static, transformation), leaves
+    leaves, objective_def, static = partitioned(objective)
+    return _steps(objective_def, static, transformation), leaves
 
 
 @jax.jit

@@ -17,6 +17,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from dew._checks import held_on_host, ids_checked_on_host
+from dew._compiled_calls import CompiledCalls
 from dew._domains import train_step_key
 from dew._processes import is_multiprocess, replicated_sharding
 from dew.steps import LearningRate, train_step
@@ -167,8 +168,12 @@ def _compile_fused(
     return jax.jit(fused, donate_argnums=(0, 1), static_argnums=4, **_kept(shardings))
 
 
-_cached_step = functools.lru_cache(maxsize=32)(_compile_step)
-_cached_fused = functools.lru_cache(maxsize=32)(_compile_fused)
+# Trainers of one objective structure and one optimizer share their compiled steps (kept by
+# `dew._compiled_calls`, keyed on every argument but the leaves: the objective's treedef and
+# static rest, the optimizer, the shardings, the telemetry, the host checks, the
+# accumulation).
+_steps = CompiledCalls(_compile_step)
+_fused_steps = CompiledCalls(_compile_fused)
 
 
 class _ByWhereBatchesLie:
@@ -216,18 +221,16 @@ def compiled_steps(
     window replicated (every process reads the same loss). Under `jax.distributed` the
     steps hold no traced batch checks: the trainer checks every batch on the host first
     (`Placement.agree`)."""
-    try:  # Trainers of one model structure and one optimizer share a compiled step
-        step, fused = _cached_step, _cached_fused
-        hash((objective_def, static, optimizer, shardings, telemetry))
-    except TypeError:  # an unhashable static field: compile for this Trainer alone
-        step, fused = _compile_step, _compile_fused
     compiled = (objective_def, static, optimizer, shardings, telemetry)
-    more = {} if accumulate == 1 else {"accumulate": accumulate}  # 1: the calls as before
     if shardings is not None:  # a placed fit: its batches are placed on its devices
-        return step(*compiled, **more), fused(*compiled, **more)
+        return _steps(*compiled, False, accumulate), _fused_steps(*compiled, False, accumulate)
     return (
-        _ByWhereBatchesLie(step(*compiled, True, **more), step(*compiled, False, **more)),
-        _ByWhereBatchesLie(fused(*compiled, True, **more), fused(*compiled, False, **more)),
+        _ByWhereBatchesLie(
+            _steps(*compiled, True, accumulate), _steps(*compiled, False, accumulate)
+        ),
+        _ByWhereBatchesLie(
+            _fused_steps(*compiled, True, accumulate), _fused_steps(*compiled, False, accumulate)
+        ),
     )
 
 

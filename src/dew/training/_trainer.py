@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Unpack
 
-import equinox as eqx
 import jax
 import numpy as np
 import optax
@@ -15,6 +14,7 @@ from jaxtyping import PRNGKeyArray
 
 from dew._accumulate import check_accumulate
 from dew._checks import batch_error, failed_check
+from dew._compiled_calls import partitioned
 from dew._loop import Callback, EarlyStopping, LoopEngine, check_callbacks, with_history
 from dew._nonfinite import raises_on_nonfinite
 from dew._processes import is_multiprocess
@@ -109,9 +109,7 @@ class Trainer:
             self.checkpoint_dir = checkpoint_location(os.fspath(checkpoint_dir))
         self.param_sharding, self.strategy = placed_by(param_sharding, mesh, strategy)
         self.learning_rate = checked_learning_rate(learning_rate)
-        arrays, static = eqx.partition(objective, eqx.is_array)
-        self._objective_leaves, objective_def = jax.tree.flatten(arrays)
-        self._objective_def, self._static = objective_def, static
+        self._objective_leaves, self._objective_def, self._static = partitioned(objective)
         self._compiled: dict[tuple[Telemetry, int], Any] = {}
         self._names: dict[Any, tuple[str, ...]] = {}
 
