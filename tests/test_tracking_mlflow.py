@@ -35,12 +35,19 @@ MlflowException: Any = None
 MlflowClient: Any = None
 
 
+def _import_mlflow():
+    """Imports MLflow and its names once (skipping the test where MLflow is missing); the
+    previews' tests in other files read artifacts through `_client` too."""
+    global mlflow, MlflowException, MlflowClient
+    if MlflowClient is None:
+        mlflow = pytest.importorskip("mlflow")
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _mlflow_imported():
-    global mlflow, MlflowException, MlflowClient
-    mlflow = pytest.importorskip("mlflow")
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    _import_mlflow()
 
 
 # MLflow's SQL store configures its SQLAlchemy mappers with a loader SQLAlchemy deprecates.
@@ -70,6 +77,7 @@ def tracker(store, request):
 
 def _client(tracker):
     """A fresh client on the tracker's store, so reads never share the tracker's object."""
+    _import_mlflow()
     return MlflowClient(tracking_uri=tracker.uri)
 
 

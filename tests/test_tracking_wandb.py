@@ -37,12 +37,19 @@ DecodeError: Any = None
 wandb_internal_pb2: Any = None
 
 
+def _import_wandb():
+    """Imports wandb and its record format once (skipping the test where wandb is missing);
+    test_cli_trackers.py's readers of a log call it too."""
+    global wandb, DecodeError, wandb_internal_pb2
+    if wandb_internal_pb2 is None:
+        wandb = pytest.importorskip("wandb")
+        from google.protobuf.message import DecodeError
+        from wandb.proto import wandb_internal_pb2
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _wandb_imported():
-    global wandb, DecodeError, wandb_internal_pb2
-    wandb = pytest.importorskip("wandb")
-    from google.protobuf.message import DecodeError
-    from wandb.proto import wandb_internal_pb2
+    _import_wandb()
 
 
 BLOCK = 32768  # the log's block size; a record header is 7 bytes
@@ -55,6 +62,7 @@ class _PartialLogError(Exception):
 def _log_records(path):
     """The protobuf records of a `.wandb` transaction log. A log read while W&B's service
     is writing it can end in part of a record: that raises `_PartialLogError`."""
+    _import_wandb()
     data = path.read_bytes()
     if len(data) < 7:
         raise _PartialLogError(path)
