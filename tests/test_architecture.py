@@ -32,6 +32,7 @@ GROUND = (
     "_reductions",
     "_directions",
     "_accumulate",
+    "_precision",
 )  # below the core: import only one another
 SHELL = (
     "training",

@@ -36,6 +36,7 @@ from dew._pass._reducer import _Plan as _Plan  # tests count the plans built
 from dew._pass._reducer import _Reducer, _split
 from dew._pass._reducer import _update_for as _update_for
 from dew._pass._result import PassResult, _rows, scoring_key
+from dew._precision import check_precision
 from dew._processes import is_multiprocess
 from dew.metrics import MetricSet
 from dew.naming import Split
@@ -60,6 +61,7 @@ def run_pass(
     *,
     keep_first_artifact: bool = False,
     conditioning: Callable[[Mapping[str, Any]], Any] | None = None,
+    precision: str = "float32",
 ) -> PassResult:
     """Score and reduce one pass of `batches` with `metrics`.
 
@@ -71,19 +73,22 @@ def run_pass(
     `conditioning(batch)` gives the values that condition the samples generated for the
     batch's rows (or `None`); the result's `conditioning_sha256` identifies them all.
     Under `jax.distributed` every process calls it with its own shard (see the module's
-    docstring) and gets the same result.
+    docstring) and gets the same result. `precision`: the policy the objective scores
+    under (`dew._precision`: a bfloat16 one casts the params and the batch, and the
+    metrics reduce the artifact in float32).
     When a compiled call fails (a check inside it fired), the objective's host-side
     checks run on that batch and their `ValueError` is raised instead (`explain_failure`).
     A failure that surfaces only at the final fetch re-checks the last batch, else raises
     the traced check's own message (`failed_check`).
     """
+    precision = check_precision(precision)
     if is_multiprocess():
         return _run_pass_processes(
-            objective, params, batches, metrics, key, keep_first_artifact, conditioning
+            objective, params, batches, metrics, key, keep_first_artifact, conditioning, precision
         )
     device, host = _split(metrics)
     names = metrics.names
-    reducer = _Reducer(objective, params, device, key) if names else None
+    reducer = _Reducer(objective, params, device, key, precision) if names else None
     on_host = bool(host.metrics)
     host_state = host.init() if on_host else None
     first_artifact = first_batch = None

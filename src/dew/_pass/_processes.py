@@ -54,6 +54,7 @@ def _run_pass_processes(
     key: PRNGKeyArray,
     keep_first_artifact: bool,
     conditioning: Callable[[Mapping[str, Any]], Any] | None = None,
+    precision: str = "float32",
 ) -> PassResult:
     """`run_pass` under `jax.distributed`: every process calls it with its own shard."""
     # Every process must keep the first artifact if any does (a tracker may live on
@@ -89,7 +90,7 @@ def _run_pass_processes(
             first_batch = batch
         if plan is not None:
             keep = on_host or (index == 0 and keep_first_artifact)
-            accumulator, artifact = plan.global_variant(keep)(
+            accumulator, artifact = plan.global_variant(keep, precision)(
                 accumulator,
                 batch,
                 index,

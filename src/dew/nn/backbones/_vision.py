@@ -6,6 +6,7 @@ import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from dew._integers import check_integer
+from dew._precision import compute_dtype
 from dew.nn.backbones._layers import column_parallel, dense, row_parallel
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
 
@@ -78,8 +79,9 @@ def unpatchify(
 
 
 def in_compute_dtype(module: eqx.Module, dtype: str) -> eqx.Module:
-    """`module` with every floating-point array cast to the compute dtype `dtype`."""
-    compute = COMPUTE_DTYPES[dtype]
+    """`module` with every floating-point array cast to the compute dtype `dtype` (bfloat16
+    under a bfloat16 precision policy, `dew._precision.compute_dtype`)."""
+    compute = compute_dtype(dtype)
     return jax.tree.map(
         lambda leaf: leaf.astype(compute) if eqx.is_inexact_array(leaf) else leaf, module
     )
