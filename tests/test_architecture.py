@@ -33,6 +33,7 @@ GROUND = (
     "_directions",
     "_accumulate",
     "_precision",
+    "_precisions",
 )  # below the core: import only one another
 SHELL = (
     "training",

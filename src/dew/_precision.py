@@ -34,6 +34,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from dew._precisions import PRECISIONS, check_precision
+
 __all__ = [
     "PRECISIONS",
     "check_precision",
@@ -45,20 +47,8 @@ __all__ = [
     "with_precision",
 ]
 
-PRECISIONS = ("float32", "bfloat16", "mixed_bfloat16")
-"""The precision policies a `Trainer`, a step and an evaluation take (decision 0078)."""
-
 _COMPUTE = {"float32": jnp.dtype(jnp.float32), "bfloat16": jnp.dtype(jnp.bfloat16)}
 _ACTIVE: contextvars.ContextVar[str] = contextvars.ContextVar("dew_precision", default="float32")
-
-
-def check_precision(precision: object, name: str = "precision") -> str:
-    """`precision` when it names a policy of `PRECISIONS`; else a `ValueError` naming the
-    value and the policies."""
-    if not isinstance(precision, str) or precision not in PRECISIONS:
-        allowed = ", ".join(repr(policy) for policy in PRECISIONS)
-        raise ValueError(f"{name} must be one of {allowed}, got {precision!r}.")
-    return str.__str__(precision)
 
 
 def _policy_dtype(precision: str) -> Any:
