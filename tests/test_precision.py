@@ -279,7 +279,7 @@ def test_the_tiny_dit_learns_under_mixed_bfloat16(tmp_path):
 def test_trainer_precision_is_checked_and_part_of_the_configuration():
     assert TrainerConfig().precision == "float32"
     assert TrainerConfig(precision="bfloat16").to_dict()["precision"] == "bfloat16"
-    message = "trainer.precision must be one of 'float32', 'bfloat16', 'mixed_bfloat16', got 'fp8'."
+    message = "precision must be one of 'float32', 'bfloat16', 'mixed_bfloat16', got 'fp8'."
     with pytest.raises(ValueError, match=message):
         TrainerConfig(precision="fp8")
 

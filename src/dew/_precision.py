@@ -71,10 +71,18 @@ def keeps_float32() -> bool:
 
 @contextlib.contextmanager
 def computing_in(precision: str) -> Iterator[None]:
-    """Trace the body under `precision` (what `compute_dtype` and `keeps_float32` read)."""
+    """Trace the body under `precision` (what `compute_dtype` and `keeps_float32` read);
+    under a bfloat16 policy with standard dtype promotion too, for the body's backward pass
+    as much as its forward one: JAX's own attention and the objective's float32 values mix
+    with the cast bfloat16 ones (a caller's strict promotion would refuse them, decision
+    0011)."""
     token = _ACTIVE.set(check_precision(precision))
     try:
-        yield
+        if precision == "float32":
+            yield
+        else:
+            with jax.numpy_dtype_promotion("standard"):
+                yield
     finally:
         _ACTIVE.reset(token)
 
@@ -110,14 +118,14 @@ def in_float32(tree: Any) -> Any:
 def with_precision(function: Callable[..., Any], precision: str) -> Callable[..., Any]:
     """`function(params, batch, *rest)` (an objective's `loss` or `evaluate`) computed under
     `precision`: its params and batch cast to the compute dtype, traced in `computing_in`
-    with standard dtype promotion (the objective's own float32 values, a noise draw, meet
-    the cast ones and stay float32), its result's floating arrays float32. `"float32"`
-    returns `function` itself."""
+    (the objective's own float32 values, a noise draw, meet the cast ones and stay
+    float32), its result's floating arrays float32. `"float32"` returns `function` itself.
+    A gradient of it is taken in `computing_in` too (`dew.steps.train_step`)."""
     if check_precision(precision) == "float32":
         return function
 
     def computed(params: Any, batch: Any, *rest: Any) -> Any:
-        with computing_in(precision), jax.numpy_dtype_promotion("standard"):
+        with computing_in(precision):
             result = function(in_compute(params, precision), in_compute(batch, precision), *rest)
         return in_float32(result)
 

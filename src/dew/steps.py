@@ -30,7 +30,7 @@ import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from dew._accumulate import accumulated_gradients, check_accumulate
-from dew._precision import check_precision, in_compute, with_precision
+from dew._precision import check_precision, computing_in, in_compute, with_precision
 from dew.artifacts import Artifact
 from dew.objectives.base import Objective, ReadsEMAParams, WeighsLoss
 
@@ -427,13 +427,15 @@ def train_step(
             "with a state from TrainState.create(..., ema=True)."
         )
     loss_of = with_precision(loss_of, precision)
-    if check_accumulate(accumulate) == 1:
-        (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params, batch, key)
-    else:
-        weight_of = objective.loss_weight if isinstance(objective, WeighsLoss) else None
-        (loss, aux), grads = accumulated_gradients(
-            loss_of, weight_of, state.params, batch, key, accumulate
-        )
+    with computing_in(precision):  # the backward pass traced under the policy too
+        if check_accumulate(accumulate) == 1:
+            gradient = jax.value_and_grad(loss_of, has_aux=True)
+            (loss, aux), grads = gradient(state.params, batch, key)
+        else:
+            weight_of = objective.loss_weight if isinstance(objective, WeighsLoss) else None
+            (loss, aux), grads = accumulated_gradients(
+                loss_of, weight_of, state.params, batch, key, accumulate
+            )
     # optax's transforms mix Python floats with int32 step counts (Adam's bias
     # correction), which a caller's strict dtype promotion would refuse.
     with jax.numpy_dtype_promotion("standard"):

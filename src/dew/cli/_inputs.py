@@ -170,7 +170,7 @@ def _scaling_options(
         chosen["trainer.accumulate"] = accumulate
     remat = getattr(args, "remat", None)
     if remat is not None:
-        chosen["model.kwargs.remat"] = _remat(remat, config.model.name)
+        chosen["model.kwargs.remat"] = _remat(remat, point.get("model.name", config.model.name))
     return chosen
 
 
