@@ -26,6 +26,7 @@ from importlib import metadata
 from typing import Any, ClassVar, Literal, TypeVar
 
 from dew import _json
+from dew._precisions import check_precision
 from dew.naming import check_index
 
 __all__ = [
@@ -186,7 +187,7 @@ class FitStarted(Record):
     metric_directions: Mapping[str, str | None] = dataclasses.field(
         default_factory=dict, repr=False
     )
-    precision: str = "float32"
+    precision: str = dataclasses.field(default="float32", repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """`Record.to_dict`, without `metric_directions` when it is empty and without
@@ -203,6 +204,7 @@ class FitStarted(Record):
         super().__post_init__()
         _check_step("FitStarted.start_step", self.start_step)
         _check_step("FitStarted.steps", self.steps)
+        check_precision(self.precision, "FitStarted.precision")
 
 
 @dataclasses.dataclass(frozen=True)
