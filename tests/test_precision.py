@@ -36,7 +36,7 @@ KEY = jax.random.key(5)
 POLICIES = ("bfloat16", "mixed_bfloat16")
 # bfloat16 keeps 8 significant bits (a unit roundoff of 2**-9, about 2e-3); a one-to-two-layer
 # model's loss stays within 1e-2 of float32's and its gradient within 5e-2 (global relative
-# L2 error; measured on CPU: 0.4-0.5% for the transformer, 1.8% for the MLP classifier).
+# L2 error; measured on CPU: under 1% for the transformer, 1.8% for the MLP classifier).
 LOSS_RTOL, GRADIENT_RTOL = 1e-2, 5e-2
 
 
@@ -45,7 +45,7 @@ def _lm() -> LMObjective:
     model = CausalTransformer(
         vocab_size=7,
         emb_features=16,
-        num_layers=2,
+        num_layers=1,
         num_heads=2,
         mlp_features=32,
         max_seq_len=16,
@@ -83,7 +83,14 @@ def _gradient(objective, batch, precision):
     return float(outputs["loss"]), np.concatenate([np.ravel(g) for g in jax.tree.leaves(moved)])
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    "case",
+    [
+        "classifier",
+        # about 9 s on two idle CPU cores: three compilations of a transformer's step
+        pytest.param("lm", marks=pytest.mark.slow),
+    ],
+)
 def test_a_bfloat16_steps_loss_and_gradients_are_the_float32_steps_within_tolerance(case):
     build, batch = CASES[case]
     objective, batch = build(), batch()
@@ -116,7 +123,8 @@ def test_the_compiled_step_computes_its_products_in_bfloat16():
 
 def _fit(objective, batch, precision, steps=3, **kwargs):
     tracker = InMemoryTracker()
-    data = Dataset(train=lambda partition: iter([batch] * steps), records=8 * steps, batch=8)
+    rows = len(batch["labels"])
+    data = Dataset(train=lambda partition: iter([batch] * steps), records=rows * steps, batch=rows)
     trainer = Trainer(objective, optax.adam(1e-2), key=jax.random.key(1), precision=precision)
     state = trainer.fit(data, steps, log_every=1, tracker=tracker, progress=False, **kwargs)
     return state, tracker
@@ -124,15 +132,15 @@ def _fit(objective, batch, precision, steps=3, **kwargs):
 
 @pytest.mark.parametrize("precision", POLICIES)
 def test_params_and_optimizer_state_stay_float32_and_the_policy_is_recorded(precision):
-    state, tracker = _fit(_lm(), _lm_batch(), precision, accumulate=2)
+    state, tracker = _fit(_classifier(), _classifier_batch(), precision, accumulate=2)
     floating = [
         leaf.dtype
         for leaf in jax.tree.leaves((state.params, state.opt_state))
         if jnp.issubdtype(leaf.dtype, jnp.floating)
     ]
     assert floating and set(floating) == {jnp.dtype(jnp.float32)}
-    losses = [value for _, value in state.metric_history["lm/train/loss"]]
-    assert len(losses) == 3 and np.all(np.isfinite(losses))
+    losses = [value for _, value in state.metric_history["classifier/train/loss"]]
+    assert len(losses) == 3 and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
     [(_, started)] = tracker.artifacts["fit_started"]
     assert started.precision == precision and started.to_dict()["precision"] == precision
 
@@ -258,7 +266,7 @@ def _learned(name, tmp_path, steps):
     return [value for _, value in state.metric_history[tag]]
 
 
-@pytest.mark.slow  # about 8 s on two idle CPU cores (40 s under a load of 20)
+@pytest.mark.slow  # about 11 s on two CPU cores (18 s at a load of 6)
 def test_the_tiny_lm_learns_under_mixed_bfloat16(tmp_path):
     losses = _learned("tiny_lm", tmp_path, steps=50)
     # token_windows' Markov chain has an entropy rate of about ln 6.3 = 1.84 nats, the floor
@@ -266,7 +274,7 @@ def test_the_tiny_lm_learns_under_mixed_bfloat16(tmp_path):
     assert losses[-1] < 1.95 and losses[-1] < 0.85 * losses[0], losses
 
 
-@pytest.mark.slow  # about 12 s on two idle CPU cores (55 s under a load of 20)
+@pytest.mark.slow  # about 13 s on two CPU cores (22 s at a load of 6)
 def test_the_tiny_dit_learns_under_mixed_bfloat16(tmp_path):
     losses = _learned("tiny_diffusion", tmp_path, steps=80)
     # measured: 0.42 over steps 1-10, 0.12 by step 80
@@ -344,6 +352,7 @@ def test_remat_is_refused_for_a_model_that_takes_none(capsys, tmp_path, monkeypa
     assert "causal_transformer" in error and error.count("\n") == 1
 
 
+@pytest.mark.slow  # about 10 s on two CPU cores: a tiny_lm run of 2 steps from the command
 def test_dew_train_records_the_options_in_run_json_and_the_fit(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     arguments = ["--steps", "2", "--precision", "bfloat16", "--accumulate", "2", "--quiet"]
