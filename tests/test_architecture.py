@@ -34,6 +34,8 @@ GROUND = (
     "_directions",
     "_accumulate",
     "_throughput",
+    "_precision",
+    "_precisions",
 )  # below the core: import only one another
 SHELL = (
     "training",

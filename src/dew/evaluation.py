@@ -45,6 +45,7 @@ def evaluate(
     metrics: Sequence[Metric],
     key: PRNGKeyArray,
     step: int = 0,
+    precision: str = "float32",
 ) -> Evaluation:
     """Score `params` on a pass of batches and reduce `metrics` over it.
 
@@ -58,6 +59,11 @@ def evaluate(
     key; each reads its own shard, the pass consumes the shortest coordinated prefix of
     the shards, and every process returns the same `Evaluation` (see
     docs/evaluation.md, "Several processes").
+
+    `precision` is the policy the objective scores under (`"float32"`, `"bfloat16"` or
+    `"mixed_bfloat16"`, as `Trainer(precision=...)`; docs/training.md, "Precision"): a
+    bfloat16 policy casts the params and the batch's floating arrays to bfloat16 and hands
+    the metrics the artifacts in float32, which they reduce with compensated sums.
 
     ```python
     >>> import jax, numpy as np
@@ -78,7 +84,7 @@ def evaluate(
     metric_set = MetricSet(metrics)
     if callable(batches):
         batches = _lazily(batches, Partition.current())
-    result = run_pass(objective, params, batches, metric_set, key)
+    result = run_pass(objective, params, batches, metric_set, key, precision=precision)
     return Evaluation(
         result.scores,
         result.batches,

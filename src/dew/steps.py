@@ -30,6 +30,7 @@ import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from dew._accumulate import accumulated_gradients, check_accumulate
+from dew._precision import check_precision, computing_in, in_compute, with_precision
 from dew.artifacts import Artifact
 from dew.objectives.base import Objective, ReadsEMAParams, WeighsLoss
 
@@ -380,6 +381,7 @@ def train_step(
     log_optimizer: bool = False,
     learning_rate: LearningRate | None = None,
     accumulate: int = 1,
+    precision: str = "float32",
 ) -> tuple[TrainState, dict[str, Float[Array, ""]]]:
     """One optimizer step on `batch`: returns the next state and `{"loss": ..., **aux}`.
 
@@ -401,7 +403,13 @@ def train_step(
     the objective's `loss_weight` (`dew.objectives.base.WeighsLoss`; else its rows), and
     averaged before the one optimizer update: the step and its outputs are the whole
     batch's, up to float rounding (`dew._accumulate`). `k` must divide the batch's rows.
+
+    `precision` (`"float32"`, `"bfloat16"` or `"mixed_bfloat16"`; decision 0078): under a
+    bfloat16 policy the loss is computed from the params and the batch's floating arrays
+    cast to bfloat16, its value and aux metrics returned in float32; the gradients reach the
+    float32 params through the casts, so the params and the optimizer state stay float32.
     """
+    check_precision(precision)
     if ema_decay is not None and state.ema_params is None:
         raise ValueError(
             "train_step got ema_decay but the state has no ema_params; "
@@ -410,20 +418,24 @@ def train_step(
     loss_of: Any = objective.loss
     reads_ema = isinstance(objective, ReadsEMAParams)
     if reads_ema and ema_decay is not None:
-        loss_of = functools.partial(_ema_loss, objective, state.ema_params)
+        ema_params = in_compute(state.ema_params, precision)  # the target in the compute dtype
+        loss_of = functools.partial(_ema_loss, objective, ema_params)
     elif reads_ema and getattr(objective, "ema_decay", None) is not None:
         raise ValueError(
             f"{type(objective).__name__} trains against its EMA params (ema_decay="
             f"{objective.ema_decay}); pass train_step(..., ema_decay=objective.ema_decay) "
             "with a state from TrainState.create(..., ema=True)."
         )
-    if check_accumulate(accumulate) == 1:
-        (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params, batch, key)
-    else:
-        weight_of = objective.loss_weight if isinstance(objective, WeighsLoss) else None
-        (loss, aux), grads = accumulated_gradients(
-            loss_of, weight_of, state.params, batch, key, accumulate
-        )
+    loss_of = with_precision(loss_of, precision)
+    with computing_in(precision):  # the backward pass traced under the policy too
+        if check_accumulate(accumulate) == 1:
+            gradient = jax.value_and_grad(loss_of, has_aux=True)
+            (loss, aux), grads = gradient(state.params, batch, key)
+        else:
+            weight_of = objective.loss_weight if isinstance(objective, WeighsLoss) else None
+            (loss, aux), grads = accumulated_gradients(
+                loss_of, weight_of, state.params, batch, key, accumulate
+            )
     # optax's transforms mix Python floats with int32 step counts (Adam's bias
     # correction), which a caller's strict dtype promotion would refuse.
     with jax.numpy_dtype_promotion("standard"):

@@ -89,6 +89,7 @@ class LoopEngine:
         unit: str = "step",
         policies: Sequence[Any] = (),
         metric_directions: Mapping[str, str | None] | None = None,
+        precision: str = "float32",
     ) -> None:
         self.stage = stage
         self.current = current
@@ -96,6 +97,7 @@ class LoopEngine:
         self.sinks = tuple(sinks)
         self.tracker = tracker
         self.metric_directions = dict(metric_directions or {})
+        self.precision = precision  # the fit's precision policy, recorded in FitStarted
         if early_stopper is not None and early_stopper.mode is None:
             early_stopper = early_stopper.directed(self.metric_directions)
         self.early_stopper = early_stopper

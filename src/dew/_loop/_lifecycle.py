@@ -26,9 +26,8 @@ def reporting_fit(
     tracker that took the start also sees the end, and the reporting error is raised.
     """
     try:
-        loop.record(
-            "fit_started", FitStarted(loop.stage, start, steps, loop.metric_directions), start
-        )
+        started = FitStarted(loop.stage, start, steps, loop.metric_directions, loop.precision)
+        loop.record("fit_started", started, start)
     except Exception as error:
         close()
         ended = FitEnded(

@@ -41,6 +41,7 @@ from dew._pass._reducer import _Plan as _Plan  # tests count the plans built
 from dew._pass._reducer import _Reducer as _Reducer
 from dew._pass._reducer import _update_for as _update_for
 from dew._pass._result import PassResult, _rows, scoring_key
+from dew._precision import check_precision
 from dew._processes import is_multiprocess
 from dew.metrics import MetricSet
 from dew.objectives.base import Objective
@@ -64,6 +65,7 @@ def run_pass(
     *,
     keep_first_artifact: bool = False,
     conditioning: Callable[[Mapping[str, Any]], Any] | None = None,
+    precision: str = "float32",
 ) -> PassResult:
     """Score and reduce one pass of `batches` with `metrics`.
 
@@ -75,7 +77,9 @@ def run_pass(
     `conditioning(batch)` gives the values that condition the samples generated for the
     batch's rows (or `None`); the result's `conditioning_sha256` identifies them all.
     Under `jax.distributed` every process calls it with its own shard (see the module's
-    docstring) and gets the same result.
+    docstring) and gets the same result. `precision`: the policy the objective scores
+    under (`dew._precision`: a bfloat16 one casts the params and the batch, and the
+    metrics reduce the artifact in float32).
     When a compiled call fails (a check inside it fired), the objective's host-side
     checks run on that batch and their `ValueError` is raised instead (`explain_failure`).
     A failure that surfaces only at the final fetch re-checks the last batch, else raises
@@ -83,11 +87,12 @@ def run_pass(
     """
     # How the processes agree: in one process, they need not (`OneProcess`'s methods are
     # the identity, or the one-process work itself).
+    precision = check_precision(precision)
     strategy = Processes() if is_multiprocess() else OneProcess()
     keep_first_artifact = strategy.agreed_keep(keep_first_artifact)
     device, host = _split(metrics)
     names = metrics.names
-    reducer = strategy.reducer(objective, params, device, key) if names else None
+    reducer = strategy.reducer(objective, params, device, key, precision) if names else None
     on_host = bool(host.metrics)
     host_state = None
     if on_host:

@@ -38,9 +38,15 @@ class _GlobalReducer:
     checked on the host, every process holding the whole accumulator)."""
 
     def __init__(
-        self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
+        self,
+        objective: Objective,
+        params: PyTree,
+        metrics: MetricSet,
+        key: PRNGKeyArray,
+        precision: str = "float32",
     ) -> None:
         self.metrics = metrics
+        self.precision = precision
         self.plan = _plan_for(objective, metrics, jax.tree.structure(params))
         self.objective_leaves, self.metric_leaves = self.plan.replicated_leaves()
         self.params = jax.tree.leaves(_everywhere(params))
@@ -50,7 +56,7 @@ class _GlobalReducer:
     def add(self, batch: Mapping[str, Any], index: int, keep: bool) -> Artifact | None:
         """Score the placed global `batch` and merge its statistics; the artifact when
         `keep`."""
-        self.accumulator, artifact = self.plan.global_variant(keep)(
+        self.accumulator, artifact = self.plan.global_variant(keep, self.precision)(
             self.accumulator,
             batch,
             index,
@@ -86,9 +92,14 @@ class Processes:
         return any(_agree("starting a validation pass", True, int(keep_first_artifact)))
 
     def reducer(
-        self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
+        self,
+        objective: Objective,
+        params: PyTree,
+        metrics: MetricSet,
+        key: PRNGKeyArray,
+        precision: str = "float32",
     ) -> _GlobalReducer:
-        return _GlobalReducer(objective, params, metrics, key)
+        return _GlobalReducer(objective, params, metrics, key, precision)
 
     def batches(
         self, objective: Objective, batches: Iterable[Mapping[str, Any]]

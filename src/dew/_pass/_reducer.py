@@ -21,6 +21,7 @@ from dew._checks import explain_failure, held_on_host, ids_checked_on_host
 from dew._compiled_calls import ByIdentity, CompiledCalls, partitioned
 from dew._pass._placing import _everywhere
 from dew._pass._result import scoring_key
+from dew._precision import with_precision
 from dew._processes import replicated_sharding
 from dew.artifacts import Artifact
 from dew.metrics import MetricSet
@@ -52,8 +53,11 @@ def _update_function(objective_def: Any, objective_static: Any):
             jax.tree.unflatten(objective_def, objective_leaves), objective_static
         )
         metrics = spec.metrics(metric_leaves)
+        # Under a bfloat16 policy (decision 0078) the params and the batch are cast to the
+        # compute dtype and the artifact comes back float32, for the metrics to reduce.
+        evaluate = with_precision(objective.evaluate, spec.precision)
         with ids_checked_on_host(spec.checked_on_host):
-            artifact = objective.evaluate(
+            artifact = evaluate(
                 jax.tree.unflatten(spec.params_def, params), batch, scoring_key(key, index)
             )
         state = metrics.update(jax.tree.unflatten(spec.accumulator_def, accumulator), artifact)
@@ -93,6 +97,7 @@ class _Spec:
     keep: bool
     checked_on_host: bool = False
     replicate: bool = False
+    precision: str = "float32"
 
     def metrics(self, leaves: list) -> MetricSet:
         return eqx.combine(jax.tree.unflatten(self.metrics_def, leaves), self.metrics_static)
@@ -132,25 +137,31 @@ class _Plan:
         self.initial, accumulator_def = jax.tree.flatten(initial)
         self.spec = _Spec(accumulator_def, params_def, metrics_def, metrics_static, keep=False)
         self.finalize = _finalizer(self.spec)
-        self.variants: dict[tuple[bool, bool | str], Callable[..., Any]] = {}
+        self.variants: dict[tuple[bool, bool | str, str], Callable[..., Any]] = {}
         # The host checks of each batch, at a cost that does not grow with the model.
         self.check_batch = functools.partial(check_on_host, objective)
         self.global_leaves: tuple[list, list] | None = None  # under jax.distributed
 
-    def variant(self, keep: bool, checked_on_host: bool) -> Callable[..., Any]:
-        variant = self.variants.get((keep, checked_on_host))
+    def variant(
+        self, keep: bool, checked_on_host: bool, precision: str = "float32"
+    ) -> Callable[..., Any]:
+        variant = self.variants.get((keep, checked_on_host, precision))
         if variant is None:
-            spec = dataclasses.replace(self.spec, keep=keep, checked_on_host=checked_on_host)
-            variant = self.variants[keep, checked_on_host] = self.updates(spec)
+            spec = dataclasses.replace(
+                self.spec, keep=keep, checked_on_host=checked_on_host, precision=precision
+            )
+            variant = self.variants[keep, checked_on_host, precision] = self.updates(spec)
         return variant
 
-    def global_variant(self, keep: bool) -> Callable[..., Any]:
+    def global_variant(self, keep: bool, precision: str = "float32") -> Callable[..., Any]:
         """The call over global arrays (batches checked on the host, the accumulator
         replicated), under `jax.distributed`."""
-        variant = self.variants.get((keep, "global"))
+        variant = self.variants.get((keep, "global", precision))
         if variant is None:
-            spec = dataclasses.replace(self.spec, keep=keep, checked_on_host=True, replicate=True)
-            variant = self.variants[keep, "global"] = self.updates(spec)
+            spec = dataclasses.replace(
+                self.spec, keep=keep, checked_on_host=True, replicate=True, precision=precision
+            )
+            variant = self.variants[keep, "global", precision] = self.updates(spec)
         return variant
 
     def replicated_leaves(self) -> tuple[list, list]:
@@ -191,10 +202,16 @@ class _Reducer:
     """One pass's accumulator over the compiled calls of its plan."""
 
     def __init__(
-        self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
+        self,
+        objective: Objective,
+        params: PyTree,
+        metrics: MetricSet,
+        key: PRNGKeyArray,
+        precision: str = "float32",
     ) -> None:
         self.metrics = metrics
         self.key = key
+        self.precision = precision
         self.params, params_def = jax.tree.flatten(params)
         plan = _plan_for(objective, metrics, params_def)
         self.plan = plan
@@ -203,7 +220,7 @@ class _Reducer:
         self.accumulator = _fresh(plan.initial)
 
     def _variant(self, keep: bool, checked_on_host: bool) -> Callable[..., Any]:
-        return self.plan.variant(keep, checked_on_host)
+        return self.plan.variant(keep, checked_on_host, self.precision)
 
     def add(self, batch: Mapping[str, Any], index: int, keep: bool) -> Artifact | None:
         """Score `batch` and merge its statistics; the artifact when `keep`."""
@@ -240,9 +257,14 @@ class OneProcess:
         return keep_first_artifact
 
     def reducer(
-        self, objective: Objective, params: PyTree, metrics: MetricSet, key: PRNGKeyArray
+        self,
+        objective: Objective,
+        params: PyTree,
+        metrics: MetricSet,
+        key: PRNGKeyArray,
+        precision: str = "float32",
     ) -> _Reducer:
-        return _Reducer(objective, params, metrics, key)
+        return _Reducer(objective, params, metrics, key, precision)
 
     def batches(
         self, objective: Objective, batches: Iterable[Mapping[str, Any]]

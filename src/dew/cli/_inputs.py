@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from dew.cli._errors import _message
@@ -129,11 +129,82 @@ def _configure(args: argparse.Namespace) -> Any:
             point["data.kwargs.cache_dir"] = args.cache_dir
         if args.on_nonfinite is not None:
             point["trainer.on_nonfinite"] = args.on_nonfinite
+        point.update(_scaling_options(args, config, point))
         if args.imports:
             given = point.get("trainer.imports", config.trainer.imports)
             if isinstance(given, list | tuple):  # else the override's check names the value
                 point["trainer.imports"] = [*given, *args.imports]
         return override(config, point) if point else config
+
+
+def _scaling_options(
+    args: argparse.Namespace, config: Any, point: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The overrides `--precision`, `--accumulate`, `--strategy` and `--remat` ask for, each
+    refused in one line naming the option, its value and what it may be."""
+    from dew._precisions import check_precision
+    from dew.config._sections import CONFIG_STRATEGIES
+
+    chosen: dict[str, Any] = {}
+    precision = getattr(args, "precision", None)
+    if precision is not None:
+        chosen["trainer.precision"] = check_precision(precision, "--precision")
+    strategy = getattr(args, "strategy", None)
+    if strategy is not None:
+        if strategy not in CONFIG_STRATEGIES:
+            tensor = " (fsdp+tensor needs a mesh: build the Trainer in Python)"
+            raise ValueError(
+                f"--strategy must be 'data' or 'fsdp', got {strategy!r}"
+                f"{tensor if strategy == 'fsdp+tensor' else ''}."
+            )
+        chosen["trainer.strategy"] = strategy
+    accumulate = getattr(args, "accumulate", None)
+    if accumulate is not None:
+        batch = point.get("trainer.batch_size", config.trainer.batch_size)
+        if isinstance(batch, int) and (accumulate < 1 or batch % accumulate):
+            divisors = ", ".join(str(k) for k in range(1, batch + 1) if batch % k == 0)
+            raise ValueError(
+                f"--accumulate {accumulate} must divide trainer.batch_size ({batch}) into equal "
+                f"micro-batches: one of {divisors}."
+            )
+        chosen["trainer.accumulate"] = accumulate
+    remat = getattr(args, "remat", None)
+    if remat is not None:
+        chosen["model.kwargs.remat"] = _remat(remat, point.get("model.name", config.model.name))
+    return chosen
+
+
+def _remat(value: str, model: str) -> bool | str:
+    """`--remat`'s value for `model.kwargs.remat`: `true`, `false` or a policy name, for a
+    model whose builder takes `remat` (looking the builder up imports its module)."""
+    from dew import _registry
+    from dew.nn.backbones._remat import REMAT_POLICIES
+
+    allowed = ("true", "false", *REMAT_POLICIES)
+    if value not in allowed:
+        listed = ", ".join(allowed)
+        raise ValueError(f"--remat must be one of {listed}, got {value!r}.")
+    try:
+        names, _ = _registry.keyword_parameters(_registry.models[model])
+    except KeyError:
+        names = ("remat",)  # an unknown model: the override's own check names it
+    if "remat" not in names:
+        takers = [name for name in _registry.models if _takes_remat(name)]
+        raise ValueError(
+            f"--remat {value}: the model {model!r} takes no remat keyword; "
+            f"{', '.join(takers) or 'no registered model'} do."
+        )
+    return {"true": True, "false": False}.get(value, value)
+
+
+def _takes_remat(name: str) -> bool:
+    from dew import _registry
+
+    try:
+        names, _ = _registry.keyword_parameters(_registry.models[name])
+    except Exception:  # a registration that cannot be looked up takes nothing here
+        return False
+    return "remat" in names
 
 
 def _check_caches(name: str, cache_dir: str) -> None:

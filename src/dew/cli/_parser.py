@@ -241,6 +241,31 @@ def _override_options(parser: argparse.ArgumentParser) -> None:
         "default) or continue (overrides trainer.on_nonfinite)",
     )
     parser.add_argument(
+        "--precision",
+        metavar="POLICY",
+        help="float32, mixed_bfloat16 or bfloat16: the step's compute dtype, params kept in "
+        "float32 (overrides trainer.precision)",
+    )
+    parser.add_argument(
+        "--accumulate",
+        type=int,
+        metavar="K",
+        help="micro-batches per optimizer step, dividing the batch size (overrides "
+        "trainer.accumulate)",
+    )
+    parser.add_argument(
+        "--strategy",
+        metavar="NAME",
+        help="data or fsdp: how params and optimizer state lie over the devices (overrides "
+        "trainer.strategy)",
+    )
+    parser.add_argument(
+        "--remat",
+        metavar="POLICY",
+        help="true, false or a jax.checkpoint_policies name: recompute each block's "
+        "activations in the backward pass (overrides model.kwargs.remat)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],

@@ -69,7 +69,7 @@ def evaluate_run(
     The run is loaded by `load_run` (its parameters alone: the EMA ones where its
     objective declares an `ema_decay`); its objective scores them with `metrics`
     (default: the objective's `default_metrics()`) and the key of the evaluation event at
-    the checkpoint's step, as the Trainer would. A default
+    the checkpoint's step, under the run's `trainer.precision`, as the Trainer would. A default
     metric the objective leaves out for want of something (FID without pytorch-fid's
     weights) is named in one `UserWarning` line, `fid skipped: no weights at ...`, as
     `dew eval` prints it; the scores then lack it. A folder
@@ -97,6 +97,7 @@ def evaluate_run(
         # the Trainer's event key at the checkpoint's step
         key=evaluation_key(run_key(jax.random.key(config.trainer.seed)), loaded.step),
         step=loaded.step,
+        precision=config.trainer.precision,  # as the run's own evaluations scored
     )
 
 

@@ -295,6 +295,7 @@ def train_run(
             # the schedule the optimizer was built with, over this fit's total (decision 0020)
             learning_rate=config.optim.learning_rate_schedule(settings.steps),
             strategy=settings.strategy,  # on the data mesh: one device's fit is unchanged
+            precision=settings.precision,
         )
         fit = functools.partial(
             trainer.fit,

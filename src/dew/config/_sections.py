@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from dew import _registry as registry
 from dew._nonfinite import ON_NONFINITE
 from dew._plugins import check_module_names, check_targets
+from dew._precisions import check_precision
 from dew._reductions import TRAIN_REDUCTIONS
 from dew.checkpoints._location import checkpoint_location
 from dew.config._fields import (
@@ -259,6 +260,11 @@ class TrainerConfig(_Section):
       a no-op on one device. `"fsdp+tensor"` needs a mesh with a `"model"` axis, which a
       configuration does not give: build the `Trainer` in Python. No part of a run's
       identity: a checkpoint restores under either.
+    - `precision`: `"float32"` (the default), `"mixed_bfloat16"` or `"bfloat16"`: the
+      precision policy (`Trainer(precision=...)`, `dew train --precision`; docs/training.md,
+      "Precision"): params and optimizer state float32 under each, the step and the fit's
+      evaluations computed in bfloat16 under the other two. Part of a run's identity:
+      another policy gives other updates.
     - `imports`: modules (dotted names) imported before the run is built, each of which
       registers models, datasets, objectives or optimizers in `dew.registry` as it is
       imported (`dew train --import MODULE` adds to it). The run's `run.json` records them,
@@ -289,6 +295,7 @@ class TrainerConfig(_Section):
     log_optimizer: bool = False
     on_nonfinite: str = "raise"
     strategy: str = "data"
+    precision: str = "float32"
     imports: Sequence[str] = ()
     early_stopping: Mapping[str, Any] = _EMPTY
     callbacks: Sequence[str] = ()
@@ -348,6 +355,7 @@ class TrainerConfig(_Section):
                 f"{tensor if self.strategy == 'fsdp+tensor' else ''}."
             )
         _set(self, "strategy", str.__str__(self.strategy))
+        _set(self, "precision", check_precision(self.precision, f"{where}.precision"))
 
 
 EARLY_STOPPING_KEYS = ("metric", "split", "mode", "patience", "min_delta")

@@ -26,6 +26,7 @@ from importlib import metadata
 from typing import Any, ClassVar, Literal, TypeVar
 
 from dew import _json
+from dew._precisions import check_precision
 from dew.naming import check_index
 
 __all__ = [
@@ -175,7 +176,9 @@ class FitStarted(Record):
     """A fit began: its stage, the step it starts from and the step it runs to, and the
     direction each of its metrics declares (`metric_directions`: bare name to `"minimize"`,
     `"maximize"` or `None`; empty in records written before metrics declared one, whose
-    readers guess from the names, decision 0064)."""
+    readers guess from the names, decision 0064), and the precision policy its compiled step
+    computed under (`precision`: `"float32"`, `"bfloat16"` or `"mixed_bfloat16"`; records
+    written before policies say none, and read as `"float32"`, decision 0078)."""
 
     type: ClassVar[str] = "fit_started"
     stage: str
@@ -184,19 +187,24 @@ class FitStarted(Record):
     metric_directions: Mapping[str, str | None] = dataclasses.field(
         default_factory=dict, repr=False
     )
+    precision: str = dataclasses.field(default="float32", repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """`Record.to_dict`, without `metric_directions` when it is empty: a fit with no
-        metrics writes the record as before the field was."""
+        """`Record.to_dict`, without `metric_directions` when it is empty and without
+        `precision` when it is `"float32"`: such a fit writes the record as before the
+        fields were."""
         data = super().to_dict()
         if not self.metric_directions:
             del data["metric_directions"]
+        if self.precision == "float32":
+            del data["precision"]
         return data
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_step("FitStarted.start_step", self.start_step)
         _check_step("FitStarted.steps", self.steps)
+        check_precision(self.precision, "FitStarted.precision")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,11 +74,12 @@ def _step_function(
     checked_on_host: bool = False,
     telemetry: Telemetry = None,
     accumulate: int = 1,
+    precision: str = "float32",
 ):
     """`step(state_leaves, batch, objective_leaves, state_def) -> (leaves, outputs)`;
     `telemetry`: `None`, or `(learning_rate,)` for `train_step(log_optimizer=True)`;
     `accumulate`: the micro-batches of `train_step(accumulate=...)` (1: the step without
-    a scan, as before accumulation)."""
+    a scan, as before accumulation); `precision`: `train_step(precision=...)`'s policy."""
 
     def step(state_leaves: list, batch: Any, objective_leaves: list, state_def: StateLayout):
         objective = eqx.combine(jax.tree.unflatten(objective_def, objective_leaves), static)
@@ -89,6 +90,8 @@ def _step_function(
             logging = {"log_optimizer": True, "learning_rate": telemetry[0]}
         if accumulate > 1:  # the micro-batches' gradients summed in a scan, one update
             logging["accumulate"] = accumulate
+        if precision != "float32":  # computed in bfloat16, the params kept in float32
+            logging["precision"] = precision
         with ids_checked_on_host() if checked_on_host else contextlib.nullcontext():
             next_state, outputs = train_step(
                 objective, optimizer, state, batch, key, ema_decay=objective.ema_decay, **logging
@@ -119,9 +122,12 @@ def _compile_step(
     telemetry: Telemetry = None,
     checked_on_host: bool = False,
     accumulate: int = 1,
+    precision: str = "float32",
 ):
     checked = checked_on_host or _on_host(shardings)
-    step = _step_function(objective_def, static, optimizer, checked, telemetry, accumulate)
+    step = _step_function(
+        objective_def, static, optimizer, checked, telemetry, accumulate, precision
+    )
     return jax.jit(_windowed(step), donate_argnums=(0, 1), static_argnums=4, **_kept(shardings))
 
 
@@ -151,11 +157,14 @@ def _compile_fused(
     telemetry: Telemetry = None,
     checked_on_host: bool = False,
     accumulate: int = 1,
+    precision: str = "float32",
 ):
     """Several steps in one compiled call: a `lax.scan` of the step over stacked batches,
     each step added to the window (which ends holding the last step's values)."""
     checked = checked_on_host or _on_host(shardings)
-    step = _step_function(objective_def, static, optimizer, checked, telemetry, accumulate)
+    step = _step_function(
+        objective_def, static, optimizer, checked, telemetry, accumulate, precision
+    )
     step = _windowed(step)
 
     def fused(state_leaves: list, window: Any, batches: Any, objective_leaves: list, state_def):
@@ -207,13 +216,15 @@ def compiled_steps(
     shardings: tuple[Any, ...] | None = None,
     telemetry: Telemetry = None,
     accumulate: int = 1,
+    precision: str = "float32",
 ):
     """The compiled single step and fused steps of one objective structure and optimizer;
     the state's EMA params are updated in them when the objective declares an `ema_decay`.
     Both take and return the training window after the state's leaves, the steps' one
     training output. With `accumulate > 1` each optimizer step sums the gradients of that
     many micro-batches of its batch in a `lax.scan` (`dew.steps.train_step`), and the
-    window gets one entry per optimizer step, the whole batch's values.
+    window gets one entry per optimizer step, the whole batch's values. `precision` is
+    the policy the steps compute under (`dew._precision`; decision 0078).
 
     With `shardings` (one `jax.sharding.Sharding` per state leaf: a placed fit under
     `jax.distributed`), the steps return the state's leaves in those shardings (so the
@@ -223,13 +234,18 @@ def compiled_steps(
     (`Placement.agree`)."""
     compiled = (objective_def, static, optimizer, shardings, telemetry)
     if shardings is not None:  # a placed fit: its batches are placed on its devices
-        return _steps(*compiled, False, accumulate), _fused_steps(*compiled, False, accumulate)
+        return (
+            _steps(*compiled, False, accumulate, precision),
+            _fused_steps(*compiled, False, accumulate, precision),
+        )
     return (
         _ByWhereBatchesLie(
-            _steps(*compiled, True, accumulate), _steps(*compiled, False, accumulate)
+            _steps(*compiled, True, accumulate, precision),
+            _steps(*compiled, False, accumulate, precision),
         ),
         _ByWhereBatchesLie(
-            _fused_steps(*compiled, True, accumulate), _fused_steps(*compiled, False, accumulate)
+            _fused_steps(*compiled, True, accumulate, precision),
+            _fused_steps(*compiled, False, accumulate, precision),
         ),
     )
 
@@ -244,10 +260,11 @@ def output_names(
     objective_leaves: list[Any],
     state_def: Any,
     accumulate: int = 1,
+    precision: str = "float32",
 ) -> tuple[str, ...]:
     """The names of the training metrics one step returns (traced, never run: a batch
     `accumulate` does not divide raises its `ValueError` here, before any compilation)."""
-    step = _step_function(objective_def, static, optimizer, False, telemetry, accumulate)
+    step = _step_function(objective_def, static, optimizer, False, telemetry, accumulate, precision)
     _, outputs = jax.eval_shape(
         functools.partial(step, state_def=state_def), leaves, batch, objective_leaves
     )

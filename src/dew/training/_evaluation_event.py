@@ -62,10 +62,12 @@ def evaluation_event(
     preview: bool,
     loop: Loop,
     step: int,
+    *,
+    precision: str = "float32",
 ) -> None:
     """One evaluation event at `step` of the fit whose key is `run_key`: the validation
-    pass, its preview, and its report (which the loop's policies see: an early stopper
-    on the validation split decides there)."""
+    pass (scored under the fit's `precision`), its preview, and its report (which the
+    loop's policies see: an early stopper on the validation split decides there)."""
     state = loop.current()
     progress = loop.progress
     event_key = _domains.evaluation_key(run_key, step)
@@ -90,6 +92,7 @@ def evaluation_event(
         event_key,
         keep_first_artifact=previewing,
         conditioning=objective.conditioning_values if sampling else None,
+        precision=precision,
     )
     if previewing and result.first_batch is not None:
         preview_key = _domains.preview_key(event_key)

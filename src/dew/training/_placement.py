@@ -192,6 +192,7 @@ class Placement:
         objective_leaves: list[Any],
         telemetry: Telemetry = None,
         accumulate: int = 1,
+        precision: str = "float32",
     ) -> tuple[Callable[..., Any], Callable[..., Any], list[Any], Callable[[list[Any]], Any]]:
         """One compiled step (and fused step) for every process, over global arrays: the
         calls keeping the state `leaves`' shardings (and the training window replicated),
@@ -199,7 +200,7 @@ class Placement:
         batches."""
         shardings = tuple(leaf.sharding for leaf in leaves)
         step_call, fused_call = compiled_steps(
-            objective_def, static, self.optimizer, shardings, telemetry, accumulate
+            objective_def, static, self.optimizer, shardings, telemetry, accumulate, precision
         )
 
         def place_block(drawn: list[Any]) -> Any:

@@ -17,6 +17,7 @@ from dew._checks import batch_error, failed_check
 from dew._compiled_calls import partitioned
 from dew._loop import Callback, EarlyStopping, LoopEngine, check_callbacks, with_history
 from dew._nonfinite import raises_on_nonfinite
+from dew._precision import check_precision
 from dew._processes import is_multiprocess
 from dew.checkpoints._location import checkpoint_location
 from dew.data import Dataset, Partition
@@ -82,6 +83,11 @@ class Trainer:
     - `learning_rate`: the float or optax schedule the optimizer was built with, for
       `fit(..., log_optimizer=True)` to log (`None`: read from an
       `optax.inject_hyperparams` state).
+    - `precision`: the precision policy of the compiled step and of the fit's evaluations
+      (docs/training.md, "Precision"; decision 0078): `"float32"` (the default),
+      `"mixed_bfloat16"` (params and optimizer state float32, the forward and backward
+      computed in bfloat16 with layer norms, softmax and losses in float32) or
+      `"bfloat16"` (the same, the built-in layer norms and softmax in bfloat16 too).
     """
 
     def __init__(
@@ -96,6 +102,7 @@ class Trainer:
         learning_rate: LearningRate | None = None,
         mesh: jax.sharding.Mesh | None = None,
         strategy: str = "data",
+        precision: str = "float32",
     ) -> None:
         self.objective = objective
         self.optimizer = optimizer
@@ -109,8 +116,9 @@ class Trainer:
             self.checkpoint_dir = checkpoint_location(os.fspath(checkpoint_dir))
         self.param_sharding, self.strategy = placed_by(param_sharding, mesh, strategy)
         self.learning_rate = checked_learning_rate(learning_rate)
+        self.precision = check_precision(precision)
         self._objective_leaves, self._objective_def, self._static = partitioned(objective)
-        self._compiled: dict[tuple[Telemetry, int], Any] = {}
+        self._compiled: dict[tuple[Telemetry, int, str], Any] = {}
         self._names: dict[Any, tuple[str, ...]] = {}
 
     def fit(
@@ -235,7 +243,7 @@ class Trainer:
         telemetry = optimizer_telemetry(
             self.objective, self.optimizer, self.learning_rate, given.log_optimizer
         )
-        kind = (telemetry, check_accumulate(given.accumulate))
+        kind = (telemetry, check_accumulate(given.accumulate), self.precision)
         metric_set = MetricSet(metrics)
         artifacts = tracker is not None and takes_artifacts(tracker)  # refuses a non-tracker
         placement, previewing, tracker, progress = fit_setup(
@@ -278,7 +286,14 @@ class Trainer:
                 checkpoints, checkpoint_every, stepping.origin, guard, resumed=resumed
             )
             event = functools.partial(
-                evaluation_event, self.objective, self.key, data, metric_set, tracker, previewing
+                evaluation_event,
+                self.objective,
+                self.key,
+                data,
+                metric_set,
+                tracker,
+                previewing,
+                precision=self.precision,
             )
             sampling = None
             if isinstance(self.objective, ReportsSampling):  # its protocol, once per fit
@@ -309,6 +324,7 @@ class Trainer:
                 start=start,
                 policies=policies,
                 metric_directions=metric_set.directions,  # recorded in FitStarted (decision 0064)
+                precision=self.precision,  # recorded in FitStarted (decision 0078)
             )
             window = ProfileWindowTracer(given.profile, loop)
             return self._loop(loop, stepping, data, steps, spc, window, checkpointing)
@@ -385,7 +401,7 @@ class Trainer:
         )
 
     def _output_names(
-        self, step_kind: tuple[Telemetry, int], state_def: Any, leaves: list[Any], batch: Any
+        self, step_kind: tuple[Telemetry, int, str], state_def: Any, leaves: list[Any], batch: Any
     ) -> tuple[str, ...]:
         """The training metrics' names, traced once per Trainer and kind of batch (a fit
         resumed or continued with `state=` pays no second trace), after the batch's keys
@@ -400,7 +416,7 @@ class Trainer:
             check_batch_keys(self.objective, batch, Split.TRAIN)
             compiled = (self._objective_def, self._static, self.optimizer, step_kind[0])
             self._names[key] = output_names(
-                *compiled, leaves, batch, self._objective_leaves, state_def, step_kind[1]
+                *compiled, leaves, batch, self._objective_leaves, state_def, *step_kind[1:]
             )
         return self._names[key]
 
@@ -408,12 +424,12 @@ class Trainer:
         self,
         state: TrainState,
         placement: Placement | None,
-        kind: tuple[Telemetry, int],
+        kind: tuple[Telemetry, int, str],
         mean: bool,
     ) -> "_Stepping":
         """The compiled calls of this fit and the state they step, as leaves: compiled once
-        per Trainer and kind (telemetry, accumulation), even with unhashable statics, placed
-        on the devices of every process when `placement` says so."""
+        per Trainer and kind (telemetry, accumulation, precision), even with unhashable
+        statics, placed on the devices of every process when `placement` says so."""
         leaves, state_def = state_leaves(state)  # its keys as raw key data
         compiled = (self._objective_def, self._static, self.optimizer)
         if kind not in self._compiled:

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float
 
+from dew._precision import keeps_float32
+
 __all__ = ["column_parallel", "dense", "layer_norm", "row_parallel"]
 
 
@@ -52,13 +54,16 @@ def layer_norm(layer: eqx.nn.LayerNorm, x: Float[Array, "*rows features"]) -> Ar
     never needs) gives a gradient whose elementwise terms XLA's CPU compiler fuses into every
     later layer's gradient instead of storing once, so a step recomputed each layer's norm
     gradient in every layer below it: a fifth of a 4-layer step at width 256 (decision 0049).
-    The values are the same up to float rounding."""
+    The values are the same up to float rounding. Under the `"bfloat16"` precision policy
+    (decision 0078) a bfloat16 `x` is normalised in bfloat16 instead."""
     if layer.shape != x.shape[-1:]:
         raise ValueError(
             f"layer_norm of shape {layer.shape} cannot normalise rows of shape {x.shape[-1:]}."
         )
-    with jax.numpy_dtype_promotion("standard"):
-        dtype = jnp.result_type(x.dtype, jnp.float32)
+    dtype = x.dtype
+    if keeps_float32():
+        with jax.numpy_dtype_promotion("standard"):
+            dtype = jnp.result_type(x.dtype, jnp.float32)
     x32 = x.astype(dtype)
     centered = x32 - jnp.mean(x32, axis=-1, keepdims=True)
     variance = jnp.mean(jnp.square(centered), axis=-1, keepdims=True)

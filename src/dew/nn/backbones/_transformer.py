@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from dew._integers import check_integer
+from dew._precision import compute_dtype, keeps_float32
 from dew.nn._compiled_init import initialise
 from dew.nn.backbones._layers import column_parallel, dense, layer_norm, row_parallel
 from dew.nn.backbones._remat import apply_blocks, remat_policy
@@ -207,15 +208,17 @@ def _xla_attention(
     """`jax.nn.dot_product_attention(..., implementation="xla")`'s arithmetic (float32
     logits and softmax, masked logits set to -0.7 x float32's largest value, the same
     scale), written as two head-batched products: its own version maps a function over
-    the heads, whose transposes cost a training step a tenth of its time on CPU."""
-    logits = jnp.einsum("...qhd,...khd->...hqk", q, k, preferred_element_type=jnp.float32)
-    logits = logits * jnp.float32(1.0 / math.sqrt(q.shape[-1]))
+    the heads, whose transposes cost a training step a tenth of its time on CPU. Under the
+    `"bfloat16"` precision policy (decision 0078) the logits and softmax are bfloat16."""
+    logits_dtype = jnp.float32 if keeps_float32() else q.dtype
+    logits = jnp.einsum("...qhd,...khd->...hqk", q, k, preferred_element_type=logits_dtype)
+    logits = logits * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), logits.dtype)
     shape = (1,) * (logits.ndim - 2) + logits.shape[-2:]
     visible = jnp.ones(shape, bool) if mask is None else mask
     if causal:
         visible = visible & jnp.tril(jnp.ones(shape, bool))
     if causal or mask is not None:
-        hidden = jnp.float32(-0.7 * jnp.finfo(jnp.float32).max)
+        hidden = jnp.asarray(-0.7 * jnp.finfo(logits.dtype).max, logits.dtype)
         logits = jnp.where(visible, logits, hidden)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     return jnp.einsum("...hqk,...khd->...qhd", probs, v)
@@ -270,7 +273,7 @@ class TransformerStack(eqx.Module):
 
     def _computing(self) -> "TransformerStack":
         """The stack with its parameters cast to the compute dtype."""
-        compute = COMPUTE_DTYPES[self.dtype]
+        compute = compute_dtype(self.dtype)  # bfloat16 under a bfloat16 precision policy
         return jax.tree.map(
             lambda leaf: leaf.astype(compute) if eqx.is_inexact_array(leaf) else leaf, self
         )

@@ -3,11 +3,13 @@ tokens, masked multi-head self-attention and the compute-dtype cast."""
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from dew._integers import check_integer
+from dew._precision import compute_dtype
 from dew.nn.backbones._layers import column_parallel, dense, row_parallel
-from dew.nn.backbones._transformer import COMPUTE_DTYPES
+from dew.nn.backbones._transformer import COMPUTE_DTYPES, _xla_attention
 
 __all__ = [
     "SelfAttention",
@@ -78,8 +80,9 @@ def unpatchify(
 
 
 def in_compute_dtype(module: eqx.Module, dtype: str) -> eqx.Module:
-    """`module` with every floating-point array cast to the compute dtype `dtype`."""
-    compute = COMPUTE_DTYPES[dtype]
+    """`module` with every floating-point array cast to the compute dtype `dtype` (bfloat16
+    under a bfloat16 precision policy, `dew._precision.compute_dtype`)."""
+    compute = compute_dtype(dtype)
     return jax.tree.map(
         lambda leaf: leaf.astype(compute) if eqx.is_inexact_array(leaf) else leaf, module
     )
@@ -112,6 +115,14 @@ class SelfAttention(eqx.Module):
         """Attend from every row of `x` to the rows `mask[query]` allows (all without one)."""
         seq, width = x.shape
         qkv = dense(self.qkv, x).reshape(seq, 3, self.heads, width // self.heads)
+        if qkv.dtype != jnp.float32:  # bfloat16: the same arithmetic, written out
+            # jax.nn.dot_product_attention's bfloat16 products name a dot algorithm whose
+            # lowering (at the compiled call, past any promotion context here) refuses a
+            # caller's strict promotion; the written-out form also follows the precision
+            # policy (bfloat16 logits under "bfloat16", decision 0078).
+            visible = None if mask is None else mask[None]
+            attended = _xla_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], causal=False, mask=visible)
+            return dense(self.out, attended.reshape(seq, width))
         # jax.nn.dot_product_attention mixes bfloat16 inputs with float32 internals,
         # which a caller's strict dtype promotion would refuse.
         with jax.numpy_dtype_promotion("standard"):

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
+from dew._precision import compute_dtype
 from dew.nn._compiled_init import initialise
 from dew.nn.backbones._layers import column_parallel, dense, layer_norm, row_parallel
 from dew.nn.backbones._remat import apply_blocks, remat_policy
-from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
     SelfAttention,
     check_vision_configuration,
@@ -261,7 +261,7 @@ class DiT(eqx.Module):
             raise ValueError(f"DiT's time t must be a float scalar, got {t.dtype} {t.shape}.")
         label = self._checked_label(label)
         model = in_compute_dtype(self, self.dtype)
-        compute = COMPUTE_DTYPES[self.dtype]
+        compute = compute_dtype(self.dtype)
         clip = x if self.frames is not None else x[None]
         tokens = dense(model.patch_embedding, patchify(clip.astype(compute), self.patch_size))
         position = model.space_embedding[None]

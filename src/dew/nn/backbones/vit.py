@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from dew._precision import compute_dtype
 from dew.nn._compiled_init import initialise
 from dew.nn.backbones._layers import column_parallel, dense, layer_norm, row_parallel
 from dew.nn.backbones._remat import apply_blocks, remat_policy
-from dew.nn.backbones._transformer import COMPUTE_DTYPES
 from dew.nn.backbones._vision import (
     SelfAttention,
     check_vision_configuration,
@@ -186,7 +186,7 @@ class ViT(eqx.Module):
         if image.shape != shape:
             raise ValueError(f"ViT expects one image of shape {shape}, got {image.shape}.")
         mask = self._checked_mask(mask)
-        compute = COMPUTE_DTYPES[self.dtype]
+        compute = compute_dtype(self.dtype)
         tokens = patchify(image.astype(compute)[None], self.patch_size)
         if mask is not None:
             # Masked pixels are dropped before the embedding, so not even a NaN leaks.
@@ -208,7 +208,7 @@ class ViT(eqx.Module):
             )
         mask = self._checked_mask(mask)
         model = in_compute_dtype(self, self.dtype)
-        h = tokens.astype(COMPUTE_DTYPES[self.dtype])
+        h = tokens.astype(compute_dtype(self.dtype))
         if mask is None:
             attend = jnp.ones((self.patches, self.patches), bool)
         else:
