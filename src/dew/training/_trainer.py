@@ -65,29 +65,24 @@ class Trainer:
     - `key`: the run key; step keys and evaluation keys derive from it.
     - `stage`: the first segment of every metric tag and preview name (default: the
       objective's name); a path segment (`dew.naming.check_path_segment`).
-    - `checkpoint_dir`: where `fit` saves checkpoints (orbax-checkpoint) and resumes
-      from: a fit started again with the same directory continues at its latest intact
-      checkpoint. A local folder, a `file:///absolute/path` URI naming one, or a
+    - `checkpoint_dir`: where `fit` saves checkpoints (orbax-checkpoint) and resumes from
+      (at the latest intact checkpoint): a local folder, a `file:///absolute/path` URI or a
       `gs://bucket/folder` URI; another URI raises `ValueError` here.
     - `mesh`, `strategy`: a sharding preset (docs/training.md, "Sharding presets"):
       `strategy` `"data"` (the default), `"fsdp"` or `"fsdp+tensor"` over `mesh`, a
       `jax.sharding.Mesh` of every device with axes `"data"` (and `"model"`); `None`:
       the data mesh (`dew.distributed.data_mesh()`), refused by `"fsdp+tensor"`.
     - `param_sharding`: the escape hatch (strategy `"data"` only): a callable `(path,
-      leaf) -> jax.sharding.Sharding` over the mesh's devices, called once per fit for
-      every array leaf of the params (`path` as `jax.tree_util.tree_flatten_with_path`
-      gives it) and dividing its shape (else `fit` raises a `ValueError` naming the
-      param); the EMA params and the optimizer state's params-shaped parts
-      (`optax.tree_map_params`) follow it, everything else is replicated, and the
-      compiled step keeps those shardings (`None`: a full copy on every device).
+      leaf) -> jax.sharding.Sharding` called once per fit for every array leaf of the
+      params (a sharding that does not divide it is refused); the EMA params and the
+      optimizer state's params-shaped parts follow it (docs/training.md, "Sharding
+      presets"; `None`: a full copy on every device).
     - `learning_rate`: the float or optax schedule the optimizer was built with, for
       `fit(..., log_optimizer=True)` to log (`None`: read from an
       `optax.inject_hyperparams` state).
-    - `precision`: the precision policy of the compiled step and of the fit's evaluations
-      (docs/training.md, "Precision"; decision 0078): `"float32"` (the default),
-      `"mixed_bfloat16"` (params and optimizer state float32, the forward and backward
-      computed in bfloat16 with layer norms, softmax and losses in float32) or
-      `"bfloat16"` (the same, the built-in layer norms and softmax in bfloat16 too).
+    - `precision`: the policy the compiled step and the fit's evaluations compute under:
+      `"float32"` (the default), `"mixed_bfloat16"` or `"bfloat16"`, the params and
+      optimizer state float32 under each (docs/training.md, "Precision").
     """
 
     def __init__(
