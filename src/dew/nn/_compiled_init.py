@@ -22,6 +22,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.extend
 
 __all__ = ["INITIALISER_OPTIONS", "eager_initialisation", "initialise"]

@@ -4,7 +4,7 @@ do at each step (decision 0066)."""
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Unpack
 
 import equinox as eqx
@@ -331,7 +331,8 @@ class Trainer:
         with loop.reporting_fit(start=step, steps=steps, completed=completed):
             loop.begin()
             try:
-                if step < steps and not loop.stop:  # a finished run draws no batch
+                batches: Iterator[Any] = iter(())  # a finished run draws no batch
+                if step < steps and not loop.stop:
                     agreed = placement if placement is not None and is_multiprocess() else None
                     batches = _opened(
                         data.train, Partition.current(), step, stepping.origin, agreed

@@ -1,6 +1,8 @@
 """Pieces shared by the vision backbones (`DiT`, `ViT`): the configuration check, patch
 tokens, masked multi-head self-attention and the compute-dtype cast."""
 
+from typing import TypeVar
+
 import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
@@ -8,6 +10,8 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 from dew._integers import check_integer
 from dew.nn.backbones._layers import column_parallel, dense, row_parallel
 from dew.nn.backbones._transformer import COMPUTE_DTYPES
+
+_M = TypeVar("_M", bound=eqx.Module)
 
 __all__ = [
     "SelfAttention",
@@ -77,7 +81,7 @@ def unpatchify(
     return patches.transpose(0, 1, 3, 2, 4, 5).reshape(shape)
 
 
-def in_compute_dtype(module: eqx.Module, dtype: str) -> eqx.Module:
+def in_compute_dtype(module: _M, dtype: str) -> _M:
     """`module` with every floating-point array cast to the compute dtype `dtype`."""
     compute = COMPUTE_DTYPES[dtype]
     return jax.tree.map(
