@@ -371,7 +371,7 @@ class Coordinated:
                 error if error is not None else True,
                 int(batch is not None),
             )
-            if not all(have):
+            if not all(have) or batch is None:  # all(have): this process has its batch
                 self.uneven = any(have)
                 return
             yield batch

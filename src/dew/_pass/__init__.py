@@ -89,6 +89,7 @@ def run_pass(
     first_artifact = first_batch = None
     count = records = 0
     digest = ConditioningDigest()
+    batch: Any = None  # the last batch, re-checked when the final fetch fails
     for index, batch in enumerate(batches):
         if first_batch is None:  # its keys checked before anything is compiled for it
             check_batch_keys(objective, batch, Split.VALIDATION)
@@ -98,7 +99,7 @@ def run_pass(
             keep = on_host or (index == 0 and keep_first_artifact)
             try:  # a host metric fetches the artifact: a failed call surfaces there
                 artifact = reducer.add(batch, index, keep)
-                if on_host:
+                if host_state is not None and artifact is not None:  # on_host: keep is True
                     host_state = host.update(host_state, artifact)
             except Exception:  # a check fired in the call: raise the objective's own error
                 with explain_failure(objective, batch):
@@ -113,7 +114,7 @@ def run_pass(
         return PassResult(
             {}, count, records, first_artifact, first_batch, conditioning_sha256=conditioned
         )
-    host_values = host.finalize(host_state) if on_host else {}
+    host_values = host.finalize(host_state) if host_state is not None else {}
     try:  # fetched here: a check that fired in a call may surface only at the fetch
         values = jax.device_get(reducer.finalize() | host_values)
     except Exception as error:  # the last batch re-checked, else the check's own message

@@ -64,6 +64,7 @@ def _run_pass_processes(
     on_host = bool(host.metrics)
     zero = is_process_zero()
     plan = _plan_for(objective, device, jax.tree.structure(params)) if names else None
+    objective_leaves = metric_leaves = global_params = global_key = accumulator = None
     if plan is not None:
         objective_leaves, metric_leaves = plan.replicated_leaves()
         global_params = jax.tree.leaves(_everywhere(params))
@@ -82,6 +83,7 @@ def _run_pass_processes(
     count = records = 0
     digest = ConditioningDigest()
     shards = coordinated(batches)
+    local: Any = None  # the last shard, re-checked when the final fetch fails
     for index, local in enumerate(shards):
         batch = _place(objective, local, index)
         records += _rows(batch)

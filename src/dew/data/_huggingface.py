@@ -51,13 +51,13 @@ def _saved(folder: pathlib.Path) -> bool:
 
 
 def _file_builder(files: Sequence[pathlib.Path]) -> str:
-    builders = {FILE_BUILDERS.get(path.suffix.lower()) for path in files}
     unknown = [path for path in files if path.suffix.lower() not in FILE_BUILDERS]
     if unknown:
         raise ValueError(
             f"{_OWNER}: {os.fspath(unknown[0])!r} is not a file huggingface reads (endings: "
             f"{', '.join(FILE_BUILDERS)}); for text files use dew.data.text."
         )
+    builders = {FILE_BUILDERS[path.suffix.lower()] for path in files}
     if len(builders) > 1:
         raise ValueError(
             f"{_OWNER}: the files mix formats ({', '.join(sorted(map(str, builders)))}); name "

@@ -2,8 +2,8 @@
 batch norm folded in, the pools and resize as pytorch-fid computes them, the Mixed blocks, and
 the loader that builds them from pytorch-fid's state dict by name."""
 
-from collections.abc import Callable, Mapping
-from typing import TypedDict
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 import equinox as eqx
 import jax
@@ -347,7 +347,8 @@ class _InceptionE(eqx.Module):
         return _concatenate(branch1x1, wide(b3), tall(b3), dwide(d), dtall(d), *pooled)
 
 
-def _chain(layers: tuple[Callable[[Array], Array], ...], x: Array) -> Array:
+def _chain(layers: tuple[Any, ...], x: Array) -> Array:
+    """`x` through each of `layers` (callable modules) in turn."""
     for layer in layers:
         x = layer(x)
     return x

@@ -26,14 +26,14 @@ def _check_temperature(name: str, value: Any) -> None:
         isinstance(value, numbers.Real)
         and not isinstance(value, bool)
         and math.isfinite(value)
-        and value >= 0
+        and float(value) >= 0
     ):
         raise ValueError(f"{name} must be >= 0, a finite real (0 samples greedily), got {value!r}.")
 
 
 def _check_top_p(name: str, value: Any) -> None:
     if value is not None and not (
-        isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 1
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) <= 1
     ):
         raise ValueError(f"{name} must be None or a real in (0, 1], got {value!r}.")
 

@@ -42,7 +42,7 @@ def state_leaves(state: Any) -> tuple[list[Any], StateLayout]:
     keys = tuple(
         (index, str(jax.random.key_impl(leaf)))
         for index, leaf in enumerate(leaves)
-        if jnp.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key)
+        if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
     )
     return _raw(leaves, keys), StateLayout(treedef, keys)
 
@@ -217,7 +217,7 @@ def compiled_steps(
     except TypeError:  # an unhashable static field: compile for this Trainer alone
         step, fused = _compile_step, _compile_fused
     compiled = (objective_def, static, optimizer, shardings, telemetry)
-    more = {} if accumulate == 1 else {"accumulate": accumulate}  # 1: the calls as before
+    more: dict[str, Any] = {} if accumulate == 1 else {"accumulate": accumulate}  # 1: as before
     if shardings is not None:  # a placed fit: its batches are placed on its devices
         return step(*compiled, **more), fused(*compiled, **more)
     return (

@@ -243,8 +243,8 @@ class Trainer:
         )
         evaluating = evaluates(data, eval_every, metric_set, previewing)
         sinks = [*given.event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
-        if not artifacts:  # a tracker that takes scalars only gets no records, no previews
-            tracker = None
+        # A tracker that takes scalars only gets no records, no previews.
+        records = tracker if tracker is not None and takes_artifacts(tracker) else None
         checkpoints = None
         if self.checkpoint_dir is not None:
             from dew.checkpoints import Checkpointer
@@ -273,7 +273,7 @@ class Trainer:
                 checkpoints, checkpoint_every, stepping.origin, guard, resumed=resumed
             )
             event = functools.partial(
-                evaluation_event, self.objective, self.key, data, metric_set, tracker, previewing
+                evaluation_event, self.objective, self.key, data, metric_set, records, previewing
             )
             sampling = None
             if isinstance(self.objective, ReportsSampling):  # its protocol, once per fit
@@ -295,7 +295,7 @@ class Trainer:
                 current=stepping.current,
                 history=history,
                 sinks=sinks,
-                tracker=tracker,
+                tracker=records,
                 stopping=stopping,
                 progress=progress,
                 total=steps,

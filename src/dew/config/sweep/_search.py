@@ -86,7 +86,7 @@ class SearchRun(abc.ABC):
         index, point = proposal
         if not claim(index):
             raise SweepStateError(f"the search proposed trial {index}, which is already taken.")
-        self.__dict__.setdefault("_drawn", {})[index] = point
+        vars(self).setdefault("_drawn", {})[index] = point
         return index
 
     def draw(self, index: int) -> dict[str, Any]:

@@ -71,7 +71,7 @@ def patchify(
 
 def unpatchify(
     tokens: Float[Array, "tokens patch_features"],
-    shape: tuple[int, int, int, int],
+    shape: tuple[int, ...],
     patch_size: int,
 ) -> Float[Array, "frames height width channels"]:
     """The inverse of `patchify` for a clip of `shape` (frames, height, width, channels)."""
