@@ -64,7 +64,8 @@ def _run_pass_processes(
     on_host = bool(host.metrics)
     zero = is_process_zero()
     plan = _plan_for(objective, device, jax.tree.structure(params)) if names else None
-    objective_leaves = metric_leaves = global_params = global_key = accumulator = None
+    objective_leaves = metric_leaves = global_params = global_key = None
+    accumulator: Any = None
     if plan is not None:
         objective_leaves, metric_leaves = plan.replicated_leaves()
         global_params = jax.tree.leaves(_everywhere(params))
@@ -103,7 +104,7 @@ def _run_pass_processes(
             if on_host:  # gathered on every process, merged on process zero alone
                 gathered = collective_host(artifact)
                 outcome = True
-                if zero:
+                if zero and host_state is not None:  # process zero started them (or raised)
                     try:
                         host_state = host.update(host_state, gathered)
                     except Exception as error:

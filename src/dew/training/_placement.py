@@ -9,7 +9,7 @@ pays nothing for it.
 
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +64,7 @@ def placed_by(
             "param_sharding must be None or a callable (path, leaf) -> "
             f"jax.sharding.Sharding, got {type(param_sharding).__name__}."
         )
-    checked: ParamSharding | None = param_sharding
+    checked = cast("ParamSharding | None", param_sharding)  # callable(...) says no more
     return checked, sharding_strategy(mesh, strategy, param_sharding)
 
 
