@@ -216,7 +216,7 @@ class MetricSet(Metric[Artifact]):
         size: int = (
             chunk if chunk is not None else self.scan_chunk or jax.tree.leaves(stacked)[0].shape[0]
         )
-        check_integer("chunk", size, minimum=1)
+        check_integer("chunk", size, minimum=1, optional=True)  # the message names None too
         if not self.metrics:
             return {}
         try:  # the pass and its finalize in one compiled call
