@@ -14,14 +14,13 @@ import jax
 import numpy as np
 import optax
 import pytest
+from _builders import tiny_lm_objective
 
 from dew import Trainer, metrics
 from dew.cli import main
 from dew.config import RunConfig, TrainerConfig, builtin, override
 from dew.data import Dataset
 from dew.naming import Split
-from dew.nn.backbones.causal_transformer import CausalTransformer
-from dew.objectives.lm import LMObjective
 from dew.supervised import EarlyStopper
 from dew.tracking import InMemoryTracker
 from dew.training import Callback, Loop
@@ -41,18 +40,7 @@ def _data():
 
 @pytest.fixture(scope="module")
 def objective():
-    model = CausalTransformer(
-        vocab_size=4,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=16,
-        dtype="float32",
-        attention_impl="xla",
-        key=jax.random.key(0),
-    )
-    return LMObjective(model, seq_len=8)
+    return tiny_lm_objective()
 
 
 class Journal(Callback):

@@ -17,14 +17,13 @@ import jax
 import numpy as np
 import optax
 import pytest
+from _builders import TINY, tiny_lm_objective
 
 from dew import Trainer
 from dew.checkpoints import Checkpointer, DamagedCheckpointWarning
 from dew.cli import main
 from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
 from dew.data import Dataset
-from dew.nn.backbones.causal_transformer import CausalTransformer
-from dew.objectives.lm import LMObjective
 from dew.registry import datasets
 from dew.steps import TrainState
 
@@ -52,8 +51,7 @@ def _fit(objective, directory, steps):
 
 @pytest.fixture(scope="module")
 def objective():
-    model = CausalTransformer(8, 16, 1, 2, 32, 16, key=jax.random.key(3))
-    return LMObjective(model, seq_len=8)
+    return tiny_lm_objective(8, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -262,16 +260,6 @@ def test_a_resumed_fit_passes_over_a_damaged_step(objective, saved, run, tmp_pat
     assert Checkpointer(clean).all_steps() == [2]
     assert _equal(resumed, _fit(objective, clean, 6))
     assert Checkpointer(run).all_steps() == [2, 4, 6]
-
-
-TINY = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 
 def _dew(*arguments, cwd):

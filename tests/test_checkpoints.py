@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _builders import tiny_lm_objective
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,8 +38,7 @@ OPTIMIZER = optax.adam(3e-3)  # one optimizer: the Trainers share one compiled s
 
 @pytest.fixture(scope="module")
 def objective():
-    model = CausalTransformer(8, 16, 1, 2, 32, 16, key=jax.random.key(3))
-    return LMObjective(model, seq_len=8)
+    return tiny_lm_objective(8, seed=3)
 
 
 def _batches(fail_at=None):

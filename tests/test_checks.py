@@ -5,15 +5,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _builders import tiny_lm_objective
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dew._checks import batch_error, check_ids, error_if, explain_failure, failed_check
 from dew._integers import NotAnIntegerError, check_integer
-from dew.nn.backbones.causal_transformer import CausalTransformer
-from dew.objectives.lm import LMObjective
 
-OBJECTIVE = LMObjective(CausalTransformer(4, 16, 1, 2, 32, 16, key=jax.random.key(0)), seq_len=8)
+OBJECTIVE = tiny_lm_objective()
 
 
 @pytest.mark.parametrize(

@@ -10,45 +10,18 @@ import time
 
 import jax
 import pytest
+from _builders import write_config
 from _ledgers import ledger_json, old_ledger_text
 
 from dew.cli import main
-from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
+from dew.config import RunConfig
 from dew.config._builtin import tiny_lm
-from dew.registry import datasets
 from dew.tracking import read_journal
-
-TINY = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 
 def _write_config(tmp_path, **trainer):
-    config = RunConfig(
-        model=ModelConfig("causal_transformer", TINY),
-        data=datasets["token_windows"](seq_len=8, num_tokens=2048),
-        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
-        trainer=TrainerConfig(
-            **{
-                "name": "tiny",
-                "checkpoint_dir": str(tmp_path / "runs"),
-                "steps": 6,
-                "batch_size": 8,
-                "log_every": 3,
-                "eval_every": 3,
-                "checkpoint_every": 3,
-                **trainer,
-            }
-        ),
-    )
-    path = tmp_path / "run.toml"
-    config.dump_toml(path)
-    return path, config
+    cadence = {"steps": 6, "log_every": 3, "eval_every": 3, "checkpoint_every": 3}
+    return write_config(tmp_path, **(cadence | trainer))
 
 
 @pytest.mark.slow

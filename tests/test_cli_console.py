@@ -9,6 +9,7 @@ import sys
 import equinox as eqx
 import jax
 import pytest
+from _builders import TINY
 
 from dew._loop import LoopEngine, telling, verbose_console
 from dew.cli import main
@@ -27,15 +28,6 @@ from dew.naming import Split
 from dew.registry import datasets
 from dew.steps import EMPTY_HISTORY
 from dew.tracking import read_journal
-
-TINY = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 
 def _config(tmp_path, **trainer):

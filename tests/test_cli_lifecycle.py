@@ -14,44 +14,19 @@ import time
 import jax
 import numpy as np
 import pytest
+from _builders import write_config
 from _ledgers import ledger_json
 
 from dew.cli import main
-from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
-from dew.registry import datasets
+from dew.config import RunConfig
 from dew.tracking import read_journal
 
 HERE = pathlib.Path(__file__).parent
-TINY = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 
 def _write_config(tmp_path, **trainer):
-    config = RunConfig(
-        model=ModelConfig("causal_transformer", TINY),
-        data=datasets["token_windows"](seq_len=8, num_tokens=2048),
-        optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
-        trainer=TrainerConfig(
-            **{
-                "name": "tiny",
-                "checkpoint_dir": str(tmp_path / "runs"),
-                "steps": 4,
-                "batch_size": 8,
-                "log_every": 2,
-                "eval_every": 100,
-                "checkpoint_every": None,
-                **trainer,
-            }
-        ),
-    )
-    path = tmp_path / "run.toml"
-    config.dump_toml(path)
+    cadence = {"steps": 4, "log_every": 2, "eval_every": 100, "checkpoint_every": None}
+    path, _ = write_config(tmp_path, **(cadence | trainer))
     return path
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from _builders import TINY
 from _ledgers import ledger_json
 
 from dew.cli import main
@@ -16,15 +17,6 @@ from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig, built
 from dew.registry import datasets
 from dew.telemetry.records import TrialFinished
 from dew.tracking import LocalTracker
-
-TINY = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 
 @pytest.fixture(autouse=True)

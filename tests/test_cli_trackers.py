@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from _builders import TINY
 
 from dew.cli import main
 from dew.cli._tracker_options import _MLFLOW_LOGGERS, _quiet_loggers, _store
@@ -19,14 +20,6 @@ from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
 from dew.registry import datasets
 from dew.tracking import read_journal
 
-TINY = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 HINT = "TensorBoard: tensorboard --logdir"
 
 

@@ -7,6 +7,7 @@ import inspect
 import jax
 import numpy as np
 import pytest
+from _builders import TINY as SIZES
 
 from dew import metrics
 from dew._domains import evaluation_key, run_key
@@ -21,15 +22,6 @@ from dew.config import (
     evaluate_run,
 )
 from dew.registry import datasets
-
-SIZES = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 
 def _config(root, model="causal_transformer", objective=None, **trainer):

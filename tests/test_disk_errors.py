@@ -24,13 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _builders import TINY, tiny_lm_objective
 
 from dew import _json
 from dew.artifacts import Images
 from dew.checkpoints import Checkpointer
 from dew.config import ModelConfig, OptimConfig, RunConfig, TrainerConfig
-from dew.nn.backbones.causal_transformer import CausalTransformer
-from dew.objectives.lm import LMObjective
 from dew.registry import datasets
 from dew.steps import TrainState
 from dew.tracking import LocalTracker, read_journal
@@ -119,8 +118,7 @@ def test_a_preview_that_fails_names_its_file_and_journals_nothing(tmp_path):
 
 @pytest.fixture(scope="module")
 def state():
-    model = CausalTransformer(8, 16, 1, 2, 32, 16, key=jax.random.key(3))
-    return TrainState.create(LMObjective(model, seq_len=8), optax.adam(1e-2), key=jax.random.key(1))
+    return TrainState.create(tiny_lm_objective(8, seed=3), optax.adam(1e-2), key=jax.random.key(1))
 
 
 class _Records(logging.Handler):
@@ -174,16 +172,6 @@ def test_a_checkpoint_save_into_a_read_only_folder_is_one_os_error(state, tmp_pa
         finally:
             tmp_path.chmod(0o755)
     assert caught.value.filename == str(tmp_path)
-
-
-TINY = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 
 def _limited(limit):

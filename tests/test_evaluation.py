@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from _builders import tiny_lm_objective
 from _checks import rejects
 
 from dew import evaluate, metrics
@@ -14,23 +15,13 @@ from dew.artifacts import TokenScores
 from dew.data import Dataset, Partition
 from dew.evaluation import scoring_key
 from dew.metrics import MetricSet
-from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.base import MissingBatchKeyError
 from dew.objectives.lm import LMObjective
 
 
 @pytest.fixture(scope="module")
 def objective():
-    model = CausalTransformer(
-        vocab_size=4,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=16,
-        key=jax.random.key(0),
-    )
-    return LMObjective(model, seq_len=8)
+    return tiny_lm_objective()
 
 
 def _batches(seed, sizes=(8, 8, 3)):

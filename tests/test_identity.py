@@ -5,19 +5,11 @@ import os
 import pathlib
 
 import pytest
+from _builders import TINY as SIZES
 
 from dew.config import ModelConfig, RunConfig, TrainerConfig
 from dew.config._identity import absolute_paths, comparable
 from dew.registry import datasets
-
-SIZES = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 
 def _config(**data):

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from _builders import tiny_lm_objective
 
 from dew import Trainer, metrics
 from dew._interrupts import InterruptLatch
@@ -16,8 +17,6 @@ from dew.config import OptimConfig
 from dew.config._builtin import tiny_lm
 from dew.config._overrides import override
 from dew.data import Dataset
-from dew.nn.backbones.causal_transformer import CausalTransformer
-from dew.objectives.lm import LMObjective
 from dew.supervised import EarlyStopper
 from dew.tracking import InMemoryTracker, read_journal
 from dew.training import FitInterrupted
@@ -43,18 +42,7 @@ def _data(drawn=None, interrupt_at=None):
 
 @pytest.fixture(scope="module")
 def objective():
-    model = CausalTransformer(
-        vocab_size=4,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=16,
-        dtype="float32",
-        attention_impl="xla",
-        key=jax.random.key(0),
-    )
-    return LMObjective(model, seq_len=8)
+    return tiny_lm_objective()
 
 
 def _trainer(objective, directory=None, optimizer=None):

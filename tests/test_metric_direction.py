@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _builders import tiny_lm_objective
 from _checks import rejects
 
 from dew import Trainer, metrics
@@ -49,8 +50,6 @@ from dew.metrics._samples import (
 )
 from dew.metrics._tokens import MeanLoss, Perplexity, TokenAccuracy
 from dew.naming import Split
-from dew.nn.backbones.causal_transformer import CausalTransformer
-from dew.objectives.lm import LMObjective
 from dew.steps import EMPTY_HISTORY
 from dew.supervised import EarlyStopper
 from dew.telemetry.records import FitStarted
@@ -215,8 +214,7 @@ def test_the_console_reads_the_declared_direction_before_the_name():
 
 @pytest.fixture(scope="module")
 def objective():
-    model = CausalTransformer(8, 16, 1, 2, 32, 16, key=jax.random.key(3))
-    return LMObjective(model, seq_len=8)
+    return tiny_lm_objective(8, seed=3)
 
 
 def _data():

@@ -11,14 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _builders import tiny_lm_objective
 
 from dew import Trainer
 from dew._finite_params import check_params
 from dew._nonfinite import check_loss, nonfinite_advice
 from dew.checkpoints import Checkpointer
 from dew.data import Dataset
-from dew.nn.backbones.causal_transformer import CausalTransformer
-from dew.objectives.lm import LMObjective
 from dew.steps import TrainState
 from dew.supervised import Batch, create_optimizer, initialize_training_state, run_supervised
 from dew.tracking import InMemoryTracker
@@ -36,18 +35,7 @@ def _data():
 
 @pytest.fixture(scope="module")
 def objective():
-    model = CausalTransformer(
-        vocab_size=4,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=16,
-        dtype="float32",
-        attention_impl="xla",
-        key=jax.random.key(0),
-    )
-    return LMObjective(model, seq_len=8)
+    return tiny_lm_objective()
 
 
 def _fit(objective, optimizer, *, directory=None, tracker=None, **options):

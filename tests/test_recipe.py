@@ -7,6 +7,7 @@ import pathlib
 import jax
 import numpy as np
 import pytest
+from _builders import TINY as SIZES
 
 from dew import metrics
 from dew.config import (
@@ -23,15 +24,6 @@ from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
 from dew.registry import datasets
 from dew.tracking import InMemoryTracker, read_journal
-
-SIZES = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 
 def _config(root, **trainer):

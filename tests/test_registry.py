@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _builders import TINY as SIZES
 from _checks import rejects
 
 from dew.config import DataConfig, ModelConfig, OptimConfig, RunConfig, TrainerConfig, override
@@ -33,15 +34,6 @@ from dew.registry import (
     token_windows,
 )
 from dew.steps import TrainState, train_step
-
-SIZES = {
-    "vocab_size": 16,
-    "emb_features": 16,
-    "num_layers": 1,
-    "num_heads": 2,
-    "mlp_features": 32,
-    "max_seq_len": 16,
-}
 
 # The Registry class.
 

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _builders import Recorder
 from _checks import rejects
 
 from dew.events import TrackerEventSink
@@ -33,14 +34,6 @@ def squared_error(model, inputs, targets, sample_weight, key, training):
 
 def loader(*, split, epoch):
     return [Batch(INPUTS[:8], TARGETS[:8]), Batch(INPUTS[8:], TARGETS[8:])]
-
-
-class Recorder:
-    def __init__(self):
-        self.events = []
-
-    def on_event(self, event):
-        self.events.append(event)
 
 
 def _setup(learning_rate=0.1):

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from _builders import Recorder, tiny_lm_objective
 
 from dew import Trainer, metrics
 from dew.data import Dataset
@@ -35,26 +36,7 @@ def _data(val=True):
 
 @pytest.fixture(scope="module")
 def objective():
-    model = CausalTransformer(
-        vocab_size=4,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=16,
-        dtype="float32",
-        attention_impl="xla",
-        key=jax.random.key(0),
-    )
-    return LMObjective(model, seq_len=8)
-
-
-class Recorder:
-    def __init__(self):
-        self.events = []
-
-    def on_event(self, event):
-        self.events.append(event)
+    return tiny_lm_objective()
 
 
 def test_the_guides_language_model_example(objective, capsys):

@@ -22,7 +22,9 @@ __all__ = ["classifier", "diffusion", "dpo", "grpo", "jepa"]
 def dpo(model: CausalTransformer, *, beta: float, reference: Any = None, **kwargs: Any) -> Any:
     """`DPOObjective(model, reference, beta, ...)`; the reference defaults to `model`
     itself (the frozen starting policy)."""
-    return DPOObjective(model, model if reference is None else reference, beta, **kwargs)
+    return DPOObjective(
+        policy=model, reference=model if reference is None else reference, beta=beta, **kwargs
+    )
 
 
 def diffusion(
@@ -40,7 +42,7 @@ def diffusion(
     if isinstance(sampling, Mapping):
         sampling = Sampling(**sampling)
     return DiffusionObjective(
-        model,
+        model=model,
         sampling=Sampling() if sampling is None else sampling,
         label_dropout=label_dropout,
         ema_decay=ema_decay,
@@ -61,11 +63,11 @@ def grpo(
     """`GRPOObjective(model, reference, reward_fn, group_size, max_new_tokens, ...)`; the
     reference defaults to `model` itself (the frozen starting policy)."""
     return GRPOObjective(
-        model,
-        model if reference is None else reference,
-        reward_fn,
-        group_size,
-        max_new_tokens,
+        policy=model,
+        reference=model if reference is None else reference,
+        reward_fn=reward_fn,
+        group_size=group_size,
+        max_new_tokens=max_new_tokens,
         **kwargs,
     )
 
@@ -87,7 +89,7 @@ def jepa(
         raise ValueError(f"objective 'jepa' needs a ViT encoder (model 'vit'), got {model!r}.")
     predictor_key, objective_key = jax.random.split(key)
     if predictor is None or isinstance(predictor, Mapping):
-        shape = {"width": model.width, "depth": 1, "heads": model.heads}
+        shape: dict[str, Any] = {"width": model.width, "depth": 1, "heads": model.heads}
         unknown = sorted(set(predictor or {}) - set(shape))
         if unknown:
             raise ValueError(

@@ -11,6 +11,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -220,7 +221,7 @@ _CHECK_MESSAGE = re.compile(
 )
 
 
-def failed_check(error: BaseException) -> ValueError | None:
+def failed_check(error: BaseException | None) -> ValueError | None:
     """The `ValueError` of a traced `error_if` check that `error` (a compiled call's
     failure, raised at the call or wherever its outputs were fetched) carries, or
     `None` when it carries none. Its message is the check's own traced message: the

@@ -119,10 +119,13 @@ class _PoolRows:
     def __init__(
         self, count: int, gather: Callable[[np.ndarray], dict[str, np.ndarray]], fingerprint: str
     ) -> None:
-        self.count, self.read, self.fingerprint = count, gather, fingerprint
+        self.count, self.gather, self.fingerprint = count, gather, fingerprint
 
     def __len__(self) -> int:
         return self.count
+
+    def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        return self.gather(indices)
 
 
 def _rows_dataset(
@@ -315,7 +318,7 @@ def preference_pairs(
     mask = np.arange(prompt_len + response_len) < prompt_len
 
     def gather(indices: np.ndarray) -> dict[str, np.ndarray]:
-        batch = {key: rows[indices] for key, rows in pool.items()}
+        batch: dict[str, np.ndarray] = {key: rows[indices] for key, rows in pool.items()}
         batch["prompt_mask"] = np.broadcast_to(mask, batch["chosen"].shape).copy()
         return batch
 

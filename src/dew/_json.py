@@ -236,9 +236,10 @@ def loads(data: bytes | str, subject: str, what: str = "JSON") -> Any:
     where = f"{subject} is not valid {what}"
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
-        value = json.loads(text)
     except UnicodeDecodeError as error:
         raise ValueError(f"{where}: it is not UTF-8 ({error}).") from error
+    try:
+        value = json.loads(text)
     except json.JSONDecodeError as error:
         empty = " (the file is empty)" if not text.strip() else ""
         raise ValueError(f"{where}{empty}: {error}.") from error

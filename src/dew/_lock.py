@@ -53,6 +53,8 @@ def _holder(descriptor: int) -> int | None:
 
 
 def _try_lock(descriptor: int, folder: pathlib.Path, what: str) -> None:
+    if fcntl is None:  # pragma: no cover - Windows (the callers return before this)
+        return
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:

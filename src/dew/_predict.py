@@ -11,6 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from dew._integers import check_integer
 from dew.config._load import LoadedRun, example_batch
@@ -144,7 +145,7 @@ def _images(
 
 
 @eqx.filter_jit
-def _ranked(model: Any, rows: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _ranked(model: Any, rows: ArrayLike) -> tuple[jax.Array, jax.Array]:
     """Every class of each row of a batch, most probable first, and its softmax probability
     (cut to the top k on the host, so one compiled function serves every `--top-k`)."""
     logits = jnp.asarray(jax.vmap(model)(rows), jnp.float32)

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
@@ -333,7 +334,7 @@ def replicated(tree: Any) -> Any:
             return leaf
         if isinstance(leaf, jax.Array) and leaf.sharding == sharding:
             return leaf
-        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             data = replicated(jax.random.key_data(leaf))
             return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
         return jax.make_array_from_process_local_data(sharding, np.asarray(leaf))
@@ -370,7 +371,7 @@ class Coordinated:
                 error if error is not None else True,
                 int(batch is not None),
             )
-            if not all(have):
+            if not all(have) or batch is None:  # all(have): this process has its batch
                 self.uneven = any(have)
                 return
             yield batch

@@ -116,6 +116,10 @@ def _arrays(tensors: dict[str, Tensor]) -> dict[str, np.ndarray]:
         if storage.root is not None:
             root, offset = storage.root
             data = root.data[offset : offset + storage.numel]
+        if data is None:
+            raise WeightsError(
+                f"tensor {name!r} has no data: its storage {storage.key!r} was not read"
+            )
         same = (id(storage), tensor.offset, tensor.shape, tensor.strides)
         if same not in made:
             made[same] = _copy(data, tensor)
@@ -140,7 +144,7 @@ def _copy(data: np.ndarray, tensor: Tensor) -> np.ndarray:
 def _read_array(file, dtype: np.dtype, count: int, byteorder: str) -> np.ndarray:
     """`count` elements of `dtype` read from `file` into a new array, in the host's order."""
     data = np.empty(count, dtype)
-    if file.readinto(memoryview(data.view(np.uint8))) != data.nbytes:
+    if file.readinto(data.view(np.uint8).data) != data.nbytes:
         raise WeightsError("it ends inside a tensor's data: truncated")
     return data.byteswap() if byteorder != sys.byteorder else data
 

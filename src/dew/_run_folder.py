@@ -120,9 +120,10 @@ def read_run_record(path: pathlib.Path) -> dict[str, Any]:
     if not isinstance(saved, dict) or saved.get("type") != RunRecord.type:
         kind = saved.get("type") if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"{path} holds a {kind!r} record, not a {RunRecord.type}.")
+    record: dict[str, Any] = saved  # JSON: its keys are strings
     renamed = RunRecord.renamed.items()
-    old = {key: new for key, new in renamed if key in saved and new not in saved}
-    saved = {old.get(key, key): value for key, value in saved.items()}
+    old = {key: new for key, new in renamed if key in record and new not in record}
+    saved = {old.get(key, key): value for key, value in record.items()}
     missing = [key for key in _SECTIONS if key not in saved]
     if missing:
         raise ValueError(f"{path} is not a whole {RunRecord.type}: it lacks {', '.join(missing)}.")

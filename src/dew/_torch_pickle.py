@@ -272,7 +272,7 @@ def load_pickle(file, storages: dict[str, Storage] | None, *, scripted: bool = F
     start = file.tell()
     try:
         for before, (opcode, argument, _) in enumerate(pickletools.genops(file)):
-            if opcode.name in _MEMO_OPCODES and argument > before:
+            if opcode.name in _MEMO_OPCODES and isinstance(argument, int) and argument > before:
                 raise WeightsError(
                     f"its pickle stores memo entry {argument} after {before} opcodes (a pickler "
                     "numbers them from 0); nothing was unpickled"

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Shaped
@@ -104,9 +105,13 @@ def concatenate_rows(artifacts: Sequence[_A]) -> _A:
         )
     if isinstance(artifacts[0], Images) and artifacts[0].prompts is not None:
         # Prompts are static per-row metadata: join them as the arrays are joined.
-        prompts = tuple(prompt for artifact in artifacts for prompt in artifact.prompts)
+        prompts: list[str] = []
+        for artifact in artifacts:
+            if not isinstance(artifact, Images) or artifact.prompts is None:
+                raise ValueError("concatenate_rows needs prompts on every Images or on none.")
+            prompts.extend(artifact.prompts)
         arrays = [dataclasses.replace(artifact, prompts=None) for artifact in artifacts]
-        return dataclasses.replace(_concatenate_arrays(arrays), prompts=prompts)
+        return dataclasses.replace(_concatenate_arrays(arrays), prompts=tuple(prompts))
     return _concatenate_arrays(artifacts)
 
 

@@ -88,7 +88,8 @@ def initialize(
         num_processes = _whole("JAX_NUM_PROCESSES", os.environ["JAX_NUM_PROCESSES"])
     if process_id is None and os.environ.get("JAX_PROCESS_ID"):
         process_id = _whole("JAX_PROCESS_ID", os.environ["JAX_PROCESS_ID"])
-    if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
+    # JAX's config sets its flags as attributes at run time, which a type checker cannot see.
+    if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):  # pyright: ignore[reportAttributeAccessIssue]
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address,
@@ -97,7 +98,8 @@ def initialize(
         initialization_timeout=initialization_timeout,
         **options,
     )
-    if jax.process_count() > 1 and jax.config.jax_cpu_collectives_implementation == "gloo":
+    collectives = jax.config.jax_cpu_collectives_implementation  # pyright: ignore[reportAttributeAccessIssue]
+    if jax.process_count() > 1 and collectives == "gloo":
         _connect_quietly()
 
 

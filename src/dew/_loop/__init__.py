@@ -27,7 +27,7 @@ from dew.events import Decision, EventSink, TrainingEvent
 from dew.naming import Split, metric_tag
 from dew.steps import MetricHistory, TrainState
 from dew.telemetry.records import Record
-from dew.tracking import ScalarTracker
+from dew.tracking import Tracker
 
 __all__ = [
     "COMPILING_NOTICE",
@@ -79,7 +79,7 @@ class LoopEngine:
         current: Callable[[], TrainState],
         history: MetricHistory,
         sinks: Sequence[EventSink] = (),
-        tracker: ScalarTracker | None = None,
+        tracker: Tracker | None = None,
         early_stopper: EarlyStopper | None = None,
         stopping: EarlyStoppingState | None = None,
         progress: bool = False,
@@ -246,7 +246,12 @@ class LoopEngine:
         with the Ctrl-C latch held inside and the progress bar closed after."""
         with (
             reporting_fit(
-                self, start=start, steps=steps, completed=completed, close=self.console.bar.close
+                self,
+                start=start,
+                steps=steps,
+                completed=completed,
+                close=self.console.bar.close,
+                directions=self.metric_directions,
             ),
             self._latch,
         ):

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from dew._early_stopping import EarlyStoppingState
     from dew.steps import MetricHistory, TrainState
     from dew.telemetry.records import Record
-    from dew.tracking import ScalarTracker
+    from dew.tracking import Tracker
 
 __all__ = ["HOOKS", "Callback", "Loop"]
 
@@ -51,7 +51,7 @@ class Loop(Protocol):
     progress: bool
     history: "MetricHistory"
     stopping: "EarlyStoppingState | None"
-    tracker: "ScalarTracker | None"
+    tracker: "Tracker | None"
 
     def state(self) -> "TrainState":
         """The `TrainState` now, with the metric history reported so far."""

@@ -2,7 +2,7 @@
 failed or interrupted) however it ends, without ever replacing the fit's own error."""
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from dew._loop._callback import Loop
 from dew.telemetry.records import FitEnded, FitStarted
@@ -13,12 +13,19 @@ __all__ = ["reporting_fit"]
 
 @contextlib.contextmanager
 def reporting_fit(
-    loop: Loop, *, start: int, steps: int, completed: Callable[[], int], close: Callable[[], None]
+    loop: Loop,
+    *,
+    start: int,
+    steps: int,
+    completed: Callable[[], int],
+    close: Callable[[], None],
+    directions: Mapping[str, str | None],
 ) -> Iterator[None]:
     """Report `FitStarted`, then `FitEnded`: `completed` when the body returns,
     `interrupted` on KeyboardInterrupt and `failed` (with the error) on any other
     exception, which is re-raised. `completed()` gives the last completed step; `close()`
-    runs once the body has ended, however it ended (the progress bar closes).
+    runs once the body has ended, however it ended (the progress bar closes). `directions`
+    (bare metric name to direction) go into `FitStarted`.
 
     The fit's own error always surfaces: when reporting `FitEnded` fails too, that
     failure is attached to it as a note. When reporting `FitStarted` fails (one
@@ -26,7 +33,7 @@ def reporting_fit(
     tracker that took the start also sees the end, and the reporting error is raised.
     """
     try:
-        started = FitStarted(loop.stage, start, steps, loop.metric_directions, loop.precision)
+        started = FitStarted(loop.stage, start, steps, directions, loop.precision)
         loop.record("fit_started", started, start)
     except Exception as error:
         close()

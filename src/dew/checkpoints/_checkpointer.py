@@ -354,26 +354,27 @@ class Checkpointer:
 
     def _attempt(self, step: int, read: Callable[[], _Restored]) -> _Restored:
         """`read()` of checkpoint `step`; `_DamagedStepError` when its files are damaged."""
-        outcome: bool | BaseException = True
+        phase = f"restoring checkpoint step {step}"
         try:
             with reading():
                 restored = read()
         except Exception as error:
             if damage(error):
                 why = reason(self._path() / str(step), ITEMS, error)
-                outcome = _DamagedStepError(
+                failure: BaseException = _DamagedStepError(
                     f"checkpoint step {step} under {self.directory!r} is damaged: {why}.",
                     step,
                     why,
                 )
             else:  # the store unreachable or unreadable: not the step's fault, no fallback
-                outcome = disk_error(error, self.directory) or error
-            if outcome is not error:
-                outcome.__cause__ = error
-        if is_multiprocess():  # every process raises when any failed (damaged or not)
-            agree_process_phase(f"restoring checkpoint step {step}", outcome)
-        if isinstance(outcome, BaseException):
-            raise outcome
+                failure = disk_error(error, self.directory) or error
+            if is_multiprocess():  # every process raises when any failed (damaged or not)
+                agree_process_phase(phase, failure)
+            if failure is error:
+                raise
+            raise failure from error
+        if is_multiprocess():
+            agree_process_phase(phase, True)
         return restored
 
     def _read(

@@ -34,7 +34,7 @@ _SHOWN_DIFFERENCES = 6
 
 
 def is_key(leaf: Any) -> bool:
-    return isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    return isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
 def saved_leaves(state: TrainState) -> list[Any]:

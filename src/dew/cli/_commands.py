@@ -22,9 +22,9 @@ def _default_metrics(config: Any) -> tuple[Any, tuple[Any, ...], dict[str, str]]
     """The configured objective (on shapes), its default metrics (built once: FID loads
     its weights here) and those it skips, each skipped one reported on one line."""
     from dew.config import objective_shapes
-    from dew.objectives.base import SkipsMetrics
+    from dew.objectives.base import AbstractObjective, SkipsMetrics
 
-    objective = objective_shapes(config)
+    objective: AbstractObjective = objective_shapes(config)
     skipped = objective.skipped_metrics() if isinstance(objective, SkipsMetrics) else {}
     for name, why in skipped.items():
         _say(f"{name} skipped: {why}")
@@ -323,8 +323,9 @@ def _sweep(args: argparse.Namespace) -> int:
         except NonFiniteTrainingError as error:  # a diverging trial is data, not the end
             _say(f"{run.trainer.name}: {error}", file=sys.stderr)
             return math.nan
-        if stopper is not None and stopper.trial.pruned_at is not None:
-            _say(f"{run.trainer.name}: pruned at step {stopper.trial.pruned_at}")
+        reports = None if stopper is None else stopper.trial
+        if reports is not None and reports.pruned_at is not None:
+            _say(f"{run.trainer.name}: pruned at step {reports.pruned_at}")
         if not is_process_zero():  # the sweep records process zero's score
             return math.nan
         return _score(state.metric_history, metric)

@@ -60,7 +60,13 @@ def add_predict(commands: Any) -> argparse.ArgumentParser:
 
 def _predict(args: argparse.Namespace) -> int:
     from dew._integers import check_integer
-    from dew._predict import input_rows, predict_classes, prediction_rows, read_rows
+    from dew._predict import (
+        classifier_of,
+        input_rows,
+        predict_classes,
+        prediction_rows,
+        read_rows,
+    )
     from dew.config import load_run
 
     check_integer("--top-k", args.top_k, minimum=1)
@@ -77,7 +83,7 @@ def _predict(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--input {args.input!r}: no such file or folder.")
     loaded = load_run(args.run_dir, step=args.step, weights=args.weights)
     shape, dtype = input_rows(loaded)
-    names, rows = read_rows(args.input, loaded.objective.inputs, shape, dtype)
+    names, rows = read_rows(args.input, classifier_of(loaded).inputs, shape, dtype)
     found = predict_classes(loaded, rows, top_k=args.top_k, batch_size=args.batch_size)
     records = prediction_rows(names, found, loaded.classes)
     if out is None:

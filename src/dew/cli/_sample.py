@@ -157,10 +157,6 @@ def _sample(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--out {args.out!r}: {_WHAT[kind]} run's samples are written as FILE{_SUFFIX[kind]}."
         )
-    if out is None and kind in ("images", "clips"):
-        raise ValueError(
-            f"{_WHAT[kind]} run's samples are a labelled grid: pass --out FILE{_SUFFIX[kind]}."
-        )
     rows = _ROWS[kind] if args.rows is None else args.rows
     if kind == "text":
         return _text(args, loaded, prompts, rows, out)
@@ -169,6 +165,10 @@ def _sample(args: argparse.Namespace) -> int:
 
         samples, protocol = sample_masked(loaded, rows=rows, seed=args.seed, steps=args.steps)
         return _written_rows(loaded, samples, protocol, out)
+    if out is None:  # images or clips
+        raise ValueError(
+            f"{_WHAT[kind]} run's samples are a labelled grid: pass --out FILE{_SUFFIX[kind]}."
+        )
     return _grid(args, loaded, rows, out)
 
 
@@ -254,7 +254,7 @@ def _written_rows(loaded: Any, samples: list[dict], protocol: dict, out: Any) ->
 
 def _grid(args: argparse.Namespace, loaded: Any, rows: int, out: pathlib.Path) -> int:
     from dew._sample import class_labels, sample_images
-    from dew.tracking._preview import Animation, Preview, render_preview
+    from dew.tracking._preview import Animation, Picture, Preview, render_preview
 
     labels = class_labels(loaded, args.classes or [])
     artifact, protocol = sample_images(
@@ -267,6 +267,8 @@ def _grid(args: argparse.Namespace, loaded: Any, rows: int, out: pathlib.Path) -
         solver=args.solver,
     )
     (piece,) = render_preview(Preview(artifact, classes=loaded.classes))
+    if not isinstance(piece, Animation | Picture):  # a grid of images or clips, always
+        raise TypeError(f"sampled images rendered as {type(piece).__name__}, not a grid.")
     _write(out, piece.gif if isinstance(piece, Animation) else piece.png, protocol)
     _said(loaded, f"a grid of {len(artifact.generated)} samples", out)
     return 0

@@ -100,8 +100,9 @@ def open_trackers(
             announced: list[pathlib.Path] = []
             run = TrackedRun(args, config, folder, stack.enter_context, announced.append)
             built = [stack.enter_context(trackers[name](run)) for name in names]
-            for logdir in announced if announce is not None else ():
-                announce(logdir)
+            if announce is not None:
+                for logdir in announced:
+                    announce(logdir)
             return built[0] if len(built) == 1 else Trackers(*built)
 
         yield _OnFirstReport(build)

@@ -24,7 +24,7 @@ from dew.data._indexed import Subset
 from dew.evaluation import Evaluation, evaluate
 from dew.metrics import Metric
 from dew.naming import Split
-from dew.objectives.base import SkipsMetrics
+from dew.objectives.base import AbstractObjective, SkipsMetrics
 
 __all__ = ["default_metrics", "evaluate_run", "objective_shapes", "split_batches"]
 
@@ -157,9 +157,10 @@ def split_batches(
     return lambda partition: itertools.islice(stream(partition), batches)
 
 
-def _default_metrics(objective: Any) -> tuple[Metric, ...]:
+def _default_metrics(built: Any) -> tuple[Metric, ...]:
     """`objective.default_metrics()`, each one it skips named in a warning (on process zero,
     which prints for a multi-process run)."""
+    objective: AbstractObjective = built
     if isinstance(objective, SkipsMetrics) and is_process_zero():
         for name, why in objective.skipped_metrics().items():
             warnings.warn(f"{name} skipped: {why}", UserWarning, stacklevel=3)

@@ -7,7 +7,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from dew._integers import check_integer
 from dew._json import VALUE_DEPTH, check_depth, python_scalar
@@ -75,6 +75,10 @@ _EMPTY = _FrozenMapping({})
 # message is the same and names the field by its dotted path.
 
 
+@overload
+def _integer(where: str, value: Any, *, least: int, optional: Literal[False] = False) -> int: ...
+@overload
+def _integer(where: str, value: Any, *, least: int, optional: bool) -> int | None: ...
 def _integer(where: str, value: Any, *, least: int, optional: bool = False) -> int | None:
     value = check_integer(where, value, minimum=least, optional=optional)
     expected = f"{'None or ' if optional else ''}an integer >= {least}"
@@ -149,7 +153,7 @@ def _plain_value(where: str, value: Any) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, numbers.Integral):
-        if not _INT64[0] <= value <= _INT64[1]:
+        if not _INT64[0] <= int(value) <= _INT64[1]:
             raise ValueError(
                 f"{where} must fit in a signed 64-bit integer (the range TOML holds), got "
                 f"{value!r}."

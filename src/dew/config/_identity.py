@@ -60,7 +60,8 @@ def _annotated_path(annotation: Any) -> bool:
     """Whether `annotation` (or a member of its union) is `os.PathLike` or a pathlib path."""
     if annotation is os.PathLike or typing.get_origin(annotation) is os.PathLike:
         return True
-    if isinstance(annotation, type) and issubclass(annotation, pathlib.PurePath | os.PathLike):
+    # os.PathLike is runtime-checkable: its __subclasshook__ looks for `__fspath__`.
+    if isinstance(annotation, type) and issubclass(annotation, pathlib.PurePath | os.PathLike):  # pyright: ignore[reportGeneralTypeIssues]
         return True
     return any(_annotated_path(member) for member in typing.get_args(annotation))
 

@@ -73,7 +73,7 @@ def _loaded(source: str, value: Any) -> dict[str, np.ndarray]:
 def target_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype rows of `dtype` are read in: `dtype` itself, but for 64-bit types while JAX
     keeps 32-bit ones (`jax_enable_x64` off), which narrow to their 32-bit kin."""
-    return dtype if jax.config.jax_enable_x64 else _NARROWED.get(dtype, dtype)
+    return dtype if jax.config.read("jax_enable_x64") else _NARROWED.get(dtype, dtype)
 
 
 def check_fits(where: str, array: np.ndarray, target: np.dtype) -> None:

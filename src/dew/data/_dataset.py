@@ -1,7 +1,7 @@
 """`Dataset`: training and validation batches as functions of a process's partition."""
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -118,7 +118,9 @@ def _check_classes(classes: object) -> None:
         raise ValueError(f"Dataset.classes names {repeated!r} twice; class names are unique.")
 
 
-def _lazily(batches: Batches, partition: Partition) -> Iterator[Mapping[str, Any]]:
+def _lazily(
+    batches: Callable[[Partition], Iterable[Mapping[str, Any]]], partition: Partition
+) -> Iterator[Mapping[str, Any]]:
     """`batches(partition)`'s batches, the call itself deferred to the first draw: under
     `jax.distributed` the first draw is agreed by every process, so a shard that fails to
     open raises on every process instead of on its own, leaving the others blocked."""

@@ -51,13 +51,13 @@ def _saved(folder: pathlib.Path) -> bool:
 
 
 def _file_builder(files: Sequence[pathlib.Path]) -> str:
-    builders = {FILE_BUILDERS.get(path.suffix.lower()) for path in files}
     unknown = [path for path in files if path.suffix.lower() not in FILE_BUILDERS]
     if unknown:
         raise ValueError(
             f"{_OWNER}: {os.fspath(unknown[0])!r} is not a file huggingface reads (endings: "
             f"{', '.join(FILE_BUILDERS)}); for text files use dew.data.text."
         )
+    builders = {FILE_BUILDERS[path.suffix.lower()] for path in files}
     if len(builders) > 1:
         raise ValueError(
             f"{_OWNER}: the files mix formats ({', '.join(sorted(map(str, builders)))}); name "
@@ -324,19 +324,23 @@ def huggingface(
     for name, value in (("split", split), ("val_split", val_split)):
         if value is not None and (not isinstance(value, str) or not value):
             raise TypeError(f"{_OWNER}: {name} must be a split's name, got {value!r}.")
+    windows = None  # a text column's window length and tokenizer
     if text_column is not None:
         if not isinstance(text_column, str) or not text_column:
             raise TypeError(f"{_OWNER}: text_column must be a column name, got {text_column!r}.")
         if seq_len is None:
             raise ValueError(f"{_OWNER}: text_column={text_column!r} needs seq_len=.")
-        seq_len = check_integer(f"{_OWNER}: seq_len", seq_len, minimum=1)
-        chosen = load_tokenizer(tokenizer)
+        windows = (
+            check_integer(f"{_OWNER}: seq_len", seq_len, minimum=1),
+            load_tokenizer(tokenizer),
+        )
     elif seq_len is not None or tokenizer != "bytes":
         raise ValueError(f"{_OWNER}: seq_len and tokenizer go with text_column=, not columns=.")
     source_ = _load(source, cache_dir)
     train, fingerprint = _split(source_, split, "training")
     val = _split(source_, val_split, "validation") if val_split is not None else None
-    if text_column is not None:
+    if text_column is not None and windows is not None:
+        length, chosen = windows
 
         def cache(dataset: Any, known_by: str) -> TokenCache:
             documents = _text_documents(dataset, known_by, text_column, source_.shown)
@@ -348,7 +352,7 @@ def huggingface(
             _OWNER,
             cache(train, fingerprint),
             chosen,
-            seq_len=seq_len,
+            seq_len=length,
             batch=batch,
             seed=seed,
             val_fraction=val_fraction,

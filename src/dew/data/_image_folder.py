@@ -59,7 +59,9 @@ def _visible(name: str) -> bool:
     return not name.startswith(".")
 
 
-def _class_names(root: pathlib.Path, path: object, classes: Sequence[str] | None) -> list[str]:
+def _class_names(
+    root: pathlib.Path, path: str | os.PathLike[str], classes: Sequence[str] | None
+) -> list[str]:
     shown = repr(os.fspath(path))
     found = sorted(
         entry.name for entry in os.scandir(root) if entry.is_dir() and _visible(entry.name)

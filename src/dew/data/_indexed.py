@@ -63,7 +63,10 @@ class Rows(Protocol):
       the files' paths, sizes and modification times, and every argument that shapes a row).
     """
 
-    fingerprint: str
+    @property
+    def fingerprint(self) -> str:
+        """A string that changes whenever the rows could."""
+        ...
 
     def __len__(self) -> int: ...
 
@@ -103,7 +106,7 @@ def check_fraction(source: str, value: Any) -> float:
         isinstance(value, bool)
         or not isinstance(value, numbers.Real)
         or not math.isfinite(value)
-        or not 0 <= value < 1
+        or not 0 <= float(value) < 1
     ):
         raise ValueError(f"{source}: val_fraction must be a number in [0, 1), got {value!r}.")
     return float(value)

@@ -2,7 +2,7 @@
 
 import abc
 import re
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, overload
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -18,6 +18,24 @@ __all__ = ["MeanState", "Metric", "raise_if"]
 
 A = TypeVar("A", bound=Artifact)
 _SNAKE_CASE = re.compile(r"[a-z][a-z0-9_]*")
+
+
+class _GuessedDirection:
+    """`Metric.direction` for a subclass that declares none: the guess from the metric's
+    name. A descriptor rather than a property, so that a subclass's class variable
+    (`direction: ClassVar[str | None] = "maximize"`) overrides a variable, which type
+    checkers accept, and not a property, which they refuse."""
+
+    @overload
+    def __get__(self, metric: None, owner: type) -> "_GuessedDirection": ...
+    @overload
+    def __get__(self, metric: "Metric[Any]", owner: type) -> str | None: ...
+    def __get__(
+        self, metric: "Metric[Any] | None", owner: type
+    ) -> "str | _GuessedDirection | None":
+        if metric is None:
+            return self
+        return guessed_direction(metric.name)
 
 
 class Metric(eqx.Module, Generic[A]):
@@ -60,11 +78,9 @@ class Metric(eqx.Module, Generic[A]):
     # number for metrics with large per-batch intermediates (SSIM's filtered maps).
     scan_chunk: ClassVar[int | None] = None
 
-    @property
-    def direction(self) -> str | None:
-        """`"minimize"`, `"maximize"` or `None` (no direction): for a subclass that
-        declares none, the guess from its name."""
-        return guessed_direction(self.name)
+    direction = _GuessedDirection()
+    """`"minimize"`, `"maximize"` or `None` (no direction): for a subclass that declares
+    none, the guess from its name."""
 
     def __check_init__(self) -> None:
         if not isinstance(self.name, str) or not _SNAKE_CASE.fullmatch(self.name):

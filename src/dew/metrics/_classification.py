@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 

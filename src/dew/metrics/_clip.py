@@ -33,14 +33,15 @@ class CLIPScoreState(NamedTuple):
     how many pairs."""
 
     total: float
-    count: int
+    # A field named as the statistic is; it hides tuple.count, which nothing calls.
+    count: int  # pyright: ignore[reportIncompatibleMethodOverride]
 
 
 def _cosines(image: Array, text: Array) -> np.ndarray:
-    image, text = np.asarray(image, np.float64), np.asarray(text, np.float64)
-    norms = np.linalg.norm(image, axis=-1) * np.linalg.norm(text, axis=-1)
+    images, texts = np.asarray(image, np.float64), np.asarray(text, np.float64)
+    norms = np.linalg.norm(images, axis=-1) * np.linalg.norm(texts, axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.sum(image * text, axis=-1) / norms
+        return np.sum(images * texts, axis=-1) / norms
 
 
 class CLIPScore(Metric[Images]):

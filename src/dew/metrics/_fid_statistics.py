@@ -27,7 +27,8 @@ class Moments(NamedTuple):
     `Moments.empty()` is the identity of `merge` (it holds no feature axis yet).
     """
 
-    count: float
+    # A field named as the statistic is; it hides tuple.count, which nothing calls.
+    count: float  # pyright: ignore[reportIncompatibleMethodOverride]
     mean: Float[np.ndarray, " dims"]
     m2: Float[np.ndarray, "dims dims"]
 
@@ -99,7 +100,7 @@ class FIDStatistics(NamedTuple):
 
     mean: Float[np.ndarray, " dims"]
     covariance: Float[np.ndarray, "dims dims"]
-    count: float | None
+    count: float | None  # pyright: ignore[reportIncompatibleMethodOverride]
 
     @staticmethod
     def of(moments: Moments) -> FIDStatistics:

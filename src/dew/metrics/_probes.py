@@ -96,7 +96,7 @@ class _Probe(Metric[Representations]):
             )
         labels = check_ids(
             artifact.labels,
-            self.num_classes,
+            self.num_classes,  # pyright: ignore[reportAttributeAccessIssue]  (every probe has it)
             subject=f"metric {self.name!r}: Representations.labels",
             noun="label",
             size_name="num_classes",

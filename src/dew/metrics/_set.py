@@ -213,15 +213,16 @@ class MetricSet(Metric[Artifact]):
             raise ValueError(
                 f"reduce_stacked runs on the device, but {hosts} are host metrics; use reduce."
             )
-        if chunk is None:
-            chunk = self.scan_chunk or jax.tree.leaves(stacked)[0].shape[0]
-        check_integer("chunk", chunk, minimum=1, optional=True)
+        size: int = (
+            chunk if chunk is not None else self.scan_chunk or jax.tree.leaves(stacked)[0].shape[0]
+        )
+        check_integer("chunk", size, minimum=1, optional=True)  # the message names None too
         if not self.metrics:
             return {}
         try:  # the pass and its finalize in one compiled call
-            scores = jax.block_until_ready(_compiled_scan_and_finalize(self, stacked, chunk))
+            scores = jax.block_until_ready(_compiled_scan_and_finalize(self, stacked, size))
         except (RuntimeError, ValueError):  # a check fired: raise dew's own error eagerly
-            return self.finalize(_compiled_scan(self, stacked, chunk))
+            return self.finalize(_compiled_scan(self, stacked, size))
         return {name: scores[name] for name in self.names}  # jit returns dicts key-sorted
 
 

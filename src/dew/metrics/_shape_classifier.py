@@ -266,15 +266,15 @@ def _write(path: pathlib.Path, classifier: ShapeClassifier) -> None:
     except OSError as error:
         raise _unwritable(path.parent, error.strerror or error) from None
     try:
+        leaves: dict[str, Any] = {
+            f"leaf_{i}": np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(classifier))
+        }
         with os.fdopen(descriptor, "wb") as file:
             np.savez(
                 file,
                 recipe_sha256=np.str_(classifier.recipe_sha256),
                 held_out_accuracy=np.float64(classifier.held_out_accuracy),
-                **{
-                    f"leaf_{i}": np.asarray(leaf)
-                    for i, leaf in enumerate(jax.tree.leaves(classifier))
-                },
+                **leaves,
             )
         os.replace(scratch, path)
     except BaseException:

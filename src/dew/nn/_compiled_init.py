@@ -22,6 +22,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.extend
 
 __all__ = ["INITIALISER_OPTIONS", "eager_initialisation", "initialise"]
@@ -53,8 +54,9 @@ def _separated(jaxpr: Any, consts: list[Any], *args: Any) -> list[Any]:
     env.update(zip(jaxpr.invars, args, strict=True))
 
     def read(var: Any) -> Any:
+        inexact = jax.numpy.issubdtype(var.aval.dtype, jax.numpy.inexact)
         value = var.val if isinstance(var, jax.extend.core.Literal) else env[var]
-        if jax.numpy.issubdtype(var.aval.dtype, jax.numpy.inexact):
+        if inexact:
             return jax.lax.optimization_barrier(value)
         return value
 

@@ -2,7 +2,8 @@
 batch norm folded in, the pools and resize as pytorch-fid computes them, the Mixed blocks, and
 the loader that builds them from pytorch-fid's state dict by name."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 import equinox as eqx
 import jax
@@ -19,6 +20,13 @@ _IGNORED = (
     "fc.bias",
 )  # the classifier is unused
 _PAIR = tuple[int, int]
+
+
+class _Window(TypedDict):
+    """A factorized convolution's kernel and padding, spread into `_Weights.conv`."""
+
+    kernel: _PAIR
+    padding: _PAIR
 
 
 class _Conv(eqx.Module):
@@ -236,10 +244,8 @@ class _InceptionC(eqx.Module):  # FIDInceptionC: factorised 7x7 convolutions
     branch7x7dbl: tuple[_Conv, _Conv, _Conv, _Conv]
 
     def __init__(self, w: _Weights, name: str, inputs: int, c7: int):
-        row, column = (
-            {"kernel": (1, 7), "padding": (0, 3)},
-            {"kernel": (7, 1), "padding": (3, 0)},
-        )
+        row: _Window = {"kernel": (1, 7), "padding": (0, 3)}
+        column: _Window = {"kernel": (7, 1), "padding": (3, 0)}
         self.heads = _Pointwise(
             (
                 w.conv(f"{name}.branch1x1", inputs, 192),
@@ -308,10 +314,8 @@ class _InceptionE(eqx.Module):
     pool: str = eqx.field(static=True)
 
     def __init__(self, w: _Weights, name: str, inputs: int, pool: str):
-        row, column = (
-            {"kernel": (1, 3), "padding": (0, 1)},
-            {"kernel": (3, 1), "padding": (1, 0)},
-        )
+        row: _Window = {"kernel": (1, 3), "padding": (0, 1)}
+        column: _Window = {"kernel": (3, 1), "padding": (1, 0)}
         heads = (
             w.conv(f"{name}.branch1x1", inputs, 320),
             w.conv(f"{name}.branch3x3_1", inputs, 384),
@@ -343,7 +347,8 @@ class _InceptionE(eqx.Module):
         return _concatenate(branch1x1, wide(b3), tall(b3), dwide(d), dtall(d), *pooled)
 
 
-def _chain(layers: tuple[Callable[[Array], Array], ...], x: Array) -> Array:
+def _chain(layers: tuple[Any, ...], x: Array) -> Array:
+    """`x` through each of `layers` (callable modules) in turn."""
     for layer in layers:
         x = layer(x)
     return x

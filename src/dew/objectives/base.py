@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 from equinox import AbstractVar
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree

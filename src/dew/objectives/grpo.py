@@ -3,7 +3,7 @@
 import math
 import numbers
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -134,7 +134,7 @@ def _real(value: object, *, allow_zero: bool) -> bool:
         not isinstance(value, bool)
         and isinstance(value, numbers.Real)
         and math.isfinite(value)
-        and (value >= 0 if allow_zero else value > 0)
+        and (float(value) >= 0 if allow_zero else float(value) > 0)
     )
 
 
@@ -291,7 +291,7 @@ class GRPOObjective(Objective):
         return self._check_rewards(rewards, "reward_fn returned", completions.shape[:2])
 
     @staticmethod
-    def _check_rewards(rewards: object, source: str, shape: tuple[int, ...]) -> Array:
+    def _check_rewards(rewards: Any, source: str, shape: tuple[int, ...]) -> Array:
         dtype = getattr(rewards, "dtype", None)
         if dtype is None or not (
             jnp.issubdtype(dtype, jnp.floating)

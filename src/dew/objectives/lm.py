@@ -155,7 +155,9 @@ class LMObjective(Objective):
         total = jnp.sum(scores.weights)
         safe = jnp.maximum(total, jnp.ones_like(total))
         loss = jnp.sum(jnp.where(scores.weights != 0, scores.losses * scores.weights, 0.0)) / safe
-        accuracy = jnp.sum(jnp.where(scores.correct, scores.weights, 0.0)) / safe
+        # `scores` always sets `correct` (an optional field of TokenScores in general).
+        hits = jnp.where(scores.correct, scores.weights, 0.0)  # pyright: ignore[reportArgumentType]
+        accuracy = jnp.sum(hits) / safe
         return loss, {"token_accuracy": accuracy}
 
     def evaluate(self, params: PyTree, batch: Batch, key: PRNGKeyArray) -> TokenScores:

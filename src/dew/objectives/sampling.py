@@ -9,6 +9,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PRNGKeyArray
@@ -25,14 +26,14 @@ def _check_temperature(name: str, value: Any) -> None:
         isinstance(value, numbers.Real)
         and not isinstance(value, bool)
         and math.isfinite(value)
-        and value >= 0
+        and float(value) >= 0
     ):
         raise ValueError(f"{name} must be >= 0, a finite real (0 samples greedily), got {value!r}.")
 
 
 def _check_top_p(name: str, value: Any) -> None:
     if value is not None and not (
-        isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 1
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) <= 1
     ):
         raise ValueError(f"{name} must be None or a real in (0, 1], got {value!r}.")
 
@@ -298,7 +299,7 @@ def _key(key: Any, rows: int) -> Key[Array, "*rows"]:
     """`key` as a typed key: one, or one per row."""
     if isinstance(key, jax.Array) and key.dtype == jnp.uint32 and key.shape[-1:] == (2,):
         key = jax.random.wrap_key_data(key)  # a raw `jax.random.PRNGKey`
-    if not (isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)):
+    if not (isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)):
         raise ValueError(
             f"generate: key must be a JAX key (jax.random.key(seed)) or one key per row, got "
             f"{type(key).__name__}."

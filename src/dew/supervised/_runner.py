@@ -264,7 +264,7 @@ def run_supervised(
                     measured[Split.VALIDATION] = scores
                     engine.report(VALIDATION_END, Split.VALIDATION, epoch, scores)
             if early_stopper is not None and engine.update_early_stopping(
-                early_stopper.source, epoch, measured.get(early_stopper.source, {})
+                (source := Split(early_stopper.source)), epoch, measured.get(source, {})
             ):
                 break
         if raising:

@@ -178,7 +178,10 @@ class GaussianValidation(HeldOutValidation):
     def _residual_std(self, params: PyTree, epoch: int, key: PRNGKeyArray) -> jax.Array:
         """The root weighted mean squared residual of the mean model over the training
         batches of `epoch`, floored at `VARIANCE_FLOOR` (1.0 for an empty loader)."""
-        batches = map(as_mapping, self.train_loader(split="train", epoch=epoch))
+        loader = self.train_loader
+        if loader is None:  # the objective refuses a mean model without one first
+            raise ValueError("GaussianValidation: a mean model needs a train_loader.")
+        batches = map(as_mapping, loader(split="train", epoch=epoch))
         scores = run_pass(self.objective, params, batches, _RMSE, key).scores
         std = max(scores["rmse"], VARIANCE_FLOOR) if scores else 1.0
         return jnp.asarray(std, jnp.float32)

@@ -100,8 +100,8 @@ def _leave(tracker: Any, leaving: tuple[Any, BaseException, Any] | None) -> None
     """Close `tracker`; while `leaving` (`__exit__`'s arguments) is in flight, through its
     own `__exit__` where it has one, so it marks its run failed (MLflow ends FAILED). A
     tracker with neither (a scalar-only one) has nothing to close."""
-    leave = None if leaving is None else getattr(tracker, "__exit__", None)
-    if leave is not None:
+    leave = getattr(tracker, "__exit__", None)
+    if leaving is not None and leave is not None:
         leave(*leaving)
     elif callable(getattr(tracker, "close", None)):
         tracker.close()

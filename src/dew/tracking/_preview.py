@@ -354,6 +354,8 @@ def _pieces(preview: Preview) -> tuple[Piece, ...]:
             TokenTable(tokens, mask, rows, name),
             Transcript(markdown(rows, preview.tokenizer)),
         )
+    if not isinstance(value, Representations):  # `Pieces` refuses it before it gets here
+        raise refusal(value)
     return (Spread(histogram(value.features)),)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 __all__ = ["ScalarTracker", "Tracker", "same_failure", "set_notes", "takes_artifacts"]
 
@@ -110,7 +110,7 @@ def _takes_step(method: Any) -> bool:
     )
 
 
-def takes_artifacts(tracker: object) -> bool:
+def takes_artifacts(tracker: object) -> TypeGuard[Tracker]:
     """Check that a runner can report to `tracker`; say whether it takes artifacts too.
 
     `tracker` needs a `log_metrics` that takes a `step` keyword. It takes artifacts

@@ -52,10 +52,7 @@ class Summary:
 
     def metrics(self) -> dict[str, tuple[int, float]]:
         """Each tag's greatest step and its value there, as a float."""
-        return {
-            tag: (step, float(_json.NON_FINITE.get(value, value)))
-            for tag, (step, value) in self.last.items()
-        }
+        return {tag: (step, float(_json.decode(value))) for tag, (step, value) in self.last.items()}
 
     def text(self) -> str:
         """The summary as `summary.json` holds it."""

@@ -170,12 +170,13 @@ class LocalTracker(AbstractRunTracker):
                 self._tags.add(tag)
             if type(value) is not float and type(value) is not int:
                 simple = False
+        line = None
         if simple:  # the common case: Python numbers, encoded by one shared encoder
             try:
                 line = _ENCODER.encode({"step": step, "values": values})
-            except ValueError:  # non-finite values
-                simple = False
-        if not simple:
+            except ValueError:  # non-finite values, encoded one by one below
+                line = None
+        if line is None:
             values = {tag: _metric_value(tag, value) for tag, value in values.items()}
             line = _ENCODER.encode({"step": step, "values": values})
         self._appended(step, values, append_line(self._scalars, self.path / SCALARS, line + "\n"))

@@ -220,7 +220,8 @@ class MLflowTracker(AbstractRunTracker):
                 self.experiment_id = found.experiment_id
             run = self.client.create_run(self.experiment_id, run_name=name)
         self.run_id: str = run.info.run_id
-        self.name: str = run.info.run_name
+        # MLflow names every run it creates (the given name, else one of its own).
+        self.name: str = run.info.run_name  # pyright: ignore[reportAttributeAccessIssue]
 
     def _allowed(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext() if self._scope is None else self._scope()

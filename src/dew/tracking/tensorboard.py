@@ -56,9 +56,10 @@ def _tensorboard() -> types.SimpleNamespace:
         ) from error
     return types.SimpleNamespace(
         EventFileWriter=EventFileWriter,
-        Event=event_pb2.Event,
-        Summary=summary_pb2.Summary,
-        HistogramProto=summary_pb2.HistogramProto,
+        # Classes protobuf generates at import time, which a type checker cannot see.
+        Event=event_pb2.Event,  # pyright: ignore[reportAttributeAccessIssue]
+        Summary=summary_pb2.Summary,  # pyright: ignore[reportAttributeAccessIssue]
+        HistogramProto=summary_pb2.HistogramProto,  # pyright: ignore[reportAttributeAccessIssue]
         make_tensor_proto=tensor_util.make_tensor_proto,
         hparams_pb=hparams_summary.hparams_pb,
         layout_pb2=layout_pb2,

@@ -222,8 +222,8 @@ class WandbTracker(AbstractRunTracker):
         if isinstance(piece, Transcript):
             return wandb.Html(_pre(piece.markdown), inject=False)
         if isinstance(piece, TokenTable):
-            columns = ["row", "prompt", "continuation", "tokens"]
-            rows = [
+            columns: list[Any] = ["row", "prompt", "continuation", "tokens"]
+            rows: list[Any] = [
                 [index, text.prompt, text.continuation, tokens]
                 for index, (text, tokens) in enumerate(
                     zip(piece.text, piece.tokens.tolist(), strict=True)

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -42,7 +43,7 @@ def state_leaves(state: Any) -> tuple[list[Any], StateLayout]:
     keys = tuple(
         (index, str(jax.random.key_impl(leaf)))
         for index, leaf in enumerate(leaves)
-        if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key)
+        if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
     )
     return _raw(leaves, keys), StateLayout(treedef, keys)
 

@@ -18,7 +18,7 @@ from dew.metrics import MetricSet
 from dew.naming import Split, preview_name
 from dew.objectives.base import Objective, ReportsSampling
 from dew.steps import generation_params
-from dew.tracking import Preview, ScalarTracker
+from dew.tracking import Preview, Tracker
 from dew.training._sampling import sampling_record
 
 __all__ = ["PREVIEW_NAME", "SAMPLING_RECORD", "evaluates", "evaluation_event", "key_text"]
@@ -58,7 +58,7 @@ def evaluation_event(
     run_key: PRNGKeyArray,
     data: Dataset,
     metric_set: MetricSet,
-    tracker: ScalarTracker | None,
+    tracker: Tracker | None,
     preview: bool,
     loop: Loop,
     step: int,
@@ -71,6 +71,8 @@ def evaluation_event(
     state = loop.current()
     progress = loop.progress
     event_key = _domains.evaluation_key(run_key, step)
+    if data.val is None:  # `evaluates` refuses such a fit before it starts
+        raise ValueError("an evaluation event needs validation data (data.val).")
     batches: Iterable[Any] = _lazily(data.val, Partition.current())
     if progress and sys.stderr.isatty():
         batches = tqdm(

@@ -9,9 +9,10 @@ pays nothing for it.
 
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -36,8 +37,8 @@ __all__ = ["ParamSharding", "Placement", "fit_setup", "placed_by", "rows_of"]
 ParamSharding = Callable[[Any, jax.Array], jax.sharding.Sharding]
 
 
-def _is_key(leaf: Any) -> bool:
-    return isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+def _is_key(leaf: Any) -> TypeGuard[jax.Array]:
+    return isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
 def _put(leaf: Any, sharding: jax.sharding.Sharding) -> Any:
@@ -63,7 +64,8 @@ def placed_by(
             "param_sharding must be None or a callable (path, leaf) -> "
             f"jax.sharding.Sharding, got {type(param_sharding).__name__}."
         )
-    return param_sharding, sharding_strategy(mesh, strategy, param_sharding)
+    checked = cast("ParamSharding | None", param_sharding)  # callable(...) says no more
+    return checked, sharding_strategy(mesh, strategy, param_sharding)
 
 
 class Placement:
@@ -104,7 +106,8 @@ class Placement:
                 )
             mesh = getattr(sharding, "mesh", None)
             if (  # the Trainer's mesh, as the user made it: moved onto the Trainer's own
-                isinstance(mesh, jax.sharding.Mesh)
+                isinstance(sharding, jax.sharding.NamedSharding)
+                and isinstance(mesh, jax.sharding.Mesh)
                 and mesh.shape == self.mesh.shape
                 and list(mesh.devices.flat) == list(self.mesh.devices.flat)
             ):

@@ -27,25 +27,27 @@ class ProfileWindowTracer:
         self.first = 0
 
     def before(self, step: int) -> None:
-        if self.finished or self.tracing or step < self.profile.start:
+        profile = self.profile
+        if profile is None or self.finished or self.tracing or step < profile.start:
             return
-        if step > self.profile.stop:
+        if step > profile.stop:
             self.finished = True
             return
-        directory = os.fspath(self.profile.directory)
+        directory = os.fspath(profile.directory)
         os.makedirs(directory, exist_ok=True)
         jax.profiler.start_trace(directory)
         self.tracing, self.first = True, step
 
     def after(self, step: int, leaves: list, count: int = 1) -> None:
-        if not self.tracing:
+        if not self.tracing or self.profile is None:
             return
         self.traced += count
         if step >= self.profile.stop:
             self.close(leaves)
 
     def close(self, leaves: list) -> None:
-        if not self.tracing:
+        profile = self.profile
+        if not self.tracing or profile is None:
             return
         self.tracing, self.finished = False, True
         # The traced steps have run when the trace stops (a failed step's buffers may be
@@ -56,7 +58,7 @@ class ProfileWindowTracer:
         self.loop.record(
             "profile_window",
             ProfileWindow(
-                directory=os.fspath(self.profile.directory),
+                directory=os.fspath(profile.directory),
                 traced_steps=self.traced,
                 start_step=self.first,
             ),

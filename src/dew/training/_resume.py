@@ -52,12 +52,13 @@ def starting_state(
     steps the fit that saved it was asked for.
     """
     if checkpoints is None or not checkpoints.holds_checkpoints():
+        started: TrainState
         if state is None:
-            state = initial_state(objective, optimizer, key)
+            started = initial_state(objective, optimizer, key)
         else:  # the step donates its input: never let fit delete the caller's arrays
             generation_params(objective, state)  # raises when EMA params are missing
-            state = jax.tree.map(lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state)
-        return state if placement is None else placement.state(state), None, None
+            started = jax.tree.map(lambda leaf: leaf.copy() if eqx.is_array(leaf) else leaf, state)
+        return started if placement is None else placement.state(started), None, None
     if state is not None:
         raise ValueError(
             f"fit was given state= and checkpoint_dir {checkpoint_dir!r} already holds "

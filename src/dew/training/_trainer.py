@@ -4,7 +4,7 @@ do at each step (decision 0066)."""
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Unpack
 
 import jax
@@ -77,9 +77,8 @@ class Trainer:
       params (a sharding that does not divide it is refused); the EMA params and the
       optimizer state's params-shaped parts follow it (docs/training.md, "Sharding
       presets"; `None`: a full copy on every device).
-    - `learning_rate`: the float or optax schedule the optimizer was built with, for
-      `fit(..., log_optimizer=True)` to log (`None`: read from an
-      `optax.inject_hyperparams` state).
+    - `learning_rate`: the float or optax schedule of the optimizer, for `fit(...,
+      log_optimizer=True)` to log (`None`: read from an `optax.inject_hyperparams` state).
     - `precision`: the policy the compiled step and the fit's evaluations compute under:
       `"float32"` (the default), `"mixed_bfloat16"` or `"bfloat16"`, the params and
       optimizer state float32 under each (docs/training.md, "Precision").
@@ -251,8 +250,8 @@ class Trainer:
         )
         evaluating = evaluates(data, eval_every, metric_set, previewing)
         sinks = [*given.event_sinks, *([TrackerEventSink(tracker)] if tracker is not None else [])]
-        if not artifacts:  # a tracker that takes scalars only gets no records, no previews
-            tracker = None
+        # A tracker that takes scalars only gets no records, no previews.
+        records = tracker if tracker is not None and takes_artifacts(tracker) else None
         checkpoints = None
         if self.checkpoint_dir is not None:
             from dew.checkpoints import Checkpointer
@@ -286,7 +285,7 @@ class Trainer:
                 self.key,
                 data,
                 metric_set,
-                tracker,
+                records,
                 previewing,
                 precision=self.precision,
             )
@@ -311,7 +310,7 @@ class Trainer:
                 current=stepping.current,
                 history=history,
                 sinks=sinks,
-                tracker=tracker,
+                tracker=records,
                 stopping=stopping,
                 progress=progress,
                 total=steps,
@@ -348,7 +347,8 @@ class Trainer:
         with loop.reporting_fit(start=step, steps=steps, completed=completed):
             loop.begin()
             try:
-                if step < steps and not loop.stop:  # a finished run draws no batch
+                batches: Iterator[Any] = iter(())  # a finished run draws no batch
+                if step < steps and not loop.stop:
                     agreed = placement if placement is not None and is_multiprocess() else None
                     batches = _opened(
                         data.train, Partition.current(), step, stepping.origin, agreed

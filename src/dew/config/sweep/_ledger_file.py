@@ -55,6 +55,14 @@ _BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 _sync = getattr(os, "fdatasync", os.fsync)  # an append needs the data and the file's size
 
 
+def _opened(descriptor: int | None) -> int:
+    """`descriptor`, which the ledger opens (its lock file in `__enter__`, the ledger file in
+    `load`) before any use of it."""
+    if descriptor is None:
+        raise RuntimeError("the sweep ledger was used outside its `with` block or before load().")
+    return descriptor
+
+
 class _Ledger:
     """The ledger file, its lock file `<ledger>.lock` and this process's trial claims.
 
@@ -103,18 +111,18 @@ class _Ledger:
         if fcntl is None:  # pragma: no cover
             yield
             return
-        fcntl.lockf(self.descriptor, fcntl.LOCK_EX, 1, 0)
+        fcntl.lockf(_opened(self.descriptor), fcntl.LOCK_EX, 1, 0)
         try:
             yield
         finally:
-            fcntl.lockf(self.descriptor, fcntl.LOCK_UN, 1, 0)
+            fcntl.lockf(_opened(self.descriptor), fcntl.LOCK_UN, 1, 0)
 
     def claim(self, index: int) -> bool:
         """Hold trial `index`'s lock; False when a live process holds it."""
         if fcntl is None:  # pragma: no cover
             return True
         try:
-            fcntl.lockf(self.descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, index + 1)
+            fcntl.lockf(_opened(self.descriptor), fcntl.LOCK_EX | fcntl.LOCK_NB, 1, index + 1)
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EAGAIN):
                 return False
@@ -123,7 +131,7 @@ class _Ledger:
 
     def release(self, index: int) -> None:
         if fcntl is not None:
-            fcntl.lockf(self.descriptor, fcntl.LOCK_UN, 1, index + 1)
+            fcntl.lockf(_opened(self.descriptor), fcntl.LOCK_UN, 1, index + 1)
 
     def clean(self) -> None:
         """Remove temporary files a process left when it died mid-write (under the lock)."""
@@ -163,7 +171,7 @@ class _Ledger:
         else:
             size = status.st_size
             if size > self._end and self._version == LEDGER_VERSION:
-                data = _read_range(self._reader, self._end, size)
+                data = _read_range(_opened(self._reader), self._end, size)
                 end, self._lines = _read_events(
                     self.path, self._state, self.fields, data, self._lines
                 )
@@ -239,8 +247,9 @@ class _Ledger:
     def _record(self, event: dict[str, Any]) -> None:
         """Append `event` as one line, fsynced, and apply it to the state as `load` would
         read it back."""
+        writer = _opened(self._writer)
         if self._torn:  # no process holds the lock mid-write: this one's writer died
-            os.ftruncate(self._writer, self._end)
+            os.ftruncate(writer, self._end)
             warnings.warn(
                 f"ledger {str(self.path)!r} ended in a torn line (a process died mid-write?); "
                 f"cut it back to its last whole line ({self._torn} bytes dropped).",
@@ -248,9 +257,9 @@ class _Ledger:
             )
             self._torn = 0
         line = _dumps(event)
-        append_line(self._writer, self.path, line + "\n")
+        append_line(writer, self.path, line + "\n")
         try:
-            _sync(self._writer)
+            _sync(writer)
         except OSError as error:
             raise OSError(error.errno, error.strerror, str(self.path)) from error
         self._end += len(line.encode("utf-8")) + 1

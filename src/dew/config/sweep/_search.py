@@ -86,7 +86,7 @@ class SearchRun(abc.ABC):
         index, point = proposal
         if not claim(index):
             raise SweepStateError(f"the search proposed trial {index}, which is already taken.")
-        self.__dict__.setdefault("_drawn", {})[index] = point
+        vars(self).setdefault("_drawn", {})[index] = point
         return index
 
     def draw(self, index: int) -> dict[str, Any]:
@@ -269,17 +269,22 @@ class GridSearch(IndexedSearch):
                     "give a list of values, or use random_search or optuna_search for a range."
                 )
 
+    def _choices(self, space: Space) -> list[Choice]:
+        """The space's choices, in order, after `check` (which refuses a range)."""
+        self.check(space)
+        return [spec for spec in space.values() if isinstance(spec, Choice)]
+
     def limit(self, space: Space, trials: int) -> int:
-        return min(trials, math.prod(len(spec.values) for spec in space.values()))
+        return min(trials, math.prod(len(spec.values) for spec in self._choices(space)))
 
     def point(self, space: Mapping[str, Any], index: int) -> dict[str, Any]:
         space = _normalize_space(space)
-        self.check(space)
-        size = math.prod(len(spec.values) for spec in space.values())
+        choices = self._choices(space)
+        size = math.prod(len(spec.values) for spec in choices)
         if not 0 <= index < size:
             raise IndexError(f"grid point {index} is outside the grid of {size} points.")
         picks = []
-        for spec in reversed(list(space.values())):
+        for spec in reversed(choices):
             index, pick = divmod(index, len(spec.values))
             picks.append(spec.values[pick])
         return dict(zip(space, reversed(picks), strict=True))

@@ -8,14 +8,16 @@ import json
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from dew._json import plain
 from dew.config import RunConfig, override
 from dew.telemetry.records import decode_json_value, encode_json_value
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
+    """Whether `value` is an integer (an `int` or a NumPy integer, which acts as one), not a
+    bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

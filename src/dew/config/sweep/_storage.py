@@ -40,7 +40,7 @@ def shown_url(storage: Any) -> str:
         return storage
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))

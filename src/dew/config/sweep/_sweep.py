@@ -160,12 +160,13 @@ def sweep(
         )
     if not callable(train):
         raise TypeError(f"train must be a callable taking a RunConfig, got {train!r}.")
-    if canonical_direction(direction) is None:
+    canonical = canonical_direction(direction)
+    if canonical is None:
         raise ValueError(
             f"direction must be 'minimize' or 'maximize', got {direction!r} ('min' and 'max' "
             "are read as them)."
         )
-    direction = canonical_direction(direction)
+    direction = canonical
     search = _with_pruner(search, pruner)
     normalized = _checked_space(config, space)
     search.check(normalized)
@@ -275,7 +276,8 @@ def _run_trials(
     tracker: ScalarTracker | None,
     direction: str = "minimize",
 ) -> None:
-    artifacts = tracker is not None and takes_artifacts(tracker)  # refuses a non-tracker now
+    # A tracker that takes scalars only gets the value alone; a non-tracker is refused now.
+    records = tracker if tracker is not None and takes_artifacts(tracker) else None
     pending = iter(resume)
     proposals = itertools.chain(pending, iter(lambda: _next(book, run), None))
     while True:
@@ -303,9 +305,9 @@ def _run_trials(
             run.tell(trial)
             if tracker is not None:
                 tracker.log_metrics({VALUE_TAG: trial.value}, step=index)
-            if artifacts:  # a tracker that takes scalars only gets the value alone
+            if records is not None:
                 record = TrialFinished(trial=index, overrides=trial.overrides, value=trial.value)
-                tracker.log_artifact(TRIAL_FINISHED, record, step=index)
+                records.log_artifact(TRIAL_FINISHED, record, step=index)
 
 
 def _next(book: _Ledger, run: SearchRun) -> tuple[int, dict[str, Any]] | None:

@@ -29,9 +29,11 @@ class BytesTokenizer:
     """
 
     name: ClassVar[str] = "bytes"
-    vocab_size: ClassVar[int] = 257
-    eos_id: ClassVar[int] = 256
-    fingerprint: ClassVar[str] = "bytes-1"
+    # Plain class attributes, not ClassVars: the `Tokenizer` protocol declares them as
+    # properties, which a ClassVar does not satisfy for a type checker.
+    vocab_size: int = 257
+    eos_id: int = 256
+    fingerprint: str = "bytes-1"
 
     def encode(self, text: str) -> np.ndarray:
         """The UTF-8 bytes of `text` as IDs (uint16)."""

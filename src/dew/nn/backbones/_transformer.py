@@ -189,11 +189,12 @@ def _attention(
 ) -> Float[Array, "*sequences seq heads head"]:
     if implementation == "xla":
         return _xla_attention(q, k, v, causal=causal, mask=mask)
-    # jax.nn.dot_product_attention mixes bfloat16 inputs with float32 internals,
-    # which a caller's strict dtype promotion would refuse.
+    # The other of ATTENTION_IMPLEMENTATIONS: cuDNN's fused kernel. jax.nn.dot_product_attention
+    # mixes bfloat16 inputs with float32 internals, which a caller's strict dtype promotion
+    # would refuse.
     with jax.numpy_dtype_promotion("standard"):
         return jax.nn.dot_product_attention(
-            q, k, v, mask=mask, is_causal=causal, implementation=implementation
+            q, k, v, mask=mask, is_causal=causal, implementation="cudnn"
         )
 
 

@@ -1,6 +1,8 @@
 """Pieces shared by the vision backbones (`DiT`, `ViT`): the configuration check, patch
 tokens, masked multi-head self-attention and the compute-dtype cast."""
 
+from typing import TypeVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,8 @@ from dew._integers import check_integer
 from dew._precision import compute_dtype
 from dew.nn.backbones._layers import column_parallel, dense, row_parallel
 from dew.nn.backbones._transformer import COMPUTE_DTYPES, _xla_attention
+
+_M = TypeVar("_M", bound=eqx.Module)
 
 __all__ = [
     "SelfAttention",
@@ -69,7 +73,7 @@ def patchify(
 
 def unpatchify(
     tokens: Float[Array, "tokens patch_features"],
-    shape: tuple[int, int, int, int],
+    shape: tuple[int, ...],
     patch_size: int,
 ) -> Float[Array, "frames height width channels"]:
     """The inverse of `patchify` for a clip of `shape` (frames, height, width, channels)."""
@@ -79,7 +83,7 @@ def unpatchify(
     return patches.transpose(0, 1, 3, 2, 4, 5).reshape(shape)
 
 
-def in_compute_dtype(module: eqx.Module, dtype: str) -> eqx.Module:
+def in_compute_dtype(module: _M, dtype: str) -> _M:
     """`module` with every floating-point array cast to the compute dtype `dtype` (bfloat16
     under a bfloat16 precision policy, `dew._precision.compute_dtype`)."""
     compute = compute_dtype(dtype)

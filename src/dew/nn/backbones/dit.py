@@ -5,6 +5,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
@@ -28,7 +29,8 @@ def _zeroed(linear: eqx.nn.Linear) -> eqx.nn.Linear:
     return eqx.tree_at(
         lambda layer: (layer.weight, layer.bias),
         linear,
-        (jnp.zeros_like(linear.weight), jnp.zeros_like(linear.bias)),
+        # Every layer DiT zeroes has a bias (eqx.nn.Linear's default).
+        (jnp.zeros_like(linear.weight), jnp.zeros_like(linear.bias)),  # pyright: ignore[reportArgumentType]
     )
 
 

@@ -41,7 +41,7 @@ class Checkpointing(Callback):
     def on_fit_start(self, loop: Loop) -> None:
         if self.checkpoints is not None and loop.start > 0:
             self.saved = self.saving = loop.start
-        if loop.progress and self.resumed:
+        if loop.progress and self.resumed and self.checkpoints is not None:
             loop.print(f"resuming at step {loop.start} from {self.checkpoints.directory}")
 
     def on_step(self, step: int, loop: Loop) -> None:
