@@ -31,7 +31,7 @@ class Loop(Protocol):
 
     - `stage`: the first segment of every metric tag; `start`: the step the fit started
       at (a resumed fit's saved step); `steps`: the step it trains to; `step`: the last
-      completed step.
+      completed step; `precision`: the fit's precision policy (`Trainer(precision=...)`).
     - `stop`: set it to `True` to end the fit after this step (the step's remaining
       callbacks still run, then the fit saves its final checkpoint, as after an early stop).
     - `state()`: the `TrainState` now, with the metric history reported so far
@@ -47,6 +47,7 @@ class Loop(Protocol):
     start: int
     steps: int | None
     step: int
+    precision: str
     stop: bool
     progress: bool
     history: "MetricHistory"
