@@ -178,7 +178,7 @@ def test_ci_builds_the_site_strictly_beside_the_slow_tests_and_fails_with_it():
     """`.ci/run` installs the docs extra, starts the strict build in the background, runs
     the slow and parity tests, then waits for the build: either failing fails the script."""
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    install = ci.index('python -m pip install --quiet ".[parity,docs]"')
+    install = ci.index('python -m pip install --quiet ".[parity,docs,types]"')
     build = next(
         number
         for number, line in enumerate(ci)
