@@ -181,3 +181,19 @@ def pytest_ignore_collect(collection_path, config):
         text = collection_path.read_text(encoding="utf-8")
         return None if "slow" in text or "parity" in text else True
     return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """After a test file's last test, JAX's compiled-call caches cleared and Python's garbage
+    collected: a worker otherwise keeps every file's executables and traced functions, and
+    grew to 4.6 GB over 24 files of the metrics, objectives and backbones tests (5.4 GB over
+    half the suite), where clearing keeps it at 1.4 GB. The next file's compilations load
+    from the persistent cache (`_shared_compilation_cache`), and those 24 files took 428 s of
+    CPU against 570 s without clearing (a smaller heap for the collector to walk)."""
+    yield
+    if nextitem is None or nextitem.path != item.path:
+        import gc
+
+        jax.clear_caches()
+        gc.collect()
