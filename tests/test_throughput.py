@@ -146,3 +146,15 @@ def test_the_summary_shows_the_throughput(fits):
     mfu = faked.metric_history["lm/train/mfu"][-1][1]
     assert f"lm/train/mfu {mfu:.2%} (step 6)" in line
     assert "lm/train/tokens_per_second" in line and "tokens_per_second" not in lines[0]
+
+
+def test_a_bfloat16_policy_is_measured_against_the_bfloat16_peak():
+    """Under `mixed_bfloat16` or `bfloat16` the params stay float32 but the matmuls run in
+    bfloat16 (decision 0078): MFU reads against the device's bfloat16 peak, not its TF32
+    one (which would read it about 2x high on an H100)."""
+    params = {"w": jnp.zeros(3, jnp.float32), "count": jnp.zeros((), jnp.int32)}
+    assert throughput.compute_dtype(params) == "float32"
+    assert throughput.compute_dtype(params, "mixed_bfloat16") == "bfloat16"
+    assert throughput.compute_dtype(params, "bfloat16") == "bfloat16"
+    assert throughput.compute_dtype({"w": jnp.zeros(3, jnp.bfloat16)}) == "bfloat16"
+    assert PEAK_FLOPS[H100]["bfloat16"] > PEAK_FLOPS[H100]["float32"]

@@ -29,9 +29,12 @@ def device_kind() -> str:
     return jax.devices()[0].device_kind
 
 
-def compute_dtype(params: Any) -> str:
-    """The dtype a step's matmuls run in, read from `params`: `"bfloat16"` when every
-    floating array is half precision, else `"float32"`."""
+def compute_dtype(params: Any, precision: str = "float32") -> str:
+    """The dtype a step's matmuls run in: `"bfloat16"` under a bfloat16 `precision` policy
+    (decision 0078) or when every floating array of `params` is half precision, else
+    `"float32"`."""
+    if precision != "float32":
+        return "bfloat16"
     floating = [
         leaf.dtype
         for leaf in jax.tree.leaves(params)

@@ -389,7 +389,7 @@ class Trainer:
         placed = stepping.placement
         return Throughput(
             self.objective,
-            dtype=compute_dtype(self._objective_leaves),
+            dtype=compute_dtype(self._objective_leaves, self.precision),
             flops=stepping.flops,
             processes=jax.process_count() if is_multiprocess() else 1,
             devices=1 if placed is None else placed.mesh.devices.size,
