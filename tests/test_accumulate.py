@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _builders import TINY
 from _checks import rejects
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -338,17 +339,7 @@ def test_the_configuration_refuses_a_bad_accumulate(accumulate, message):
 def test_dew_train_accumulates_records_it_and_resumes_with_another_value(tmp_path):
     def config(steps, accumulate):
         return RunConfig(
-            model=ModelConfig(
-                "causal_transformer",
-                {
-                    "vocab_size": 16,
-                    "emb_features": 16,
-                    "num_layers": 1,
-                    "num_heads": 2,
-                    "mlp_features": 32,
-                    "max_seq_len": 16,
-                },
-            ),
+            model=ModelConfig("causal_transformer", dict(TINY)),
             data=datasets["token_windows"](seq_len=8, num_tokens=2048),
             optim=OptimConfig(optimizer="adam", learning_rate=1e-2),
             trainer=TrainerConfig(
