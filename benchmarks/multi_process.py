@@ -6,7 +6,8 @@ hand-written loop's step on the same global batch; the same for an evaluation pa
 script measures the sides in one run and asserts nothing; it always exits 0.
 
 What each side runs, per model size (`tiny` is `dew train --config tiny_lm`'s model; `d128`
-and `d256` widen it), on one global batch of 32 sequences of 32 tokens:
+and `d256` widen it), on one global batch of 32 sequences of 32 tokens (dew's
+`trainer.batch_size` is one process's rows, so it is set to 32 / processes):
 
 - `dew fit`: what `dew train` runs, built as the recipe builds it: the configuration's
   `token_windows` data (`config.data.build`, each process reading its own `Partition`), its
@@ -59,16 +60,20 @@ SIZES = {
     "d256": {"emb_features": 256, "mlp_features": 512},
 }
 LOG_EVERY = 25
+GLOBAL_BATCH = 32  # rows of one step's global batch, whatever the process count
 CHUNK = 100  # steps per fit call; the time is read between its first and last log step
 TARGET = 1.1
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 
 
-def _config(size: str):
+def _config(size: str, processes: int):
+    """The recipe's configuration at `size`, each of `processes` processes reading its share
+    of the global batch: `trainer.batch_size` is the rows of one process's batch."""
     from dew.config import builtin
     from dew.config._overrides import override
 
     point = {f"model.kwargs.{name}": value for name, value in SIZES[size].items()}
+    point["trainer.batch_size"] = GLOBAL_BATCH // processes
     return override(builtin("tiny_lm"), {**point, "data.kwargs.val_fraction": 0.1})
 
 
@@ -102,14 +107,14 @@ def _worker(size: str, rounds: int, out: str, profile: bool) -> None:
     from dew.config._recipe import build_objective
     from dew.data import Partition
 
-    config = _config(size)
+    config = _config(size, jax.process_count())
     settings = config.trainer
     total = CHUNK * (rounds + 1)
     seed = jax.random.key(0)
     objective = build_objective(config, None, seed)
     data = config.data.build(batch_size=settings.batch_size, seed=settings.seed)
     rank, count = jax.process_index(), jax.process_count()
-    local_rows = settings.batch_size // count
+    local_rows = settings.batch_size
     seq_len = config.data.kwargs["seq_len"]
     vocab = config.data.kwargs["vocab_size"]
 

@@ -284,6 +284,30 @@ def _main() -> None:
     )
     # Uneven shards: process 0 has a third batch, which never enters the metrics.
     results["uneven"] = outcome(lambda: lm_evaluate(text_shard(rank, 3 if rank == 0 else 2)))
+    # Past the first block of batches each process reads ahead and agrees on at once (8):
+    # both shards exactly one block; one block and one more batch on process 1; 12 and 10.
+    for name, counts in (("block", (8, 8)), ("block_and_one", (8, 9)), ("long", (12, 10))):
+        results[f"uneven_{name}"] = outcome(
+            lambda counts=counts: lm_evaluate(text_shard(rank, counts[rank], seed=1))
+        )
+    # A bad batch (index 9), batches of another row count (index 8), a loader failing after
+    # 9 batches: on process 1 alone, in the second block.
+    late_bad = text_shard(rank, 11)
+    if rank == 1:
+        late_bad[9]["text"][0, 1] = VOCAB + 2
+    results["bad_batch_late"] = outcome(lambda: lm_evaluate(late_bad))
+    late_layout = text_shard(rank, 10)
+    if rank == 1:
+        late_layout[8] = text_shard(rank, 1, rows=2 * ROWS)[0]
+    results["layout_late"] = outcome(lambda: lm_evaluate(late_layout))
+
+    def failing_after_nine():
+        yield from text_shard(rank, 9)
+        if rank == 1:
+            raise ValueError("the loader lost its file after 9 batches")
+        yield from text_shard(rank, 2, seed=2)
+
+    results["read_fails_late"] = outcome(lambda: lm_evaluate(failing_after_nine()))
     # Scalar metadata adds no rows.
     results["metadata"] = outcome(
         lambda: lm_evaluate([batch | {"epoch": np.int32(5)} for batch in text_shard(rank, 2)])

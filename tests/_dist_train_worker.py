@@ -32,6 +32,7 @@ from dew.objectives.lm import LMObjective
 from dew.supervised import EarlyStopper
 
 STEPS = 6
+LONG_STEPS = 14  # past two blocks of batches drawn ahead and agreed at once (8 steps each)
 CHECKPOINT_AT = 4
 ROWS = 4  # rows a process reads per step
 KEY = 5
@@ -268,6 +269,34 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
     # Fused steps: two optimizer steps per compiled call.
     state = trainer().fit(data, STEPS, log_every=2, steps_per_call=2, progress=False)
     save(out / f"fused-rank{rank}.npz", state)
+
+    # Past the batches every process draws ahead and agrees on at once: 5 steps one at a
+    # time, then to LONG_STEPS in fused calls of 4 (steps 6-7 and 13-14 one at a time, from
+    # batches drawn at step 5 and 13).
+    data = Dataset(train=lambda partition: local_batches(partition.index))
+    state = trainer().fit(data, 5, log_every=5, progress=False)
+    state = trainer().fit(
+        data, LONG_STEPS, log_every=4, steps_per_call=4, state=state, progress=False
+    )
+    save(out / f"long-rank{rank}.npz", state)
+
+    # A batch of step 10 whose rows differ on process 1; a token ID outside the vocabulary
+    # on process 1 at step 11: in the second block drawn ahead, the same error on both.
+    def late(rank, kind):
+        for step in itertools.count(1):
+            rows = 2 if kind == "rows" and rank == 1 and step == 10 else ROWS
+            text = shard(step, rank, rows)
+            if kind == "token" and rank == 1 and step == 11:
+                text[0, 3] = 77
+            yield {"text": text}
+
+    for kind in ("rows", "token"):
+        late_data = Dataset(train=lambda partition, kind=kind: late(partition.index, kind))
+        results[f"late_{kind}"] = outcome(
+            lambda data=late_data: (
+                trainer().fit(data, LONG_STEPS, log_every=3, progress=False) and None
+            )
+        )
 
     # A first batch whose rows differ on process 1: the same ValueError on both.
     uneven = Dataset(train=lambda partition: local_batches(partition.index, 4 - 2 * rank))

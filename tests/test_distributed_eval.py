@@ -105,6 +105,41 @@ def test_uneven_shards_consume_the_shortest_prefix_and_say_so(ranks):
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "counts", "coordinated", "uneven"),
+    [("block", (8, 8), 8, False), ("block_and_one", (8, 9), 8, True), ("long", (12, 10), 10, True)],
+)
+def test_the_coordinated_prefix_is_the_same_past_a_block_of_agreed_batches(
+    ranks, name, counts, coordinated, uneven
+):
+    """The processes read ahead and agree on blocks of 8 batches (decision 0088): the prefix
+    they score is still the shortest shard's, whatever the block boundaries."""
+    result = same_everywhere(ranks, f"uneven_{name}")["value"]
+    shards = [text_shard(rank, count, seed=1) for rank, count in enumerate(counts)]
+    assert_scores(result["scores"], lm_reference(joined(shards)).scores)
+    assert (result["coordinated_batches"], result["records"], result["uneven_shards"]) == (
+        coordinated,
+        coordinated * 8,
+        uneven,
+    )
+
+
+def test_failures_in_a_later_block_raise_on_every_process_naming_the_batch(ranks):
+    bad = same_everywhere(ranks, "bad_batch_late")
+    assert bad["error"] == "ValueError"
+    assert bad["message"].startswith("checking validation batch 9 failed on process 1 of 2: ")
+    assert "holds token ID 10 at row 0, position 1" in bad["message"]
+    layout = same_everywhere(ranks, "layout_late")
+    assert layout["error"] == "ValueError"
+    assert layout["message"].startswith("validation batch 8 differs between the processes")
+    assert f"process 1: ['text'] (8, {SEQ + 1}) int32" in layout["message"]
+    assert same_everywhere(ranks, "read_fails_late") == {
+        "error": "ValueError",
+        "message": "reading a validation batch failed on process 1 of 2: the loader lost its "
+        "file after 9 batches",
+    }
+
+
 def test_records_come_from_the_global_batch_and_scalar_metadata_adds_none(ranks):
     result = same_everywhere(ranks, "metadata")["value"]
     assert (result["coordinated_batches"], result["records"]) == (2, 16)

@@ -200,6 +200,39 @@ def test_a_first_batch_row_mismatch_raises_the_same_error_on_every_process(main)
     assert "process 0: 4 rows, process 1: 2 rows" in outcomes[0]["message"]
 
 
+def test_steps_past_the_batches_agreed_at_once_train_as_one_process(main, out):
+    """Every process draws the batches of 8 steps ahead and agrees on them in one exchange
+    (decision 0088): a fit crossing those blocks, one step and four steps per call, trains
+    as one process on the concatenated batches."""
+    data = Dataset(train=lambda partition: worker.concatenated_batches(2))
+    state = worker.trainer().fit(data, 5, log_every=5, progress=False)
+    state = worker.trainer().fit(
+        data, worker.LONG_STEPS, log_every=4, steps_per_call=4, state=state, progress=False
+    )
+    (zero, step0), (one, _) = params(out, "long", 0), params(out, "long", 1)
+    assert step0 == worker.LONG_STEPS
+    for got, other, want in zip(zero, one, jax.tree.leaves(state.params), strict=True):
+        np.testing.assert_array_equal(got, other)
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_batch_drawn_ahead_raises_on_every_process_naming_its_step(main):
+    ranks, _ = main
+    rows = [r["late_rows"] for r in ranks]
+    assert rows[0] == rows[1]
+    assert rows[0]["error"] == "ValueError"
+    assert rows[0]["message"].startswith(
+        "the processes' training batches of step 10 differ in rows (process 0: 4 rows, "
+        "process 1: 2 rows)"
+    )
+    token = [r["late_token"] for r in ranks]
+    assert token[0] == token[1]
+    assert token[0]["message"].startswith(
+        "reading the training batch of step 11 failed on process 1 of 2: "
+    )
+    assert "token ID 77" in token[0]["message"]
+
+
 def test_a_multi_process_checkpoint_resumes_as_in_one_process(main, resumed, out):
     ranks, outputs = resumed
     assert main[0][0]["checkpointed_step"] == worker.CHECKPOINT_AT

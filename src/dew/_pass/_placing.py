@@ -2,7 +2,7 @@
 host, its outcome and layout agreed by every process, placed as one global batch."""
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -52,34 +52,105 @@ def _gather_texts(text: str) -> list[str]:
     return [bytes(row[:n]).decode("utf-8", "replace") for row, n in zip(rows, lengths, strict=True)]
 
 
-def _place(objective: Objective, batch: Mapping[str, Any], index: int) -> dict[str, Any]:
-    """This process's batch `index`, checked on the host by the objective's own checks,
-    the outcome and the batch's layout agreed by every process, placed as one global
-    batch. A bad batch on any process raises the same `ValueError` on every process."""
-    outcome: bool | BaseException = True
-    placed: dict[str, Any] = {}
-    layout = ""
-    try:
-        check_batch_keys(objective, batch, Split.VALIDATION)
-        check_on_host(objective, batch)
-        layout = _layout(batch)
-        placed = global_batch(batch)
-    except Exception as error:
-        outcome = error
-    # One exchange in the common case: each process's outcome beside its layout's digest;
-    # only when some process failed do they agree on (and raise) its error.
-    row = np.zeros(17, np.uint8)
-    row[0] = outcome is not True
-    row[1:] = np.frombuffer(hashlib.sha256(layout.encode("utf-8")).digest()[:16], np.uint8)
-    rows = _allgather(row)
-    if rows[:, 0].any():
-        agree_process_phase(f"checking validation batch {index}", outcome)
-    if any(bytes(digest) != bytes(rows[0, 1:]) for digest in rows[:, 1:]):
-        layouts = _gather_texts(layout)
-        shown = "; ".join(f"process {i}: {text}" for i, text in enumerate(layouts))
-        raise ValueError(
-            f"validation batch {index} differs between the processes ({shown}): every "
-            "process must read batches of the same fields, dtypes and row count (batch "
-            "each shard with one batch size, and drop or pad a shorter last batch)."
-        )
-    return placed
+_BLOCK = 8
+"""Batches each process reads ahead, checks and places before one exchange agrees on them
+all (decision 0088): the processes meet once per block, not twice per batch."""
+_DIGEST = 8  # bytes of a batch layout's digest in the exchanged row
+
+# Why a process stopped reading its block early (the row's second byte).
+_FULL, _ENDED, _UNREADABLE, _REFUSED = 0, 1, 2, 3
+
+
+def _digest(layout: str) -> np.ndarray:
+    return np.frombuffer(hashlib.sha256(layout.encode("utf-8")).digest()[:_DIGEST], np.uint8)
+
+
+class AgreedBatches:
+    """`AgreedBatches(objective, batches)`: this process's batches and their placed global
+    batches, while every process has one, each checked on the host by the objective's
+    own checks and its layout agreed with every process's batch of the same index.
+
+    Each process reads up to `_BLOCK` batches, checks and places each, and stops early at
+    its shard's end, at a batch it cannot read, or at one its checks refuse; one exchange
+    then tells every process how far each got, why it stopped, and each batch's layout
+    digest. The pass runs the batches every process holds, in order, and ends the same as
+    checking batch by batch would: at the first index some process has no batch for
+    (`uneven` when another had one), raising there the failure of a process that could not
+    read it, or that of a process whose checks refused it when every process read one;
+    batches before it whose layouts differ between the processes raise first.
+    """
+
+    def __init__(self, objective: Objective, batches: Iterable[Mapping[str, Any]]) -> None:
+        self._objective = objective
+        self._batches = iter(batches)
+        self.uneven = False
+
+    def _read(
+        self,
+    ) -> tuple[list[tuple[Mapping[str, Any], dict[str, Any], str]], int, BaseException | None]:
+        """This process's next block: the batches read, checked and placed, with their
+        layouts; why the block ended; the error that ended it, if one did."""
+        block: list[tuple[Mapping[str, Any], dict[str, Any], str]] = []
+        while len(block) < _BLOCK:
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                return block, _ENDED, None
+            except Exception as error:  # a failing loader: every process raises it
+                return block, _UNREADABLE, error
+            try:
+                check_batch_keys(self._objective, batch, Split.VALIDATION)
+                check_on_host(self._objective, batch)
+                layout = _layout(batch)
+                block.append((batch, global_batch(batch), layout))
+            except Exception as error:
+                return block, _REFUSED, error
+        return block, _FULL, None
+
+    def __iter__(self) -> Iterator[tuple[Mapping[str, Any], dict[str, Any]]]:
+        start = 0
+        while True:
+            block, why, error = self._read()
+            row = np.zeros(2 + _BLOCK * _DIGEST, np.uint8)
+            row[:2] = len(block), why
+            for index, (_, _, layout) in enumerate(block):
+                row[2 + index * _DIGEST : 2 + (index + 1) * _DIGEST] = _digest(layout)
+            rows = _allgather(row)
+            counts, whys = [int(count) for count in rows[:, 0]], [int(w) for w in rows[:, 1]]
+            agreed = min(counts)
+            for index in range(agreed):  # layouts differing before any failure raise first
+                digests = rows[:, 2 + index * _DIGEST : 2 + (index + 1) * _DIGEST]
+                if (digests != digests[0]).any():
+                    _differ(block[index][2], start + index)
+            # At index `agreed` (the block's end when every process filled it): who read a
+            # batch there, and who failed there.
+            here = [count == agreed and w != _FULL for count, w in zip(counts, whys, strict=True)]
+            read_there = [
+                count > agreed or (at and w == _REFUSED)
+                for count, w, at in zip(counts, whys, here, strict=True)
+            ]
+            # This process's own failure, where the pass ends (`True` elsewhere).
+            failure = error if error is not None and here[jax.process_index()] else None
+            if any(at and w == _UNREADABLE for at, w in zip(here, whys, strict=True)):
+                outcome = failure if why == _UNREADABLE and failure is not None else True
+                agree_process_phase("reading a validation batch", outcome)
+            if any(here) and all(read_there):
+                outcome = failure if why == _REFUSED and failure is not None else True
+                agree_process_phase(f"checking validation batch {start + agreed}", outcome)
+            for local, placed, _ in block[:agreed]:
+                yield local, placed
+            if any(here):  # some process has no batch at `agreed`: the pass ends there
+                self.uneven = any(read_there)
+                return
+            start += agreed
+
+
+def _differ(layout: str, index: int) -> None:
+    """Raise, on every process, that validation batch `index`'s layouts differ."""
+    layouts = _gather_texts(layout)
+    shown = "; ".join(f"process {i}: {text}" for i, text in enumerate(layouts))
+    raise ValueError(
+        f"validation batch {index} differs between the processes ({shown}): every "
+        "process must read batches of the same fields, dtypes and row count (batch "
+        "each shard with one batch size, and drop or pad a shorter last batch)."
+    )

@@ -16,13 +16,12 @@ import jax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._host import collective_host
-from dew._pass._placing import _everywhere, _local, _place
+from dew._pass._placing import AgreedBatches, _everywhere, _local
 from dew._pass._reducer import _plan_for
 from dew._processes import (
     _agree,
     agree_process_phase,
     broadcast_json,
-    coordinated,
     is_process_zero,
     replicated,
 )
@@ -106,9 +105,8 @@ class Processes:
     ) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
         """Each process's batch and the placed global batch, while every process has one;
         each batch checked on the host, its outcome and layout agreed."""
-        self._shards = coordinated(batches)
-        for index, local in enumerate(self._shards):
-            yield local, _place(objective, local, index)
+        self._shards = AgreedBatches(objective, batches)
+        yield from self._shards
 
     @property
     def uneven(self) -> bool:

@@ -7,6 +7,7 @@ sharding `strategy` (`dew.training._strategies`); a plain one-process fit never 
 pays nothing for it.
 """
 
+import collections
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeGuard, cast
@@ -35,6 +36,10 @@ from dew.training._strategies import Strategy, sharding_strategy
 __all__ = ["ParamSharding", "Placement", "fit_setup", "placed_by", "rows_of"]
 
 ParamSharding = Callable[[Any, jax.Array], jax.sharding.Sharding]
+
+_READ_AHEAD = 8
+"""Steps whose batches the processes of a `jax.distributed` fit draw ahead and agree on in
+one exchange (decision 0088)."""
 
 
 def _is_key(leaf: Any) -> TypeGuard[jax.Array]:
@@ -93,6 +98,7 @@ class Placement:
         self.strategy = strategy
         self.mesh = data_mesh() if strategy is None else strategy.mesh
         self.copy = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        self._ahead: collections.deque[Any] = collections.deque()  # drawn and agreed
 
     def _param_shardings(self, params: Any) -> Any:
         def choose(path: Any, leaf: Any) -> Any:
@@ -225,17 +231,64 @@ class Placement:
         process of a `jax.distributed` fit: a process that fails to draw one, holds a bad
         one (`objective.check_batch`), or whose rows differ from another's, makes every
         process raise the same error instead of leaving the others blocked in the
-        compiled step (which holds no traced batch checks there)."""
+        compiled step (which holds no traced batch checks there).
+
+        The processes agree once per `_READ_AHEAD` steps, not once per step (decision
+        0088): each draws and checks the batches of the next steps (never past `steps`)
+        ahead, and one exchange agrees on them all; the steps then take them in order. A
+        batch that fails raises on every process before the steps before it run."""
+        ahead = self._ahead
+        if len(ahead) < block:
+            drawn_to = step + len(ahead)  # the last step whose batch is drawn
+            count = max(block - len(ahead), min(_READ_AHEAD, steps - drawn_to))
+            ahead.extend(self._agreed(objective, batches, drawn_to, count, steps, rows))
+        taken = [ahead.popleft() for _ in range(block)]
+        if block > 1 and rows_of(taken) < 0:  # the same on every process: rows were agreed
+            raise ValueError(
+                f"the training batches of steps {step + 1}-{step + block} differ in rows; a "
+                "fused block (steps_per_call) stacks its steps' batches, which must have one "
+                "row count."
+            )
+        return taken
+
+    def _agreed(
+        self,
+        objective: Objective,
+        batches: Iterator[Any],
+        step: int,
+        count: int,
+        steps: int,
+        rows: int | None,
+    ) -> list[Any]:
+        """The batches of the `count` steps after `step`, drawn and checked here, agreed
+        with every process in one exchange: each process's first failing step and each
+        step's row count (`-1`: a batch whose fields differ in rows)."""
         outcome: bool | BaseException = True
         drawn: list[Any] = []
         try:
-            for offset in range(1, block + 1):
-                drawn.append(_draw(batches, step + offset, steps, rows))
-            for batch in drawn:
+            for offset in range(1, count + 1):
+                batch = _draw(batches, step + offset, steps, rows)
                 check_on_host(objective, batch)
+                drawn.append(batch)
         except Exception as error:
             outcome = error
-        self.agree(outcome, rows_of(drawn) if drawn else -1, step + block)
+        if not is_multiprocess():
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return drawn
+        row = np.full(2 + count, -1, np.int64)
+        row[0], row[1] = outcome is not True, len(drawn)
+        row[2 : 2 + len(drawn)] = [rows_of([batch]) for batch in drawn]
+        table = _allgather(row)
+        failing = [int(got) for failed, got in table[:, :2] if failed]
+        first = min(failing) if failing else len(drawn)  # steps every process holds
+        for offset in range(first):
+            counts = [int(value) for value in table[:, 2 + offset]]
+            if len(set(counts)) > 1 or counts[0] < 0:
+                _rows_differ(counts, step + offset + 1)
+        if failing:  # raised by the processes whose batch of that step failed
+            mine = outcome if len(drawn) == first else True
+            agree_process_phase(f"reading the training batch of step {step + first + 1}", mine)
         return drawn
 
     def agree_order(self, fingerprint: str | None) -> None:
@@ -256,30 +309,19 @@ class Placement:
                 "seed and batch, so that its slice of each global batch is one order's."
             )
 
-    def agree(self, outcome: bool | BaseException, rows: int, step: int) -> None:
-        """After every process drew (and checked on its host) the batches of the block
-        ending at `step`: raise the same error on every process when any failed, or
-        when their row counts differ (`rows`: this process's, `-1` when its batches
-        disagree among themselves). One exchange when all is well."""
-        if not is_multiprocess():
-            if isinstance(outcome, BaseException):
-                raise outcome
-            return
-        table = _allgather(np.array([outcome is not True, rows], np.int64))
-        if table[:, 0].any():
-            agree_process_phase(f"reading the training batch of step {step}", outcome)
-        counts = [int(count) for count in table[:, 1]]
-        if len(set(counts)) == 1 and counts[0] >= 0:
-            return
-        shown = ", ".join(
-            f"process {index}: {'ragged fields' if count < 0 else f'{count} rows'}"
-            for index, count in enumerate(counts)
-        )
-        raise ValueError(
-            f"the processes' training batches of step {step} differ in rows ({shown}); under "
-            "jax.distributed every process reads batches of the same row count, which one "
-            "global batch joins in process order."
-        )
+
+def _rows_differ(counts: list[int], step: int) -> None:
+    """Raise that the processes' training batches of `step` differ in rows (`counts`: each
+    process's, `-1` for a batch whose fields differ)."""
+    shown = ", ".join(
+        f"process {index}: {'ragged fields' if count < 0 else f'{count} rows'}"
+        for index, count in enumerate(counts)
+    )
+    raise ValueError(
+        f"the processes' training batches of step {step} differ in rows ({shown}); under "
+        "jax.distributed every process reads batches of the same row count, which one "
+        "global batch joins in process order."
+    )
 
 
 def fit_setup(
