@@ -1,7 +1,7 @@
 """`dew train` reports the training throughput at its log steps by default (decision 0087):
-`trainer.log_throughput`, its check, the rates against their definition, the end-of-run
-summary's `throughput` line, `--set trainer.log_throughput=false`, and a rerun that changes
-only it resuming."""
+the rates against their definition, the end-of-run summary's `throughput` line,
+`--set trainer.log_throughput=false`, and `trainer.log_throughput` no part of a run's or a
+sweep ledger's identity (the field's default and check: tests/test_builtin_configs.py)."""
 
 import json
 import time
@@ -40,7 +40,7 @@ def test_a_run_json_with_another_value_or_none_is_the_same_run(tmp_path):
         _check_same_run(folder, _record(override(config, {"trainer.log_every": 3})))
 
 
-@pytest.mark.slow  # two in-process `dew train` runs of the tiny LM, about 6 s
+@pytest.mark.slow  # two in-process `dew train` runs of the tiny LM, about 7 s
 def test_dew_train_reports_throughput_and_a_rerun_without_it_resumes(tmp_path, capsys):
     path, _ = write_config(tmp_path, steps=6, log_every=2)
     folder = tmp_path / "runs" / "tiny"
@@ -76,7 +76,7 @@ def test_dew_train_reports_throughput_and_a_rerun_without_it_resumes(tmp_path, c
     assert "step 10" in printed[0]
 
 
-@pytest.mark.slow  # one in-process `dew train` run of the tiny LM, about 3 s
+@pytest.mark.slow  # one in-process `dew train` run of the tiny LM, about 5 s
 def test_dew_train_with_log_throughput_false_reports_none(tmp_path, capsys):
     path, _ = write_config(tmp_path, steps=6, log_every=2, eval_every=None)
     assert main(["train", str(path), "--set", "trainer.log_throughput=false", "--quiet"]) == 0
