@@ -287,6 +287,20 @@ def test_trainer_preview_is_a_bool_that_round_trips(dew_checks_only, tmp_path):
     assert e.value.__notes__ == [f"(in the run config {path})"]
 
 
+def test_trainer_log_throughput_is_a_bool_on_by_default(dew_checks_only):
+    """`dew train` reports throughput unless told not to (decision 0087)."""
+    assert TrainerConfig().log_throughput is True
+    assert all(builtin(name).trainer.log_throughput for name in BUILTIN_CONFIGS)
+    config = override(tiny_lm(), {"trainer.log_throughput": False})
+    assert "log_throughput = false" in config.to_toml().splitlines()
+    assert RunConfig.from_toml(config.to_toml()) == config
+    for bad in (1, "no", None):
+        with pytest.raises(
+            TypeError, match=re.escape(f"trainer.log_throughput must be true or false, got {bad!r}")
+        ):
+            override(tiny_lm(), {"trainer.log_throughput": bad})
+
+
 def _tiny_run(root, **trainer):
     """tiny_lm at CI size for two steps, evaluated at the last one."""
     config = override(

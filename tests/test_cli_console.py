@@ -12,6 +12,7 @@ import pytest
 from _builders import TINY
 
 from dew._loop import LoopEngine, telling, verbose_console
+from dew._throughput import THROUGHPUT
 from dew.cli import main
 from dew.cli._console import (
     best,
@@ -197,9 +198,15 @@ def test_dew_train_prints_the_config_model_and_summary_and_hides_the_counts(tmp_
     journal = read_journal(tmp_path / "runs" / "tiny")
     # The last "step 5" line is the summary (the final evaluation's own line comes before it).
     final = [line for line in lines if line.startswith("step 5  ")][-1]
+    # dew train reports the training speed by default (decision 0087), on its own line
+    (speeds,) = [line for line in lines if line.startswith("  throughput  ")]
     for tag, series in journal.scalars.items():  # each value with its step, when older
         at, value = series[-1]
-        assert f"{tag} {value:.4f}" + (f" (step {at})" if at != 5 else "") in final
+        if tag.split("/")[-1] in THROUGHPUT:
+            assert f"{tag} {value:,.1f} (step {at})" in speeds and tag not in final
+        else:
+            assert f"{tag} {value:.4f}" + (f" (step {at})" if at != 5 else "") in final
+    assert "lm/train/tokens_per_second" in journal.scalars
     assert any(line.startswith("  5 steps in ") and "steps/s" in line for line in lines)
     validation = [tag for tag in journal.scalars if "/validation/" in tag]
     assert validation

@@ -426,3 +426,22 @@ def test_dew_runs_into_a_pipe_closed_early_exits_0_quietly(tmp_path):
         process.stdout.close()
         assert process.wait(timeout=120) == 0
         assert process.stderr.read() == b""
+
+
+def test_a_narrow_table_leaves_the_throughput_out_before_the_training_loss(
+    tmp_path, capsys, monkeypatch
+):
+    """`dew train` logs the speed beside the loss (decision 0087): the speed goes first."""
+    values = {
+        "lm/train/examples_per_second": 1234.5,
+        "lm/train/loss": 2.0,
+        "lm/validation/loss": 2.5,
+    }
+    with LocalTracker(tmp_path / "runs" / "a") as tracker:
+        tracker.log_metrics(values, step=3)
+    whole = _rows(capsys, str(tmp_path / "runs"))
+    assert whole[0].split() == ["run", "status", "step", *sorted(values)]
+    monkeypatch.setenv("COLUMNS", str(len(whole[0]) - 1))
+    narrow = _rows(capsys, str(tmp_path / "runs"))
+    assert narrow[0].split() == ["run", "status", "step", "lm/train/loss", "lm/validation/loss"]
+    assert "characters: lm/train/examples_per_second;" in " ".join(narrow)  # the note

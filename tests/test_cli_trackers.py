@@ -83,8 +83,10 @@ def trained(tmp_path_factory):
 def test_the_local_journal_is_always_kept_and_the_hint_names_the_event_folder(trained):
     assert (trained.run / "run.json").is_file()
     assert sorted(trained.journal.scalars) == [
+        "lm/train/examples_per_second",  # dew train's throughput, at step 2 (decision 0087)
         "lm/train/loss",
         "lm/train/token_accuracy",
+        "lm/train/tokens_per_second",
         "lm/validation/perplexity",
         "lm/validation/token_accuracy",
     ]

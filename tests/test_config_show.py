@@ -46,7 +46,9 @@ def test_every_builtin_configuration_round_trips_through_config_show(name, tmp_p
 
 def test_config_show_defaults_to_tiny_lm_and_applies_the_train_overrides(tmp_path):
     assert _show() == (0, builtin("tiny_lm").to_toml())
+    assert "log_throughput = true" in _show()[1].splitlines()  # dew train reports it by default
     arguments = ("--set", "optim.learning_rate=0.01", "--name", "lr", "--steps", 7)
+    arguments += ("--set", "trainer.log_throughput=false")
     code, text = _show("tiny_lm", *arguments, "--on-nonfinite", "continue")
     expected = override(
         builtin("tiny_lm"),
@@ -55,10 +57,12 @@ def test_config_show_defaults_to_tiny_lm_and_applies_the_train_overrides(tmp_pat
             "trainer.name": "lr",
             "trainer.steps": 7,
             "trainer.on_nonfinite": "continue",
+            "trainer.log_throughput": False,
         },
     )
     assert code == 0 and RunConfig.from_toml(text) == expected
     assert 'on_nonfinite = "continue"' in text.splitlines()
+    assert "log_throughput = false" in text.splitlines()
 
 
 def test_config_show_of_a_toml_file_prints_the_file_s_configuration(tmp_path):
@@ -218,6 +222,7 @@ FIELDS = {
     "trainer.preview": st.booleans(),
     "trainer.train_reduction": st.sampled_from(["mean", "last"]),
     "trainer.log_optimizer": st.booleans(),
+    "trainer.log_throughput": st.booleans(),
     "trainer.on_nonfinite": st.sampled_from(["raise", "continue"]),
     "trainer.strategy": st.sampled_from(["data", "fsdp"]),
 }

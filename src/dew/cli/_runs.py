@@ -15,6 +15,7 @@ import textwrap
 from typing import Any
 
 from dew._directions import MAXIMIZE
+from dew._throughput import THROUGHPUT
 from dew.cli._console import direction, value_text
 from dew.cli._table import Table, output_width
 from dew.naming import Split, parse_metric_tag, parse_parameter_path
@@ -409,12 +410,19 @@ def _table(rows: list[_Row], chosen: list[str] | None, sort: str | None) -> Tabl
     hyperparameters that differ among them, their metrics and a sweep's best trial. To fit a
     width, columns are kept in this order: the run, its step and status, the `--sort` metric
     (else the first validation metric), the hyperparameters, the other validation metrics,
-    the training metrics, the best trial."""
+    the training metrics, the training throughput (decision 0087), the best trial."""
     if chosen is None:
         params, tags = _columns(rows)
         sweeps = [_BEST] if any(row.best_trial is not None for row in rows) else []
         headers = [*_FIXED, *params, *tags, *sweeps]
-        metrics = sorted(tags, key=lambda tag: (tag != sort, "/validation/" not in tag))
+        metrics = sorted(
+            tags,
+            key=lambda tag: (
+                tag != sort,
+                "/validation/" not in tag,
+                _metric(tag) in THROUGHPUT,  # a run's speed after what it learned
+            ),
+        )
         order = ["run", "step", "status", *metrics[:1], *params, *metrics[1:], *sweeps]
     else:
         headers = order = ["run", *chosen]

@@ -10,6 +10,9 @@ configuration say where rather than what:
 - `trainer.imports`: the modules that register the names the configuration uses. Where a
   name comes from is not what the run is (the names are), and a run trained from Python is
   extended from the command with `--import` (`REGISTRATIONS`).
+- `trainer.log_throughput`: whether the log steps report the training speed, wall-clock
+  measurements that change nothing the run trains; a rerun that turns them off or on is the
+  same run (`REPORTING`, decision 0087).
 - `data.kwargs.cache_dir`: where a source keeps a cache it builds from its files (`text`'s
   token cache, `image_folder`'s decoded images). The cache is keyed by what it holds, so a
   run pointed at another cache folder reads the same rows (`CACHE`).
@@ -38,13 +41,16 @@ from dew.config._data import datasets
 if TYPE_CHECKING:
     from dew.config._config import RunConfig
 
-__all__ = ["CACHE", "LOCATION", "REGISTRATIONS", "absolute_paths", "comparable"]
+__all__ = ["CACHE", "LOCATION", "REGISTRATIONS", "REPORTING", "absolute_paths", "comparable"]
 
 LOCATION = ("checkpoint_dir", "name")
 """The trainer fields that say where a run's folder is, which no comparison reads."""
 REGISTRATIONS = ("imports",)
 """The trainer field that says which modules register the names a run uses: no comparison
 reads it either."""
+REPORTING = ("log_throughput",)
+"""The trainer field that says whether the log steps time the training: what is reported, not
+what is trained, so no comparison reads it."""
 CACHE = "cache_dir"
 """The data keyword argument that says where a source keeps its cache, which no comparison
 reads."""
@@ -144,7 +150,9 @@ def _trainer_defaults() -> dict[str, Any]:
 
 
 def comparable(
-    plain: Mapping[str, Any], *, ignoring: tuple[str, ...] = (*LOCATION, *REGISTRATIONS)
+    plain: Mapping[str, Any],
+    *,
+    ignoring: tuple[str, ...] = (*LOCATION, *REGISTRATIONS, *REPORTING),
 ) -> dict[str, Any]:
     """The sections of a recorded configuration (`RunConfig.to_dict`'s shape) as compared:
     the trainer fields `ignoring` left out, every local path absolute."""

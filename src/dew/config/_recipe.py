@@ -10,7 +10,8 @@ reading are `dew._run_folder`'s):
   the run has completed a step: a run that never did (its first attempt failed) starts over
   with another configuration, its old record kept as `run.json.previous` (decision 0031).
   A run's identity is its configuration, not where its folder is: `trainer.checkpoint_dir`
-  and `trainer.name` are no part of the comparison (`dew.config._identity`);
+  and `trainer.name` are no part of the comparison, nor is `trainer.log_throughput`, which
+  says what the log steps report (`dew.config._identity`);
 - `root/name/data.json` (and `tokenizer.json` or `tokenizer.model`, a copy of the data's
   tokenizer file): the data's class names, tokenizer and row shapes (`dew._data_record`);
 - `root/name/checkpoints/<step>/`: orbax checkpoints; a run started again resumes here,
@@ -57,7 +58,7 @@ from dew._processes import agreed_phase, is_process_zero
 from dew._run_folder import STEP_BUDGET, Extension, RunFolder, run_folder
 from dew.checkpoints._location import is_remote
 from dew.config._fields import _thaw
-from dew.config._identity import LOCATION, REGISTRATIONS, absolute_paths, comparable
+from dew.config._identity import LOCATION, REGISTRATIONS, REPORTING, absolute_paths, comparable
 from dew.config._sections import TrainerConfig
 from dew.data import Dataset, Partition
 from dew.data.tokenizers import check_vocabulary
@@ -105,8 +106,8 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     extends the run), `trainer.on_nonfinite` (a run that stopped on a divergence resumes with
     `on_nonfinite="continue"`), `trainer.accumulate` (the same updates in less memory),
     `trainer.strategy` (a checkpoint restores under another sharding preset), where the
-    folder is (`LOCATION`) and the modules that register its names (`REGISTRATIONS`), local
-    paths compared absolute.
+    folder is (`LOCATION`), the modules that register its names (`REGISTRATIONS`) and
+    whether its log steps report throughput (`REPORTING`), local paths compared absolute.
     Returns the saved record (`None`: a new run); another configuration raises
     `_AnotherRunError` naming the sections that differ."""
     run = RunFolder(folder)
@@ -123,7 +124,7 @@ def _check_same_run(folder: pathlib.Path, record: RunRecord) -> dict[str, Any] |
     if isinstance(saved.get("trainer"), dict):
         saved = {**saved, "trainer": {**defaults, **saved["trainer"]}}
     fresh = record.to_dict()
-    ignoring = (*LOCATION, *REGISTRATIONS, *_NOT_IDENTITY)
+    ignoring = (*LOCATION, *REGISTRATIONS, *REPORTING, *_NOT_IDENTITY)
     before = comparable({field: saved.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     now = comparable({field: fresh.get(field, {}) for field in SECTIONS}, ignoring=ignoring)
     differing = [field for field in SECTIONS if before[field] != now[field]]
@@ -311,6 +312,7 @@ def train_run(
             accumulate=settings.accumulate,
             on_nonfinite=settings.on_nonfinite,
             log_optimizer=settings.log_optimizer,
+            log_throughput=settings.log_throughput,
             early_stopper=early_stopper,
             callbacks=callbacks,
         )

@@ -249,6 +249,12 @@ class TrainerConfig(_Section):
       resumes with a larger value.
     - `log_optimizer`: a bool; `True` adds the training metrics `learning_rate` (from
       the optim section's schedule), `grad_norm` and `update_norm`.
+    - `log_throughput`: a bool, `True` by default (`Trainer.fit`'s `log_throughput`, whose
+      own default is `False`): each log step after the fit's first adds the training
+      metrics `examples_per_second`, `tokens_per_second` (an objective that counts its
+      tokens) and `mfu` (a device whose peak is known), and the end-of-run summary shows
+      them. Wall-clock measurements, so no part of a run's identity: a rerun that turns
+      them off resumes.
     - `on_nonfinite`: `"raise"` (a run whose training loss or params turn NaN or
       infinite stops there, before saving that state) or `"continue"` (it trains on);
       `Trainer.fit`'s argument of that name, `dew train --on-nonfinite`. Like `steps`, no
@@ -293,6 +299,7 @@ class TrainerConfig(_Section):
     train_reduction: str = "mean"
     accumulate: int = 1
     log_optimizer: bool = False
+    log_throughput: bool = True
     on_nonfinite: str = "raise"
     strategy: str = "data"
     precision: str = "float32"
@@ -329,7 +336,7 @@ class TrainerConfig(_Section):
                 "bits of an integer seed, so larger seeds would repeat smaller ones."
             )
         _set(self, "seed", seed)
-        for field in ("preview", "log_optimizer"):
+        for field in ("preview", "log_optimizer", "log_throughput"):
             if not isinstance(getattr(self, field), bool):
                 raise TypeError(
                     f"{where}.{field} must be true or false, got {getattr(self, field)!r}."
