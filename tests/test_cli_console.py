@@ -81,6 +81,21 @@ def test_a_statistic_to_compare_with_the_data_has_no_best_value():
     assert lines[3].endswith("diffusion/validation/foreground_fraction  last 0.2000 (step 10)")
 
 
+def test_the_summary_shows_only_the_throughput_this_command_measured():
+    """A rerun that turned `trainer.log_throughput` off (or had nothing to train) shows no
+    earlier command's speed beside its own steps/s."""
+    history = {
+        "lm/train/loss": [(6, 2.0), (12, 1.5)],
+        "lm/train/tokens_per_second": [(4, 900.0), (6, 1000.0)],
+    }
+    measured = end_lines(history, step=6, trained=6, seconds=1.0)
+    assert measured[2] == "  throughput  lm/train/tokens_per_second 1,000.0 (step 6)"
+    for trained in (6, 0):  # steps 7-12 without the rates; a rerun with nothing to train
+        lines = end_lines(history, step=12, trained=trained, seconds=1.0)
+        assert not any("throughput" in line for line in lines), lines
+        assert "tokens_per_second" not in lines[0]
+
+
 def test_the_end_of_run_summary_gives_speed_and_each_validation_metrics_last_and_best():
     history = {
         "lm/train/loss": [(10, 2.0)],

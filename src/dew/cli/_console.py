@@ -151,16 +151,19 @@ def end_lines(
     directions: Directions | None = None,
 ) -> list[str]:
     """The end-of-run summary: the final values (`summary`), the time taken and the speed,
-    the training throughput's last values where the fit logged them (`log_throughput`:
-    rates, `mfu` as a percentage), and each validation metric's last and (where it has a
-    direction: the one `directions` records for it, else its name's) best value with their
-    steps."""
+    the training throughput's last values where this command's fit logged them
+    (`log_throughput`: rates, `mfu` as a percentage; none measured before its first step),
+    and each validation metric's last and (where it has a direction: the one `directions`
+    records for it, else its name's) best value with their steps."""
     if trained > 0 and seconds > 0:
         speed = f"  {trained} steps in {seconds:.1f} s ({trained / seconds:.2f} steps/s)"
     else:
         speed = f"  nothing to train: the run was at step {step} ({seconds:.1f} s)"
     speeds = {tag: series for tag, series in history.items() if _speed(tag) and series}
     shown = {tag: series for tag, series in history.items() if tag not in speeds}
+    # The speed this command measured, beside its steps/s: not an earlier command's, which
+    # a rerun with `trainer.log_throughput = false` (or one with nothing to train) left.
+    speeds = {tag: series for tag, series in speeds.items() if series[-1][0] > step - trained}
     lines = [f"step {step}  {summary(shown, step)}", speed]
     if speeds:
         lines.append("  throughput  " + "  ".join(_speed_text(tag, s) for tag, s in speeds.items()))
