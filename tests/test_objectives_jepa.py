@@ -251,13 +251,14 @@ def test_evaluate_returns_mean_pooled_features_with_the_labels_and_previews_them
     objective = jepa(probe_classes=3)
     params = objective.init_params()
     batch = {"images": images(), "labels": jnp.array([0, 2, 1, 0], jnp.int32)}
-    artifact = objective.evaluate(params, batch, jax.random.key(0))
+    evaluate = eqx.filter_jit(objective.evaluate)  # eagerly, each operation compiles alone
+    artifact = evaluate(params, batch, jax.random.key(0))
     assert isinstance(artifact, Representations)
-    encoder = objective.encoder
+    encoder = eqx.filter_jit(objective.encoder)
     want = np.stack([np.asarray(encoder(image)).mean(0) for image in batch["images"]])
     np.testing.assert_allclose(artifact.features, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(artifact.labels, batch["labels"])
-    assert objective.evaluate(params, {"images": images()}, jax.random.key(0)).labels is None
+    assert evaluate(params, {"images": images()}, jax.random.key(0)).labels is None
     # The base preview is the scoring artifact itself: no second encoder pass.
     assert objective.preview(params, batch, jax.random.key(1), scored=artifact) is artifact
     assert [m.name for m in objective.default_metrics()] == [
