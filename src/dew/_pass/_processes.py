@@ -90,15 +90,8 @@ class Processes:
         zero alone): the compiled calls must be the same on every process."""
         return any(_agree("starting a validation pass", True, int(keep_first_artifact)))
 
-    def reducer(
-        self,
-        objective: Objective,
-        params: PyTree,
-        metrics: MetricSet,
-        key: PRNGKeyArray,
-        precision: str = "float32",
-    ) -> _GlobalReducer:
-        return _GlobalReducer(objective, params, metrics, key, precision)
+    reducer = _GlobalReducer
+    """The pass's accumulator, built from `(objective, params, metrics, key, precision)`."""
 
     def batches(
         self, objective: Objective, batches: Iterable[Mapping[str, Any]]

@@ -256,15 +256,8 @@ class OneProcess:
     def agreed_keep(self, keep_first_artifact: bool) -> bool:
         return keep_first_artifact
 
-    def reducer(
-        self,
-        objective: Objective,
-        params: PyTree,
-        metrics: MetricSet,
-        key: PRNGKeyArray,
-        precision: str = "float32",
-    ) -> _Reducer:
-        return _Reducer(objective, params, metrics, key, precision)
+    reducer = _Reducer
+    """The pass's accumulator, built from `(objective, params, metrics, key, precision)`."""
 
     def batches(
         self, objective: Objective, batches: Iterable[Mapping[str, Any]]
