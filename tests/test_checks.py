@@ -150,3 +150,21 @@ def test_explain_failure_falls_back_on_the_traced_message_when_the_batches_pass(
     ):
         raise error
     assert caught.value.__suppress_context__
+
+
+def test_a_check_that_fires_after_dispatch_is_raised_once_not_again_at_exit():
+    # JAX keeps a failed call's runtime token, which every later `jax.effects_barrier()`
+    # and JAX's own exit handler raise again (under jax.distributed the exit handler then
+    # skips the distributed shutdown, and every process aborts): once dew has raised its
+    # ValueError, that failure is settled.
+    message = "the late value is positive."
+    check = jax.jit(lambda x: eqx.error_if(x, x > 0, message))
+    # Compiled ahead, its first call (the one whose token JAX keeps) is dispatched at once.
+    check.lower(jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    late = jax.jit(lambda a: jax.lax.fori_loop(0, 60, lambda _, b: b @ a, a).sum() + 1.0)
+    start = jnp.ones((600, 600)) / 600
+    jax.block_until_ready(late(start))  # compiled and run: its next call is dispatched async
+    clean = {"text": np.zeros((2, 9), np.int32)}
+    with pytest.raises(ValueError, match=message), explain_failure(OBJECTIVE, clean):
+        jax.device_get(check(late(start)))  # the check fires after the call returned
+    jax.effects_barrier()  # nothing left to raise

@@ -204,3 +204,29 @@ def test_a_symbolic_link_at_the_ledger_path_is_refused_and_nothing_trains(tmp_pa
     with pytest.raises(OSError, match=r"l\.json.*is a symbolic link|is a symbolic link.*l\.json"):
         sweep(config(), {"optim.learning_rate": RATES}, train=train, trials=2, ledger=link)
     assert train.runs == [] and real.read_bytes() == before
+
+
+def test_of_trials_that_tie_the_launchers_summary_names_the_first(tmp_path, capsys):
+    # Workers finish in any order, and two trials Optuna gave the same point score the
+    # same: the best is the first of them by index, as `dew runs` shows it, not the first
+    # to finish.
+    import argparse
+
+    from dew.cli._workers import _summary
+
+    path = tmp_path / "ledger.json"
+    space = _normalize_space({"optim.learning_rate": RATES})
+    ledger = ledger_file._Ledger(path, space, "optuna", config().to_dict(), trials=3)
+    points = {0: 0.003, 1: 0.003, 2: 0.01}
+    with ledger:
+        with ledger.locked():
+            ledger.load()
+            ledger.begin()
+        for index, value in ((2, 3.0), (1, 1.5), (0, 1.5)):  # the order the workers finished
+            ledger.start(index, {"optim.learning_rate": points[index]})
+            ledger.finish(Trial(index, {"optim.learning_rate": points[index]}, value))
+    assert list(read_ledger(path).state.finished) == [2, 1, 0]
+    assert _summary(argparse.Namespace(metric=None), str(path)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines[:3]] == ["0", "1", "2"]
+    assert lines[-1].startswith("best trial 0  score 1.5000")

@@ -26,6 +26,7 @@ __all__ = [
     "failed_check",
     "held_on_host",
     "ids_checked_on_host",
+    "settle_failed_calls",
 ]
 
 
@@ -156,6 +157,35 @@ def check_unit_interval(values: Any, *, subject: str, axes: Sequence[str]) -> An
     return error_if(values, bad, message, first=first)
 
 
+def settle_failed_calls() -> None:
+    """Wait for the compiled calls in flight and forget the failure of any that failed.
+
+    JAX keeps the runtime token of the last call of a computation with host callbacks
+    (an `eqx.error_if` check is one) on each device, and its exit handler waits for
+    them all. A call whose check fired after it was dispatched leaves a failed token
+    there: once dew has raised its own `ValueError` for it, that token would raise the
+    check's failure again at every later `jax.effects_barrier()` and at interpreter
+    exit, where under `jax.distributed` it also skips the distributed shutdown, so every
+    process aborts. Called where dew handles a compiled call's failure. The tokens are
+    JAX's own (`jax._src.dispatch.runtime_tokens`): should they move, nothing is done.
+    """
+    try:
+        from jax._src.dispatch import runtime_tokens as tokens
+    except ImportError:
+        return
+    for held in (
+        getattr(tokens, "output_runtime_tokens", None),
+        getattr(tokens, "current_tokens", None),
+    ):
+        if not isinstance(held, dict):
+            continue
+        for key, token in list(held.items()):
+            try:
+                token.block_until_ready()
+            except Exception:  # the failure dew has already raised as its own error
+                held.pop(key, None)
+
+
 def batch_error(objective: Any, batches: Any) -> ValueError | None:
     """The host-side `ValueError` of the first of `batches` that fails
     `objective.check_batch`, or `None` when every one passes.
@@ -210,6 +240,7 @@ def explain_failure(objective: Any, batches: Iterable[Any] | Mapping[str, Any]) 
     try:
         yield
     except Exception as error:
+        settle_failed_calls()
         explained = batch_error(objective, batches) or failed_check(error)
         if explained is None:
             raise

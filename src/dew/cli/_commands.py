@@ -348,6 +348,7 @@ def _sweep(args: argparse.Namespace) -> int:
     for finished in trials:
         _say(trial_summary(finished, metric))
     scored = [t for t in trials if not math.isnan(t.value) and not t.pruned]
+    scored.sort(key=lambda t: t.index)  # of trials that tie, the first is the best
     if scored:
         pick = max if direction == "maximize" else min
         best = pick(scored, key=lambda t: t.value)

@@ -143,6 +143,7 @@ def _row(
             else {t.index for t in ledger.state.finished.values() if t.pruned}
         )
         scored = [t for t in trials if not math.isnan(t.value) and t.trial not in pruned]
+        scored.sort(key=lambda trial: trial.trial)  # of trials that tie, the first is the best
         row.status = f"sweep, {len(trials)} trials"
         row.directions = dict.fromkeys(metrics, way)  # its score's: the ledger's
         if pruned:

@@ -103,7 +103,8 @@ def _summary(args: argparse.Namespace, ledger: str) -> int:
     metric = args.metric or "score"
     for _, trial in sorted(finished.items()):
         print(trial_summary(trial, metric))
-    scored = [t for t in finished.values() if not math.isnan(t.value) and not t.pruned]
+    # in index order: of trials that tie, the first is the best (`dew runs` picks it too)
+    scored = [t for _, t in sorted(finished.items()) if not math.isnan(t.value) and not t.pruned]
     if scored:  # by the direction the workers recorded (--direction, else the metric's)
         pick = max if read.direction == "maximize" else min
         best = pick(scored, key=lambda trial: trial.value)

@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from dew._checks import settle_failed_calls
 from dew._integers import check_integer
 from dew.artifacts import Artifact
 from dew.metrics._base import Metric
@@ -180,6 +181,7 @@ class MetricSet(Metric[Artifact]):
             # only when its result is ready.
             scores = jax.block_until_ready(_compiled_finalize(self, accumulated))
         except (RuntimeError, ValueError):
+            settle_failed_calls()
             return self.finalize(accumulated)
         return {name: scores[name] for name in self.names}  # jit returns dicts key-sorted
 
@@ -222,6 +224,7 @@ class MetricSet(Metric[Artifact]):
         try:  # the pass and its finalize in one compiled call
             scores = jax.block_until_ready(_compiled_scan_and_finalize(self, stacked, size))
         except (RuntimeError, ValueError):  # a check fired: raise dew's own error eagerly
+            settle_failed_calls()
             return self.finalize(_compiled_scan(self, stacked, size))
         return {name: scores[name] for name in self.names}  # jit returns dicts key-sorted
 
