@@ -236,6 +236,52 @@ def builtin_previews() -> dict[str, tuple[Objective, object, object]]:
     }
 
 
+class LargestLoss(Metric[TokenScores]):
+    """A device metric that declares no `split_invariant` (its statistics are a max): a
+    pass of it keeps one replicated accumulator."""
+
+    artifact_type: ClassVar[type[Artifact]] = TokenScores
+    name: str = eqx.field(static=True, default="largest_loss")
+
+    def init(self):
+        return jnp.full((), -jnp.inf)
+
+    def statistics(self, artifact: TokenScores):
+        return jnp.max(jnp.where(artifact.weights > 0, artifact.losses, -jnp.inf))
+
+    def merge(self, accumulated, contribution):
+        return jnp.maximum(accumulated, contribution)
+
+    def finalize(self, accumulated):
+        return accumulated
+
+
+def collectives(objective, params, metric_list, batch, key) -> dict:
+    """The accumulators a pass of `metric_list` keeps (0: one, replicated) and the
+    collectives in its compiled call per batch, read from the compiled HLO."""
+    from dew._pass._processes import _GlobalReducer
+    from dew._processes import global_batch
+    from dew.metrics import MetricSet
+
+    reducer = _GlobalReducer(objective, params, MetricSet(metric_list), key)
+    variant = reducer.plan.global_variant(False)
+    arguments = (
+        reducer.accumulator,
+        global_batch(batch),
+        0,
+        reducer.key,
+        reducer.params,
+        reducer.objective_leaves,
+        reducer.metric_leaves,
+    )
+    text = variant.lower(*arguments).compile().as_text()
+    kinds = ("all-gather", "all-reduce", "collective-permute", "all-to-all")
+    return {
+        "devices": reducer.plan.devices,
+        **{kind: text.count(f" {kind}(") + text.count(f" {kind}-start(") for kind in kinds},
+    }
+
+
 def lm_metrics() -> list[Metric]:
     return [metrics.perplexity(), metrics.token_accuracy(), metrics.mean_loss()]
 
@@ -282,6 +328,15 @@ def _main() -> None:
     results["even"] = outcome(
         lambda: lm_evaluate(lambda partition: iter(text_shard(partition.index, 2)))
     )
+    # Device metrics that all declare split_invariant accumulate on each device, with no
+    # collective per batch (decision 0089); with one that does not, one accumulator.
+    results["collectives"] = outcome(
+        lambda: collectives(lm, params, lm_metrics(), text_shard(rank, 1)[0], key)
+    )
+    results["collectives_mixed"] = outcome(
+        lambda: collectives(lm, params, [*lm_metrics(), LargestLoss()], text_shard(rank, 1)[0], key)
+    )
+    results["mixed"] = outcome(lambda: lm_evaluate(text_shard(rank, 3, seed=3), (LargestLoss(),)))
     # Uneven shards: process 0 has a third batch, which never enters the metrics.
     results["uneven"] = outcome(lambda: lm_evaluate(text_shard(rank, 3 if rank == 0 else 2)))
     # Past the first block of batches each process reads ahead and agrees on at once (8):

@@ -16,6 +16,7 @@ import pytest
 from _dist_eval_worker import (
     SEQ,
     ImagesObjective,
+    LargestLoss,
     builtin_previews,
     features,
     image_shard,
@@ -89,6 +90,22 @@ def test_device_metrics_over_two_processes_equal_one_process_on_the_joined_batch
         False,
     )
     assert reference.records == 16
+
+
+def test_split_invariant_metrics_accumulate_on_each_device_with_no_collective_per_batch(ranks):
+    # decision 0089: each device merges its own rows' statistics, the devices' accumulators
+    # are merged once at the end; the scores are one process's on the joined batches (above)
+    per_device = same_everywhere(ranks, "collectives")["value"]
+    assert per_device["devices"] == 2
+    assert sum(per_device[kind] for kind in per_device if kind != "devices") == 0, per_device
+    # a device metric that declares no split invariance: one replicated accumulator, whose
+    # statistics the compiled call reduces over both processes' rows
+    mixed = same_everywhere(ranks, "collectives_mixed")["value"]
+    assert mixed["devices"] == 0
+    assert mixed["all-gather"] + mixed["all-reduce"] > 0, mixed
+    result = same_everywhere(ranks, "mixed")["value"]
+    batches = joined([text_shard(0, 3, seed=3), text_shard(1, 3, seed=3)])
+    assert_scores(result["scores"], lm_reference(batches, (LargestLoss(),)).scores)
 
 
 def test_uneven_shards_consume_the_shortest_prefix_and_say_so(ranks):

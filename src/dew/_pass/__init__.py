@@ -89,7 +89,6 @@ def run_pass(
     # the identity, or the one-process work itself).
     precision = check_precision(precision)
     strategy = Processes() if is_multiprocess() else OneProcess()
-    keep_first_artifact = strategy.agreed_keep(keep_first_artifact)
     device, host = _split(metrics)
     names = metrics.names
     reducer = strategy.reducer(objective, params, device, key, precision) if names else None
@@ -101,12 +100,16 @@ def run_pass(
     count = records = 0
     digest = ConditioningDigest()
     # `local` is this process's batch, `batch` the pass's (the same in one process).
-    for index, (local, batch) in enumerate(strategy.batches(objective, batches)):
+    # `keep_first`: whether any process keeps the first artifact (a tracker may live on
+    # process zero alone, and the compiled calls must be the same on every process).
+    for index, (local, batch, keep_first) in enumerate(
+        strategy.batches(objective, batches, keep_first_artifact)
+    ):
         first_batch = batch if first_batch is None else first_batch
         last = local
         records += _rows(batch)
         if reducer is not None:
-            keep = on_host or (index == 0 and keep_first_artifact)
+            keep = on_host or (index == 0 and keep_first)
             # a host metric fetches the artifact: a failed call may surface there
             with strategy.explained(objective, local):
                 artifact = reducer.add(batch, index, keep)

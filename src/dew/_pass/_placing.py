@@ -54,7 +54,10 @@ def _gather_texts(text: str) -> list[str]:
 
 _BLOCK = 8
 """Batches each process reads ahead, checks and places before one exchange agrees on them
-all (decision 0088): the processes meet once per block, not twice per batch."""
+all (decision 0088): the processes meet once per block, not twice per batch. The first
+block is this long; later ones as long as `_BLOCK_BYTES` of batches, up to `_MAX_BLOCK`."""
+_MAX_BLOCK = 64  # (a count the exchanged row's one byte holds)
+_BLOCK_BYTES = 64 * 2**20  # of placed batches a later block holds at most (below 8 of them)
 _DIGEST = 8  # bytes of a batch layout's digest in the exchanged row
 
 # Why a process stopped reading its block early (the row's second byte).
@@ -70,28 +73,34 @@ class AgreedBatches:
     batches, while every process has one, each checked on the host by the objective's
     own checks and its layout agreed with every process's batch of the same index.
 
-    Each process reads up to `_BLOCK` batches, checks and places each, and stops early at
+    Each process reads a block of batches (`_BLOCK` at first, then as many as
+    `_BLOCK_BYTES` hold, up to `_MAX_BLOCK`), checks and places each, and stops early at
     its shard's end, at a batch it cannot read, or at one its checks refuse; one exchange
-    then tells every process how far each got, why it stopped, and each batch's layout
-    digest. The pass runs the batches every process holds, in order, and ends the same as
-    checking batch by batch would: at the first index some process has no batch for
-    (`uneven` when another had one), raising there the failure of a process that could not
-    read it, or that of a process whose checks refused it when every process read one;
-    batches before it whose layouts differ between the processes raise first.
+    then tells every process how far each got, why it stopped, each batch's layout digest
+    and whether it keeps the pass's first artifact (`keep_first`: any process's). The pass
+    runs the batches every process holds, in order, and ends the same as checking batch by
+    batch would: at the first index some process has no batch for (`uneven` when another
+    had one), raising there the failure of a process that could not read it, or that of a
+    process whose checks refused it when every process read one; batches before it whose
+    layouts differ between the processes raise first.
     """
 
-    def __init__(self, objective: Objective, batches: Iterable[Mapping[str, Any]]) -> None:
+    def __init__(
+        self, objective: Objective, batches: Iterable[Mapping[str, Any]], keep_first: bool = False
+    ) -> None:
         self._objective = objective
         self._batches = iter(batches)
         self.uneven = False
+        self.keep_first = keep_first  # any process's, once the first block is agreed
 
     def _read(
-        self,
+        self, size: int
     ) -> tuple[list[tuple[Mapping[str, Any], dict[str, Any], str]], int, BaseException | None]:
-        """This process's next block: the batches read, checked and placed, with their
-        layouts; why the block ended; the error that ended it, if one did."""
+        """This process's next block of up to `size` batches: the batches read, checked and
+        placed, with their layouts; why the block ended; the error that ended it, if one
+        did."""
         block: list[tuple[Mapping[str, Any], dict[str, Any], str]] = []
-        while len(block) < _BLOCK:
+        while len(block) < size:
             try:
                 batch = next(self._batches)
             except StopIteration:
@@ -108,18 +117,19 @@ class AgreedBatches:
         return block, _FULL, None
 
     def __iter__(self) -> Iterator[tuple[Mapping[str, Any], dict[str, Any]]]:
-        start = 0
+        start, size = 0, _BLOCK
         while True:
-            block, why, error = self._read()
-            row = np.zeros(2 + _BLOCK * _DIGEST, np.uint8)
-            row[:2] = len(block), why
+            block, why, error = self._read(size)
+            row = np.zeros(3 + size * _DIGEST, np.uint8)
+            row[:3] = len(block), why, self.keep_first
             for index, (_, _, layout) in enumerate(block):
-                row[2 + index * _DIGEST : 2 + (index + 1) * _DIGEST] = _digest(layout)
+                row[3 + index * _DIGEST : 3 + (index + 1) * _DIGEST] = _digest(layout)
             rows = _allgather(row)
             counts, whys = [int(count) for count in rows[:, 0]], [int(w) for w in rows[:, 1]]
+            self.keep_first = bool(rows[:, 2].any())
             agreed = min(counts)
             for index in range(agreed):  # layouts differing before any failure raise first
-                digests = rows[:, 2 + index * _DIGEST : 2 + (index + 1) * _DIGEST]
+                digests = rows[:, 3 + index * _DIGEST : 3 + (index + 1) * _DIGEST]
                 if (digests != digests[0]).any():
                     _differ(block[index][2], start + index)
             # At index `agreed` (the block's end when every process filled it): who read a
@@ -142,7 +152,18 @@ class AgreedBatches:
             if any(here):  # some process has no batch at `agreed`: the pass ends there
                 self.uneven = any(read_there)
                 return
+            # Every process filled the block with batches of one layout: the next block
+            # is as long on each (decision 0088).
+            size = _next_size(block[0][0])
             start += agreed
+
+
+def _next_size(batch: Mapping[str, Any]) -> int:
+    """How many batches like `batch` a block after the first reads: `_BLOCK_BYTES` of them,
+    at least `_BLOCK` and at most `_MAX_BLOCK` (one per process's layout: the same on every
+    process)."""
+    size = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(dict(batch)))
+    return int(min(_MAX_BLOCK, max(_BLOCK, _BLOCK_BYTES // max(size, 1))))
 
 
 def _differ(layout: str, index: int) -> None:

@@ -19,7 +19,6 @@ from dew._host import collective_host
 from dew._pass._placing import AgreedBatches, _everywhere, _local
 from dew._pass._reducer import _plan_for
 from dew._processes import (
-    _agree,
     agree_process_phase,
     broadcast_json,
     is_process_zero,
@@ -51,6 +50,8 @@ class _GlobalReducer:
         self.params = jax.tree.leaves(_everywhere(params))
         self.key = _everywhere(key)
         self.accumulator = replicated(self.plan.initial)
+        if self.plan.devices:  # one on each device, merged at the end (decision 0089)
+            self.accumulator = self.plan.spread(self.accumulator)
 
     def add(self, batch: Mapping[str, Any], index: int, keep: bool) -> Artifact | None:
         """Score the placed global `batch` and merge its statistics; the artifact when
@@ -72,9 +73,10 @@ class _GlobalReducer:
         each."""
         if not self.metrics.metrics:
             return {}
-        return self.plan.finalize(
-            [_local(leaf) for leaf in self.accumulator], self.plan.metric_leaves
-        )
+        accumulator = self.accumulator
+        if self.plan.devices:
+            accumulator = self.plan.gather(accumulator, self.metric_leaves)
+        return self.plan.finalize([_local(leaf) for leaf in accumulator], self.plan.metric_leaves)
 
 
 class Processes:
@@ -85,21 +87,18 @@ class Processes:
     def __init__(self) -> None:
         self._shards: Any = None
 
-    def agreed_keep(self, keep_first_artifact: bool) -> bool:
-        """Every process keeps the first artifact if any does (a tracker may live on process
-        zero alone): the compiled calls must be the same on every process."""
-        return any(_agree("starting a validation pass", True, int(keep_first_artifact)))
-
     reducer = _GlobalReducer
     """The pass's accumulator, built from `(objective, params, metrics, key, precision)`."""
 
     def batches(
-        self, objective: Objective, batches: Iterable[Mapping[str, Any]]
-    ) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+        self, objective: Objective, batches: Iterable[Mapping[str, Any]], keep_first: bool
+    ) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any], bool]]:
         """Each process's batch and the placed global batch, while every process has one;
-        each batch checked on the host, its outcome and layout agreed."""
-        self._shards = AgreedBatches(objective, batches)
-        yield from self._shards
+        each batch checked on the host, its outcome and layout agreed; and whether any
+        process keeps the first artifact (agreed in the first block's exchange)."""
+        self._shards = AgreedBatches(objective, batches, keep_first)
+        for local, placed in self._shards:
+            yield local, placed, self._shards.keep_first
 
     @property
     def uneven(self) -> bool:

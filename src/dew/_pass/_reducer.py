@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray, PyTree
 
 from dew._checks import explain_failure, held_on_host, ids_checked_on_host
@@ -22,7 +23,7 @@ from dew._compiled_calls import ByIdentity, CompiledCalls, partitioned
 from dew._pass._placing import _everywhere
 from dew._pass._result import scoring_key
 from dew._precision import with_precision
-from dew._processes import replicated_sharding
+from dew._processes import batch_sharding, data_mesh, replicated_sharding
 from dew.artifacts import Artifact
 from dew.metrics import MetricSet
 from dew.naming import Split
@@ -60,9 +61,13 @@ def _update_function(objective_def: Any, objective_static: Any):
             artifact = evaluate(
                 jax.tree.unflatten(spec.params_def, params), batch, scoring_key(key, index)
             )
-        state = metrics.update(jax.tree.unflatten(spec.accumulator_def, accumulator), artifact)
-        leaves = jax.tree.leaves(state)
-        if spec.replicate:  # every process holds the whole accumulator, to finalize locally
+        accumulated = jax.tree.unflatten(spec.accumulator_def, accumulator)
+        if spec.devices:  # each device merges its own rows (decision 0089)
+            state = _update_per_device(metrics, accumulated, artifact, spec.devices)
+            leaves = jax.lax.with_sharding_constraint(jax.tree.leaves(state), batch_sharding())
+        else:
+            leaves = jax.tree.leaves(metrics.update(accumulated, artifact))
+        if spec.replicate and not spec.devices:  # every process holds the whole accumulator
             leaves = jax.lax.with_sharding_constraint(leaves, replicated_sharding())
         return leaves, (artifact if spec.keep else None)
 
@@ -71,6 +76,34 @@ def _update_function(objective_def: Any, objective_static: Any):
         return jax.jit(functools.partial(update, spec=spec), donate_argnums=0)
 
     return specialised
+
+
+def _update_per_device(
+    metrics: MetricSet, accumulated: Any, artifact: Artifact, devices: int
+) -> Any:
+    """`accumulated` (each leaf with a leading axis of `devices`, sharded along the data
+    mesh) with each device's rows of `artifact` merged into its own accumulator: the
+    statistics of the rows a device holds, computed where they are, with no collective.
+    An artifact whose leaves do not split evenly into `devices` row blocks (or have no
+    row axis) merges the whole batch's statistics into the first device's accumulator."""
+    leaves = jax.tree.leaves(artifact)
+    if leaves and all(jnp.ndim(leaf) >= 1 and jnp.shape(leaf)[0] % devices == 0 for leaf in leaves):
+        parts = jax.tree.map(
+            lambda leaf: leaf.reshape(devices, leaf.shape[0] // devices, *leaf.shape[1:]),
+            artifact,
+        )
+        parts = jax.lax.with_sharding_constraint(parts, batch_sharding())
+        contributions = jax.vmap(metrics.statistics)(parts)
+    else:
+        whole, empty = metrics.statistics(artifact), metrics.init()
+        contributions = jax.tree.map(
+            lambda first, unit: jnp.concatenate(
+                [first[None], jnp.broadcast_to(unit, (devices - 1, *jnp.shape(unit)))]
+            ),
+            whole,
+            empty,
+        )
+    return jax.vmap(metrics.merge)(accumulated, contributions)
 
 
 # Objectives of one structure share their compiled calls. An evaluation's passes find them
@@ -98,6 +131,7 @@ class _Spec:
     checked_on_host: bool = False
     replicate: bool = False
     precision: str = "float32"
+    devices: int = 0  # > 0: an accumulator on each of the data mesh's devices (decision 0089)
 
     def metrics(self, leaves: list) -> MetricSet:
         return eqx.combine(jax.tree.unflatten(self.metrics_def, leaves), self.metrics_static)
@@ -106,6 +140,21 @@ class _Spec:
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _init(metric_leaves: list, metrics_def: Any, metrics_static: Any) -> Any:
     return eqx.combine(jax.tree.unflatten(metrics_def, metric_leaves), metrics_static).init()
+
+
+def _spread(accumulator: list, devices: int) -> list:
+    """`devices` copies of `accumulator` (the empty one), one on each device of the mesh."""
+    return [jnp.broadcast_to(leaf, (devices, *jnp.shape(leaf))) for leaf in accumulator]
+
+
+def _gather(accumulator: list, metric_leaves: list, spec: _Spec) -> list:
+    """The devices' accumulators merged in device order, as one replicated accumulator."""
+    metrics = spec.metrics(metric_leaves)
+    state = jax.tree.unflatten(spec.accumulator_def, accumulator)
+    total = jax.tree.map(lambda leaf: leaf[0], state)
+    for device in range(1, spec.devices):
+        total = metrics.merge(total, jax.tree.map(lambda leaf, d=device: leaf[d], state))
+    return jax.tree.leaves(total)
 
 
 def _finalize(accumulator: list, metric_leaves: list, spec: _Spec) -> dict[str, Any]:
@@ -131,6 +180,7 @@ class _Plan:
 
     def __init__(self, objective: Objective, metrics: MetricSet, params_def: Any) -> None:
         self.updates, self.objective_leaves = _update_for(objective)
+        self.metric_set = metrics
         metric_arrays, metrics_static = eqx.partition(metrics, eqx.is_array)
         self.metric_leaves, metrics_def = jax.tree.flatten(metric_arrays)
         initial = _init(self.metric_leaves, metrics_def, metrics_static)
@@ -155,14 +205,41 @@ class _Plan:
 
     def global_variant(self, keep: bool, precision: str = "float32") -> Callable[..., Any]:
         """The call over global arrays (batches checked on the host, the accumulator
-        replicated), under `jax.distributed`."""
+        replicated, or one on each device: `devices`), under `jax.distributed`."""
         variant = self.variants.get((keep, "global", precision))
         if variant is None:
             spec = dataclasses.replace(
-                self.spec, keep=keep, checked_on_host=True, replicate=True, precision=precision
+                self.spec,
+                keep=keep,
+                checked_on_host=True,
+                replicate=True,
+                precision=precision,
+                devices=self.devices,
             )
             variant = self.variants[keep, "global", precision] = self.updates(spec)
         return variant
+
+    @functools.cached_property
+    def devices(self) -> int:
+        """Under `jax.distributed`, how many accumulators a pass keeps: one on each device
+        of the data mesh when every device metric declares `split_invariant` (decision
+        0089), else 0 (one accumulator, replicated)."""
+        flat = self.metric_set.flat_metrics
+        if not flat or not all(metric.split_invariant for metric in flat):
+            return 0
+        return int(data_mesh().devices.size)
+
+    @functools.cached_property
+    def spread(self) -> Callable[[list], list]:
+        """The empty (replicated) accumulator as one on each device (`devices > 0`)."""
+        call = functools.partial(_spread, devices=self.devices)
+        return jax.jit(call, out_shardings=batch_sharding())
+
+    @functools.cached_property
+    def gather(self) -> Callable[[list, list], list]:
+        """The devices' accumulators merged into one, replicated (`devices > 0`)."""
+        spec = dataclasses.replace(self.spec, devices=self.devices)
+        return jax.jit(functools.partial(_gather, spec=spec), out_shardings=replicated_sharding())
 
     def replicated_leaves(self) -> tuple[list, list]:
         """The objective's and the metrics' array leaves replicated over the data mesh."""
@@ -253,21 +330,18 @@ class OneProcess:
 
     uneven = False  # one process's shard is the whole pass
 
-    def agreed_keep(self, keep_first_artifact: bool) -> bool:
-        return keep_first_artifact
-
     reducer = _Reducer
     """The pass's accumulator, built from `(objective, params, metrics, key, precision)`."""
 
     def batches(
-        self, objective: Objective, batches: Iterable[Mapping[str, Any]]
-    ) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+        self, objective: Objective, batches: Iterable[Mapping[str, Any]], keep_first: bool
+    ) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any], bool]]:
         """Each batch twice (the process's batch is the pass's), its keys checked on the
-        first before anything is compiled for it."""
+        first before anything is compiled for it; with `keep_first` as given."""
         for index, batch in enumerate(batches):
             if index == 0:
                 check_batch_keys(objective, batch, Split.VALIDATION)
-            yield batch, batch
+            yield batch, batch, keep_first
 
     def explained(self, objective: Objective, batch: Mapping[str, Any]) -> Any:
         """A check fired in the call: raise the objective's own error (`explain_failure`)."""

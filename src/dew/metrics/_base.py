@@ -77,6 +77,11 @@ class Metric(eqx.Module, Generic[A]):
     # whose statistics stream through memory (the whole pass at once is fastest), a small
     # number for metrics with large per-batch intermediates (SSIM's filtered maps).
     scan_chunk: ClassVar[int | None] = None
+    # Whether merging the statistics of any partition of an artifact's rows finalizes like
+    # the whole artifact's (the batch-split invariance law `dew.testing.check_metric_laws`
+    # checks). Under `jax.distributed`, a pass whose device metrics all declare it keeps an
+    # accumulator on each device and merges them once, at its end (decision 0089).
+    split_invariant: ClassVar[bool] = False
 
     direction = _GuessedDirection()
     """`"minimize"`, `"maximize"` or `None` (no direction): for a subclass that declares

@@ -90,6 +90,7 @@ def _ratio(numerator: Array, denominator: Array) -> Array:
 
 class _RowMean(Metric[ClassScores]):
     artifact_type: ClassVar[type[Artifact]] = ClassScores
+    split_invariant: ClassVar[bool] = True  # law-tested: dew.testing
 
     def init(self) -> RowMeanState:
         return RowMeanState(Sum.zero(), Sum.zero(), Sum.zero())
@@ -281,6 +282,7 @@ class ConfusionMatrix(eqx.Module):
 
 class _ConfusionMetric(Metric[ClassScores]):
     artifact_type: ClassVar[type[Artifact]] = ClassScores
+    split_invariant: ClassVar[bool] = True  # law-tested: dew.testing
     classes: eqx.AbstractVar[int]
     class_index: eqx.AbstractVar[int | None]
 
@@ -367,6 +369,7 @@ class ExpectedCalibrationError(Metric[ClassScores]):
     name: str = eqx.field(static=True, default="expected_calibration_error")
     direction: ClassVar[str | None] = "minimize"
     artifact_type: ClassVar[type[Artifact]] = ClassScores
+    split_invariant: ClassVar[bool] = True  # law-tested: dew.testing
 
     def __check_init__(self) -> None:
         check_integer("bins", self.bins, minimum=1)
@@ -417,6 +420,7 @@ class AUROC(Metric[ClassScores]):
     name: str = eqx.field(static=True, default="auroc")
     direction: ClassVar[str | None] = "maximize"
     artifact_type: ClassVar[type[Artifact]] = ClassScores
+    split_invariant: ClassVar[bool] = True  # law-tested: dew.testing
 
     def __check_init__(self) -> None:
         check_integer("thresholds", self.thresholds, minimum=2)

@@ -161,6 +161,7 @@ class _ImageMean(Metric[Images]):
     """A per-image value averaged over images, each weighted once."""
 
     artifact_type: ClassVar[type[Artifact]] = Images
+    split_invariant: ClassVar[bool] = True  # law-tested: dew.testing
 
     def init(self) -> MeanState:
         return MeanState.zero()
@@ -184,6 +185,7 @@ class _FrameMean(Metric[Clips]):
     """A per-frame value averaged over every frame of every clip, each weighted once."""
 
     artifact_type: ClassVar[type[Artifact]] = Clips
+    split_invariant: ClassVar[bool] = True  # law-tested: dew.testing
 
     def init(self) -> MeanState:
         return MeanState.zero()

@@ -83,6 +83,7 @@ def _weighted_mean(state: RowMeanState, name: str) -> Float[Array, ""]:
 
 class _RowMetric(Metric[RegressionScores]):
     artifact_type: ClassVar[type[Artifact]] = RegressionScores
+    split_invariant: ClassVar[bool] = True  # law-tested: dew.testing
 
     def init(self) -> RowMeanState:
         return RowMeanState(Sum.zero(), Sum.zero(), Sum.zero())

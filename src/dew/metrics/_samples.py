@@ -102,6 +102,8 @@ class _SampleMean(Metric[Artifact]):
     """A per-image value of the generated (or reference) rows of `Images` (or, with
     `clips`, every frame of `Clips`), averaged over images: `MeanState` statistics."""
 
+    split_invariant: ClassVar[bool] = True  # law-tested: dew.testing
+
     clips: AbstractVar[bool]
 
     @property

@@ -56,6 +56,7 @@ def _mean_token_loss(state: TokenLossState, name: str) -> Float[Array, ""]:
 
 class _TokenLossMetric(Metric[TokenScores]):
     artifact_type: ClassVar[type[Artifact]] = TokenScores
+    split_invariant: ClassVar[bool] = True  # law-tested: dew.testing
 
     def init(self) -> TokenLossState:
         return TokenLossState(Sum.zero(), Sum.zero(), Sum.zero())
