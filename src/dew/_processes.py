@@ -276,14 +276,19 @@ def data_mesh() -> jax.sharding.Mesh:
     return _mesh(tuple(jax.devices()))
 
 
+@functools.cache
+def _named(mesh: jax.sharding.Mesh, *spec: str) -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
 def batch_sharding() -> jax.sharding.NamedSharding:
     """Rows sharded along the data mesh."""
-    return jax.sharding.NamedSharding(data_mesh(), jax.sharding.PartitionSpec("data"))
+    return _named(data_mesh(), "data")
 
 
 def replicated_sharding() -> jax.sharding.NamedSharding:
     """A copy on every device of the data mesh."""
-    return jax.sharding.NamedSharding(data_mesh(), jax.sharding.PartitionSpec())
+    return _named(data_mesh())
 
 
 def _host_leaf(leaf: Any) -> np.ndarray:

@@ -35,11 +35,26 @@ def _local(leaf: Any) -> Any:
 
 def _layout(batch: Mapping[str, Any]) -> str:
     """A batch's fields, shapes and dtypes: what every process's batch must share."""
-    paths_leaves = jax.tree_util.tree_flatten_with_path(dict(batch))[0]
-    return ", ".join(
-        f"{jax.tree_util.keystr(path)} {tuple(np.shape(leaf))} {np.result_type(leaf)}"
-        for path, leaf in paths_leaves
-    )
+    paths_leaves, structure = jax.tree_util.tree_flatten_with_path(dict(batch))
+    # written once per layout (a dtype's name is slow to spell, batch after batch)
+    key = (structure, *((np.shape(leaf), _dtype(leaf)) for _, leaf in paths_leaves))
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        if len(_LAYOUTS) > 256:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[key] = ", ".join(
+            f"{jax.tree_util.keystr(path)} {tuple(np.shape(leaf))} {np.result_type(leaf)}"
+            for path, leaf in paths_leaves
+        )
+    return layout
+
+
+_LAYOUTS: dict[tuple[Any, ...], str] = {}
+
+
+def _dtype(leaf: Any) -> Any:
+    dtype = getattr(leaf, "dtype", None)
+    return dtype if isinstance(dtype, np.dtype) else np.result_type(leaf)
 
 
 def _gather_texts(text: str) -> list[str]:
