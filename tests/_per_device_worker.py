@@ -57,30 +57,20 @@ def batches() -> list[dict]:
 
 
 def _pass(objective, params, metric_list, key) -> dict:
+    from _dist_eval_worker import collectives
+
     from dew._pass._processes import _GlobalReducer
     from dew._processes import global_batch
     from dew.metrics import MetricSet
 
+    found = collectives(objective, params, metric_list, batches()[0], key)
     reducer = _GlobalReducer(objective, params, MetricSet(metric_list), key)
-    placed = [global_batch(batch) for batch in batches()]
-    arguments = (
-        reducer.accumulator,
-        placed[0],
-        0,
-        reducer.key,
-        reducer.params,
-        reducer.objective_leaves,
-        reducer.metric_leaves,
-    )
-    text = reducer.plan.global_variant(False).lower(*arguments).compile().as_text()
-    for index, batch in enumerate(placed):
-        reducer.add(batch, index, False)
-    kinds = ("all-gather", "all-reduce", "collective-permute", "all-to-all")
-    found = sum(text.count(f" {kind}(") + text.count(f" {kind}-start(") for kind in kinds)
+    for index, batch in enumerate(batches()):
+        reducer.add(global_batch(batch), index, False)
     return {
         "scores": {name: float(value) for name, value in reducer.finalize().items()},
-        "devices": reducer.plan.devices,
-        "collectives": found,
+        "devices": found.pop("devices"),
+        "collectives": sum(found.values()),
     }
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "check_unit_interval",
     "error_if",
     "explain_failure",
+    "explanation",
     "failed_check",
     "held_on_host",
     "ids_checked_on_host",
@@ -240,11 +241,19 @@ def explain_failure(objective: Any, batches: Iterable[Any] | Mapping[str, Any]) 
     try:
         yield
     except Exception as error:
-        settle_failed_calls()
-        explained = batch_error(objective, batches) or failed_check(error)
+        explained = explanation(objective, batches, error)
         if explained is None:
             raise
         raise explained from None
+
+
+def explanation(objective: Any, batches: Any, error: BaseException) -> ValueError | None:
+    """The `ValueError` to raise for a compiled call's failure `error`: the first of
+    `batches` that `objective`'s host checks refuse (`batch_error`), else the traced
+    check's own message (`failed_check`); `None` when neither explains it (a real error,
+    to raise unchanged). The failed call is settled first (`settle_failed_calls`)."""
+    settle_failed_calls()
+    return batch_error(objective, batches) or failed_check(error)
 
 
 _CHECK_MESSAGE = re.compile(

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from dew._checks import batch_error, failed_check, settle_failed_calls
+from dew._checks import explanation
 from dew._domains import SCORING_DOMAIN
 from dew._pass._conditioning import ConditioningDigest
 from dew._pass._preview import preview_on_process_zero
@@ -133,8 +133,7 @@ def run_pass(
     try:  # fetched here: a check that fired in a call may surface only at the fetch
         values = jax.device_get(reducer.finalize())
     except Exception as error:  # the last batch re-checked, else the check's own message
-        settle_failed_calls()
-        explained = batch_error(objective, last) or failed_check(error)
+        explained = explanation(objective, last, error)
         if explained is None:
             raise
         raise explained from None

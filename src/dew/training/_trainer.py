@@ -13,7 +13,7 @@ import optax
 from jaxtyping import PRNGKeyArray
 
 from dew._accumulate import check_accumulate
-from dew._checks import batch_error, failed_check, settle_failed_calls
+from dew._checks import explanation
 from dew._compiled_calls import partitioned
 from dew._loop import Callback, EarlyStopping, LoopEngine, check_callbacks, with_history
 from dew._nonfinite import raises_on_nonfinite
@@ -371,8 +371,7 @@ class Trainer:
             except KeyboardInterrupt:
                 raise checkpointing.interrupted(step, loop) from None
             except Exception as error:
-                settle_failed_calls()
-                explained = batch_error(self.objective, unsynced) or failed_check(error)
+                explained = explanation(self.objective, unsynced, error)
                 if explained is None:  # the batches are fine: a real error, unchanged
                     raise
                 raise explained from None
