@@ -180,7 +180,9 @@ class _Plan:
 
     def __init__(self, objective: Objective, metrics: MetricSet, params_def: Any) -> None:
         self.updates, self.objective_leaves = _update_for(objective)
-        self.metric_set = metrics
+        # (not the set itself: a plan is remembered only while its metric set lives)
+        flat = metrics.flat_metrics
+        self.split_invariant = bool(flat) and all(metric.split_invariant for metric in flat)
         metric_arrays, metrics_static = eqx.partition(metrics, eqx.is_array)
         self.metric_leaves, metrics_def = jax.tree.flatten(metric_arrays)
         initial = _init(self.metric_leaves, metrics_def, metrics_static)
@@ -224,10 +226,7 @@ class _Plan:
         """Under `jax.distributed`, how many accumulators a pass keeps: one on each device
         of the data mesh when every device metric declares `split_invariant` (decision
         0089), else 0 (one accumulator, replicated)."""
-        flat = self.metric_set.flat_metrics
-        if not flat or not all(metric.split_invariant for metric in flat):
-            return 0
-        return int(data_mesh().devices.size)
+        return int(data_mesh().devices.size) if self.split_invariant else 0
 
     @functools.cached_property
     def spread(self) -> Callable[[list], list]:
