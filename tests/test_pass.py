@@ -314,6 +314,33 @@ def test_passes_over_new_metric_sets_of_the_same_metrics_share_one_plan(objectiv
     assert len(built) == 2 and other.scores["perplexity"] == scores[0]["perplexity"]
 
 
+def test_a_plan_is_forgotten_with_its_metrics(objective):
+    # A plan (its compiled calls) lives while its objective and metrics do: one process
+    # that evaluates with new metric objects again and again does not keep every plan.
+    import gc
+    import weakref
+
+    from dew._pass import _reducer
+
+    params = objective.init_params()
+    chosen = [metrics.perplexity(), metrics.token_accuracy()]
+    evaluate(objective, params, _batches(1), metrics=chosen, key=jax.random.key(0))
+    device, _ = _reducer._split(MetricSet(chosen))
+    plan = weakref.ref(_reducer._plan_for(objective, device, jax.tree.structure(params)))
+    gc.collect()
+    assert plan() is not None  # the metrics live: the plan is found again
+    remembered = len(_reducer._plans._entries)
+    for _ in range(3):  # new metric objects, each call
+        fresh = [metrics.perplexity()]
+        evaluate(objective, params, _batches(1), metrics=fresh, key=jax.random.key(0))
+    del fresh
+    gc.collect()
+    assert len(_reducer._plans._entries) <= remembered  # the three plans are gone
+    del chosen, device
+    gc.collect()
+    assert plan() is None
+
+
 def test_a_check_that_surfaces_only_at_the_final_fetch_is_still_a_value_error(monkeypatch):
     """On an asynchronous backend a failed traced check may raise only where the pass fetches
     its result, after the failing batch's call returned: the pass re-checks its last batch,

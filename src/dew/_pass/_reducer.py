@@ -190,8 +190,6 @@ class _Plan:
         self.spec = _Spec(accumulator_def, params_def, metrics_def, metrics_static, keep=False)
         self.finalize = _finalizer(self.spec)
         self.variants: dict[tuple[bool, bool | str, str], Callable[..., Any]] = {}
-        # The host checks of each batch, at a cost that does not grow with the model.
-        self.check_batch = functools.partial(check_on_host, objective)
         self.global_leaves: tuple[list, list] | None = None  # under jax.distributed
 
     def variant(
@@ -250,18 +248,18 @@ class _Plan:
         return self.global_leaves
 
 
-# Plans found by the identity of their (immutable) objective and metric set: building one
-# costs a small pass's time (decision 0082 measures it), more than the pass's dispatches.
+# Plans found by the identities of their (immutable) objective and device metrics, not of
+# the metric set: a caller that builds a new `MetricSet` of the same metrics for each pass
+# (`dew.evaluate`, each `Trainer.fit`) finds the same plan. Building one costs a small pass's
+# time (decision 0082 measures it), more than the pass's dispatches. A plan holds neither
+# its objective nor its metrics, so it is forgotten with them.
 _plans: ByIdentity[dict[Any, _Plan]] = ByIdentity()
-# Host/device splits found by the identities of the set's metrics, not of the set: a caller
-# that builds a new `MetricSet` of the same metrics for each pass (`dew.evaluate`, each
-# `Trainer.fit`) gets the same device set back, and so the same plan.
-_splits: ByIdentity[tuple[MetricSet, MetricSet]] = ByIdentity()
 
 
 def _plan_for(objective: Objective, metrics: MetricSet, params_def: Any) -> _Plan:
-    """The plan of `objective`, `metrics` and a params structure, built on first use."""
-    plans = _plans.get((objective, metrics), dict)
+    """The plan of `objective`, the flat set `metrics` and a params structure, built on
+    first use."""
+    plans = _plans.get((objective, *metrics.metrics), dict)
     plan = plans.get(params_def)
     if plan is None:
         plan = plans[params_def] = _Plan(objective, metrics, params_def)
@@ -269,9 +267,8 @@ def _plan_for(objective: Objective, metrics: MetricSet, params_def: Any) -> _Pla
 
 
 def _split(metrics: MetricSet) -> tuple[MetricSet, MetricSet]:
-    """`metrics.split_by_host()`, remembered while the set's metrics live."""
-    # (a lambda: binding an Equinox module's method flattens the module, on every call)
-    return _splits.get(metrics.metrics, lambda: metrics.split_by_host())
+    """`metrics.split_by_host()`: its device metrics and its host metrics, as flat sets."""
+    return metrics.split_by_host()
 
 
 class _Reducer:
@@ -292,7 +289,9 @@ class _Reducer:
         plan = _plan_for(objective, metrics, params_def)
         self.plan = plan
         self.objective_leaves, self.metric_leaves = plan.objective_leaves, plan.metric_leaves
-        self.spec, self.check_batch = plan.spec, plan.check_batch
+        self.spec = plan.spec
+        # The host checks of each batch, at a cost that does not grow with the model.
+        self.check_batch = functools.partial(check_on_host, objective)
         self.accumulator = _fresh(plan.initial)
 
     def _variant(self, keep: bool, checked_on_host: bool) -> Callable[..., Any]:
