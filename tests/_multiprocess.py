@@ -55,6 +55,19 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def devices_env(count: int) -> dict[str, str]:
+    """The environment of one CPU process with `count` devices
+    (`--xla_force_host_platform_device_count`), the test run's other XLA flags kept and dew
+    and the tests' helpers importable."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    paths = [str(TESTS), str(SRC), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
+    return env
+
+
 def _kill(process: subprocess.Popen) -> None:
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):

@@ -5,7 +5,6 @@ batches; an artifact whose rows the devices cannot split evenly, and a metric th
 declare the property, take the one-accumulator way to the same scores."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import sys
 import jax
 import pytest
 from _dist_eval_worker import LargestLoss, lm_metrics, lm_objective
+from _multiprocess import devices_env
 from _per_device_worker import ExtraRow, batches
 
 from dew import evaluate
@@ -25,12 +25,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def four_devices(tmp_path_factory):
     out = tmp_path_factory.mktemp("per_device") / "results.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
-    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    paths = [str(TESTS), str(TESTS.parent / "src"), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
+    env = devices_env(4)
     done = subprocess.run(
         [sys.executable, str(TESTS / "_per_device_worker.py"), str(out)],
         env=env,

@@ -8,7 +8,6 @@ move between presets, and `param_sharding` still works. The rest runs here, on o
 
 import itertools
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -19,6 +18,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from _multiprocess import devices_env
 from jax.sharding import PartitionSpec
 
 from dew import Trainer
@@ -38,12 +38,7 @@ TOLERANCE = 5e-4
 @pytest.fixture(scope="module")
 def eight_devices(tmp_path_factory):
     out = tmp_path_factory.mktemp("presets") / "results.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
-    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=8"])
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    paths = [str(TESTS), str(TESTS.parent / "src"), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
+    env = devices_env(8)
     worker = TESTS / "_sharding_presets_worker.py"
     done = subprocess.run(
         [sys.executable, str(worker), str(out)],
