@@ -12,6 +12,7 @@ start-up per process.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import signal
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -66,6 +68,20 @@ def devices_env(count: int) -> dict[str, str]:
     paths = [str(TESTS), str(SRC), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
     return env
+
+
+def run_on_devices(worker: str, count: int, out: pathlib.Path, *, timeout: float = 600) -> Any:
+    """Run `python TESTS/WORKER OUT` in one CPU process with `count` devices (`devices_env`),
+    fail with its output when it fails, and return the JSON it wrote to `out`."""
+    done = subprocess.run(
+        [sys.executable, str(TESTS / worker), str(out)],
+        env=devices_env(count),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(out.read_text())
 
 
 def _kill(process: subprocess.Popen) -> None:

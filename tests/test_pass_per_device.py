@@ -4,20 +4,13 @@ collective in its compiled call per batch, and scores what one device scores on 
 batches; an artifact whose rows the devices cannot split evenly, and a metric that does not
 declare the property, take the one-accumulator way to the same scores."""
 
-import json
-import pathlib
-import subprocess
-import sys
-
 import jax
 import pytest
 from _dist_eval_worker import LargestLoss, lm_metrics, lm_objective
-from _multiprocess import devices_env
+from _multiprocess import run_on_devices
 from _per_device_worker import ExtraRow, batches
 
 from dew import evaluate
-
-TESTS = pathlib.Path(__file__).parent
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def four_devices(tmp_path_factory):
     out = tmp_path_factory.mktemp("per_device") / "results.json"
-    env = devices_env(4)
-    done = subprocess.run(
-        [sys.executable, str(TESTS / "_per_device_worker.py"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(out.read_text())
+    return run_on_devices("_per_device_worker.py", 4, out)
 
 
 def _reference(objective, extra=()):

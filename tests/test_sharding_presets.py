@@ -7,18 +7,14 @@ move between presets, and `param_sharding` still works. The rest runs here, on o
 """
 
 import itertools
-import json
-import pathlib
 import re
-import subprocess
-import sys
 
 import equinox as eqx
 import jax
 import numpy as np
 import optax
 import pytest
-from _multiprocess import devices_env
+from _multiprocess import run_on_devices
 from jax.sharding import PartitionSpec
 
 from dew import Trainer
@@ -27,7 +23,6 @@ from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
 from dew.training._strategies import sharding_strategy
 
-TESTS = pathlib.Path(__file__).parent
 # Adam at a learning rate of 1e-2 for 3 (and 5) steps: the presets sum a step's gradients
 # over the devices in another order than one device does, which Adam's normalised update
 # carries into the params (measured: at most 1.8e-4 apart; a missing gradient reduction
@@ -38,17 +33,7 @@ TOLERANCE = 5e-4
 @pytest.fixture(scope="module")
 def eight_devices(tmp_path_factory):
     out = tmp_path_factory.mktemp("presets") / "results.json"
-    env = devices_env(8)
-    worker = TESTS / "_sharding_presets_worker.py"
-    done = subprocess.run(
-        [sys.executable, str(worker), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(out.read_text())
+    return run_on_devices("_sharding_presets_worker.py", 8, out, timeout=900)
 
 
 @pytest.mark.slow
