@@ -17,6 +17,7 @@ import os
 import pathlib
 import sys
 from typing import ClassVar
+from unittest import mock
 
 import equinox as eqx
 import jax
@@ -30,9 +31,11 @@ from dew.naming import Split
 from dew.nn.backbones.causal_transformer import CausalTransformer
 from dew.objectives.lm import LMObjective
 from dew.supervised import EarlyStopper
+from dew.training import _placement as placement
 
 STEPS = 6
-LONG_STEPS = 14  # past two blocks of batches drawn ahead and agreed at once (8 steps each)
+LONG_STEPS = 30  # past three blocks of batches drawn ahead and agreed at once
+LATER_BLOCK = 10  # steps of a later block: `_AHEAD_BYTES` is set to 10 batches' bytes
 CHECKPOINT_AT = 4
 ROWS = 4  # rows a process reads per step
 KEY = 5
@@ -271,13 +274,25 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
     save(out / f"fused-rank{rank}.npz", state)
 
     # Past the batches every process draws ahead and agrees on at once: 5 steps one at a
-    # time, then to LONG_STEPS in fused calls of 4 (steps 6-7 and 13-14 one at a time, from
-    # batches drawn at step 5 and 13).
+    # time, then to LONG_STEPS in fused calls of 4 (steps 6-7 one at a time). A fit's first
+    # block is 8 steps, later ones as many as `_AHEAD_BYTES` of batches (decision 0090),
+    # set here to LATER_BLOCK batches' bytes; each exchange's step count is recorded.
     data = Dataset(train=lambda partition: local_batches(partition.index))
-    state = trainer().fit(data, 5, log_every=5, progress=False)
-    state = trainer().fit(
-        data, LONG_STEPS, log_every=4, steps_per_call=4, state=state, progress=False
-    )
+    blocks, exchange = [], placement._allgather
+
+    def recorded(row):
+        blocks.append(int(row[1]))  # how many steps this process drew and agreed on
+        return exchange(row)
+
+    with (
+        mock.patch.object(placement, "_allgather", recorded),
+        mock.patch.object(placement, "_AHEAD_BYTES", LATER_BLOCK * shard(1, rank).nbytes),
+    ):
+        state = trainer().fit(data, 5, log_every=5, progress=False)
+        state = trainer().fit(
+            data, LONG_STEPS, log_every=4, steps_per_call=4, state=state, progress=False
+        )
+    results["long_blocks"] = blocks
     save(out / f"long-rank{rank}.npz", state)
 
     # A batch of step 10 whose rows differ on process 1; a token ID outside the vocabulary

@@ -202,8 +202,11 @@ def test_a_first_batch_row_mismatch_raises_the_same_error_on_every_process(main)
 
 def test_steps_past_the_batches_agreed_at_once_train_as_one_process(main, out):
     """Every process draws the batches of 8 steps ahead and agrees on them in one exchange
-    (decision 0088): a fit crossing those blocks, one step and four steps per call, trains
-    as one process on the concatenated batches."""
+    (decision 0088), later blocks as many steps as `_AHEAD_BYTES` of batches (decision
+    0090), never past the fit's last step: a fit crossing those blocks, one step and four
+    steps per call, trains as one process on the concatenated batches."""
+    for rank in main[0]:  # 5 steps; then steps 6-13, 14-23, 24-30
+        assert rank["long_blocks"] == [5, 8, worker.LATER_BLOCK, 7]
     data = Dataset(train=lambda partition: worker.concatenated_batches(2))
     state = worker.trainer().fit(data, 5, log_every=5, progress=False)
     state = worker.trainer().fit(

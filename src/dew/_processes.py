@@ -300,6 +300,16 @@ def _host_leaf(leaf: Any) -> np.ndarray:
     return np.asarray(leaf)
 
 
+@functools.cache
+def _batch_layout(
+    mesh: jax.sharding.Mesh,
+) -> tuple[jax.sharding.NamedSharding, jax.sharding.NamedSharding, int]:
+    """A batch's row and scalar shardings over `mesh`, and how many of this process's
+    devices share its rows (its share of the `"data"` axis)."""
+    devices = jax.local_device_count() * int(mesh.shape["data"]) // mesh.devices.size
+    return _named(mesh, "data"), _named(mesh), max(1, devices)
+
+
 def global_batch(batch: Mapping[str, Any], mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
     """This process's `batch` as one global batch over the data mesh: every array with a
     row axis sharded by rows (the processes' rows joined in process order), scalars
@@ -307,12 +317,8 @@ def global_batch(batch: Mapping[str, Any], mesh: jax.sharding.Mesh | None = None
     structure and one row count, which the local device count divides. Given a `mesh` with
     a `"data"` axis (a `Trainer`'s), the rows are sharded along that axis of it (and copied
     along its others), and the row count must divide by this process's share of that axis."""
-    sharded, copied = batch_sharding(), replicated_sharding()
-    devices = jax.local_device_count()
-    if mesh is not None:
-        sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-        copied = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        devices = max(1, devices * int(mesh.shape["data"]) // mesh.devices.size)
+    mesh = data_mesh() if mesh is None else mesh
+    sharded, copied, devices = _batch_layout(mesh)
 
     def place(path: Any, leaf: Any) -> jax.Array:
         array = _host_leaf(leaf)

@@ -39,7 +39,10 @@ ParamSharding = Callable[[Any, jax.Array], jax.sharding.Sharding]
 
 _READ_AHEAD = 8
 """Steps whose batches the processes of a `jax.distributed` fit draw ahead and agree on in
-one exchange (decision 0088)."""
+one exchange at a fit's start (decision 0088); later exchanges agree on as many steps as
+`_AHEAD_BYTES` of batches, up to `_MAX_AHEAD` (decision 0090)."""
+_MAX_AHEAD = 64
+_AHEAD_BYTES = 64 * 2**20  # of drawn batches a later exchange agrees on at most (below 8)
 
 
 def _is_key(leaf: Any) -> TypeGuard[jax.Array]:
@@ -99,6 +102,7 @@ class Placement:
         self.mesh = data_mesh() if strategy is None else strategy.mesh
         self.copy = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self._ahead: collections.deque[Any] = collections.deque()  # drawn and agreed
+        self._reading = _READ_AHEAD  # steps the next exchange agrees on
 
     def _param_shardings(self, params: Any) -> Any:
         def choose(path: Any, leaf: Any) -> Any:
@@ -233,14 +237,16 @@ class Placement:
         process raise the same error instead of leaving the others blocked in the
         compiled step (which holds no traced batch checks there).
 
-        The processes agree once per `_READ_AHEAD` steps, not once per step (decision
-        0088): each draws and checks the batches of the next steps (never past `steps`)
-        ahead, and one exchange agrees on them all; the steps then take them in order. A
-        batch that fails raises on every process before the steps before it run."""
+        The processes agree once per block of steps, not once per step (decisions 0088 and
+        0090): each draws and checks the batches of the next steps (never past `steps`)
+        ahead, and one exchange agrees on them all; the steps then take them in order. The
+        first block is 8 steps long; later ones as long as 64 MiB of the largest batch any
+        process drew (at least 8 steps, at most 64). A batch that fails raises on every
+        process before the steps before it run."""
         ahead = self._ahead
         if len(ahead) < block:
             drawn_to = step + len(ahead)  # the last step whose batch is drawn
-            count = max(block - len(ahead), min(_READ_AHEAD, steps - drawn_to))
+            count = max(block - len(ahead), min(self._reading, steps - drawn_to))
             ahead.extend(self._agreed(objective, batches, drawn_to, count, steps, rows))
         taken = [ahead.popleft() for _ in range(block)]
         if block > 1 and rows_of(taken) < 0:  # the same on every process: rows were agreed
@@ -261,7 +267,8 @@ class Placement:
         rows: int | None,
     ) -> list[Any]:
         """The batches of the `count` steps after `step`, drawn and checked here, agreed
-        with every process in one exchange: each process's first failing step and each
+        with every process in one exchange: each process's first failing step, the bytes
+        of its largest batch (which size the next block alike on every process) and each
         step's row count (`-1`: a batch whose fields differ in rows)."""
         outcome: bool | BaseException = True
         drawn: list[Any] = []
@@ -272,18 +279,21 @@ class Placement:
                 drawn.append(batch)
         except Exception as error:
             outcome = error
+        largest = max((_nbytes(batch) for batch in drawn), default=0)
         if not is_multiprocess():
             if isinstance(outcome, BaseException):
                 raise outcome
+            self._reading = _ahead_for(largest)
             return drawn
-        row = np.full(2 + count, -1, np.int64)
-        row[0], row[1] = outcome is not True, len(drawn)
-        row[2 : 2 + len(drawn)] = [rows_of([batch]) for batch in drawn]
+        row = np.full(3 + count, -1, np.int64)
+        row[0], row[1], row[2] = outcome is not True, len(drawn), largest
+        row[3 : 3 + len(drawn)] = [rows_of([batch]) for batch in drawn]
         table = _allgather(row)
+        self._reading = _ahead_for(int(table[:, 2].max()))
         failing = [int(got) for failed, got in table[:, :2] if failed]
         first = min(failing) if failing else len(drawn)  # steps every process holds
         for offset in range(first):
-            counts = [int(value) for value in table[:, 2 + offset]]
+            counts = [int(value) for value in table[:, 3 + offset]]
             if len(set(counts)) > 1 or counts[0] < 0:
                 _rows_differ(counts, step + offset + 1)
         if failing:  # raised by the processes whose batch of that step failed
@@ -345,6 +355,19 @@ def fit_setup(
         if not is_process_zero():  # only process zero writes tracking output and prints
             tracker, progress = None, False
     return placement, previewing, tracker, progress
+
+
+def _nbytes(batch: Any) -> int:
+    """The bytes of a drawn batch's arrays (a device array's read without fetching it)."""
+    return sum(
+        int(getattr(leaf, "nbytes", np.asarray(leaf).nbytes)) for leaf in jax.tree.leaves(batch)
+    )
+
+
+def _ahead_for(largest: int) -> int:
+    """Steps a block after the first draws ahead, its batches `largest` bytes at most:
+    `_AHEAD_BYTES` of them, at least `_READ_AHEAD` and at most `_MAX_AHEAD`."""
+    return int(min(_MAX_AHEAD, max(_READ_AHEAD, _AHEAD_BYTES // max(largest, 1))))
 
 
 def rows_of(batches: list[Mapping[str, Any]]) -> int:
