@@ -296,7 +296,8 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
     save(out / f"long-rank{rank}.npz", state)
 
     # A batch of step 10 whose rows differ on process 1; a token ID outside the vocabulary
-    # on process 1 at step 11: in the second block drawn ahead, the same error on both.
+    # on process 1 at step 11: in the second block drawn ahead, the same error on both,
+    # raised when the fit reaches that step (the steps before it run: `late_<kind>_steps`).
     def late(rank, kind):
         for step in itertools.count(1):
             rows = 2 if kind == "rows" and rank == 1 and step == 10 else ROWS
@@ -307,11 +308,14 @@ def main_phase(rank: int, count: int, out: pathlib.Path) -> dict:
 
     for kind in ("rows", "token"):
         late_data = Dataset(train=lambda partition, kind=kind: late(partition.index, kind))
+        events = Events()
         results[f"late_{kind}"] = outcome(
-            lambda data=late_data: (
-                trainer().fit(data, LONG_STEPS, log_every=3, progress=False) and None
+            lambda data=late_data, events=events: (
+                trainer().fit(data, LONG_STEPS, log_every=1, progress=False, event_sinks=[events])
+                and None
             )
         )
+        results[f"late_{kind}_steps"] = [step for name, step in events.seen if name == "step_end"]
 
     # A first batch whose rows differ on process 1: the same ValueError on both.
     uneven = Dataset(train=lambda partition: local_batches(partition.index, 4 - 2 * rank))

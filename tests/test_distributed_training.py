@@ -220,7 +220,12 @@ def test_steps_past_the_batches_agreed_at_once_train_as_one_process(main, out):
 
 
 def test_a_bad_batch_drawn_ahead_raises_on_every_process_naming_its_step(main):
+    """A bad batch drawn in a block ahead raises when its step comes, as checking step by
+    step would: the steps before it run on every process (decision 0090)."""
     ranks, _ = main
+    for rank in ranks:
+        assert rank["late_rows_steps"] == list(range(1, 10))  # step 10's rows differ
+        assert rank["late_token_steps"] == list(range(1, 11))  # step 11 holds token 77
     rows = [r["late_rows"] for r in ranks]
     assert rows[0] == rows[1]
     assert rows[0]["error"] == "ValueError"

@@ -8,6 +8,7 @@ pays nothing for it.
 """
 
 import collections
+import functools
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeGuard, cast
@@ -242,13 +243,17 @@ class Placement:
         ahead, and one exchange agrees on them all; the steps then take them in order. The
         first block is 8 steps long; later ones as long as 64 MiB of the largest batch any
         process drew (at least 8 steps, at most 64). A batch that fails raises on every
-        process before the steps before it run."""
+        process when its step comes, as checking step by step would: the steps before it
+        run (and their checkpoints are written); a fit that stops before it never raises."""
         ahead = self._ahead
-        if len(ahead) < block:
+        if len(ahead) < block and not (ahead and isinstance(ahead[-1], _Failed)):
             drawn_to = step + len(ahead)  # the last step whose batch is drawn
             count = max(block - len(ahead), min(self._reading, steps - drawn_to))
             ahead.extend(self._agreed(objective, batches, drawn_to, count, steps, rows))
-        taken = [ahead.popleft() for _ in range(block)]
+        taken = [ahead.popleft() for _ in range(min(block, len(ahead)))]
+        for item in taken:
+            if isinstance(item, _Failed):
+                item.raise_on_every_process()
         if block > 1 and rows_of(taken) < 0:  # the same on every process: rows were agreed
             raise ValueError(
                 f"the training batches of steps {step + 1}-{step + block} differ in rows; a "
@@ -269,7 +274,9 @@ class Placement:
         """The batches of the `count` steps after `step`, drawn and checked here, agreed
         with every process in one exchange: each process's first failing step, the bytes
         of its largest batch (which size the next block alike on every process) and each
-        step's row count (`-1`: a batch whose fields differ in rows)."""
+        step's row count (`-1`: a batch whose fields differ in rows). Where some process
+        failed, or the processes' rows differ, the batches before that step are followed
+        by a `_Failed` in its place, the same on every process."""
         outcome: bool | BaseException = True
         drawn: list[Any] = []
         try:
@@ -281,9 +288,9 @@ class Placement:
             outcome = error
         largest = max((_nbytes(batch) for batch in drawn), default=0)
         if not is_multiprocess():
-            if isinstance(outcome, BaseException):
-                raise outcome
             self._reading = _ahead_for(largest)
+            if isinstance(outcome, BaseException):
+                return [*drawn, _Failed(functools.partial(_reraise, outcome))]
             return drawn
         row = np.full(3 + count, -1, np.int64)
         row[0], row[1], row[2] = outcome is not True, len(drawn), largest
@@ -295,10 +302,12 @@ class Placement:
         for offset in range(first):
             counts = [int(value) for value in table[:, 3 + offset]]
             if len(set(counts)) > 1 or counts[0] < 0:
-                _rows_differ(counts, step + offset + 1)
+                differ = functools.partial(_rows_differ, counts, step + offset + 1)
+                return [*drawn[:offset], _Failed(differ)]
         if failing:  # raised by the processes whose batch of that step failed
             mine = outcome if len(drawn) == first else True
-            agree_process_phase(f"reading the training batch of step {step + first + 1}", mine)
+            phase = f"reading the training batch of step {step + first + 1}"
+            return [*drawn[:first], _Failed(functools.partial(agree_process_phase, phase, mine))]
         return drawn
 
     def agree_order(self, fingerprint: str | None) -> None:
@@ -318,6 +327,19 @@ class Placement:
                 f"seed and batch: {shown}); every process must read the same rows with the same "
                 "seed and batch, so that its slice of each global batch is one order's."
             )
+
+
+class _Failed:
+    """In a fit's queue of agreed batches, in place of the first step whose batch failed on
+    some process (or whose rows differ): `raise_on_every_process` raises its error, the
+    same on every process, when the fit reaches that step."""
+
+    def __init__(self, raising: Callable[[], object]) -> None:
+        self.raise_on_every_process = raising
+
+
+def _reraise(error: BaseException) -> None:
+    raise error
 
 
 def _rows_differ(counts: list[int], step: int) -> None:
