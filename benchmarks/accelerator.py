@@ -4,12 +4,14 @@ against a hand-written `jax.jit` + optax loop on the same model, with tokens per
 Issue 29, item 7. This script asserts nothing and always exits 0.
 
 The model (`--size gpu`, the default on a GPU or TPU): `CausalTransformer(vocab_size=32768,
-emb_features=768, num_layers=12, num_heads=12, mlp_features=3072, max_seq_len=1024,
-dtype="bfloat16")`, 110.3M parameters (GPT-2 small's blocks, a 32k vocabulary), the parameters
-and the optimizer state in float32 and the blocks computing in bfloat16 with float32 logits (the
-backbone's `dtype`: the mixed-bfloat16 arithmetic; `Trainer(precision=...)`, issue 29 item 1,
-is not built yet), attention through `jax.nn.dot_product_attention` (`attention_impl="cudnn"`,
-its fused kernel, on a CUDA GPU; `"xla"` elsewhere). Batches of 16 rows of 1,025 token IDs
+emb_features=768, num_layers=12, num_heads=12, mlp_features=3072, max_seq_len=1024)`, 110.3M
+parameters (GPT-2 small's blocks, a 32k vocabulary), the parameters and the optimizer state in
+float32 and the blocks computing in bfloat16 with float32 logits: the trainer's sides run the
+float32 model under `Trainer(precision="mixed_bfloat16")` (issue 29 item 1), and the hand loop
+runs the same params through the backbone's own `dtype="bfloat16"` (the casts a user writes
+into a model), the same arithmetic (decision 0078). Attention goes through
+`jax.nn.dot_product_attention` (`attention_impl="cudnn"`, its fused kernel, on a CUDA GPU;
+`"xla"` elsewhere). Batches of 16 rows of 1,025 token IDs
 (16,384 target tokens a step), NumPy-seeded, put on the device before timing. `--size cpu` (the
 default without an accelerator) is the same script at a CPU-sized model (vocab 256, emb 128, 2
 layers, seq 128, batch 8).
@@ -25,7 +27,11 @@ Sides, per step, on the same batch and the same `LMObjective(model, seq_len)`:
   IDs there and each step copies it to the device), and again with the batch already on the
   device (`, device batch`: the trainer's compiled step then checks the IDs itself, a host
   callback each step, which waits for the device), and `trainer, fused`: `fit(...,
-  steps_per_call=10)`, ten steps a compiled call (a `lax.scan`), host batches, against `hand`.
+  steps_per_call=10)`, ten steps a compiled call (a `lax.scan`), host batches, against `hand`;
+  and `trainer, fsdp`: `Trainer(..., mesh=jax.make_mesh((devices,), ("data",)),
+  strategy="fsdp")`, each param and its optimizer state sharded along its largest axis the
+  devices divide (issue 29 item 3), host batches, against `hand` (on one device the layout is
+  a plain fit's, so the row shows what the strategy's own step costs).
 - `evaluate`: `dew.evaluate(objective, params, batches, metrics=[perplexity()], key=key)` over
   8 batches, against a floor: a jitted per-batch negative log-likelihood sum carried on the
   device, one fetch at the end.
@@ -137,13 +143,19 @@ def main() -> None:
         f"jax {jax.__version__}, device {device.device_kind} ({device.platform}), cores "
         f"{os.cpu_count()}, load {os.getloadavg()[0]:.1f}"
     )
-    model = CausalTransformer(
-        vocab_size=size.vocab, emb_features=size.emb, num_layers=size.layers,
-        num_heads=size.heads, mlp_features=size.mlp, max_seq_len=size.seq, dtype="bfloat16",
-        attention_impl=impl, key=jax.random.key(0),
-    )  # fmt: skip
+
+    def transformer(dtype: str) -> Any:
+        return CausalTransformer(
+            vocab_size=size.vocab, emb_features=size.emb, num_layers=size.layers,
+            num_heads=size.heads, mlp_features=size.mlp, max_seq_len=size.seq, dtype=dtype,
+            attention_impl=impl, key=jax.random.key(0),
+        )  # fmt: skip
+
+    model = transformer("float32")  # the trainer's, under precision="mixed_bfloat16"
     objective = LMObjective(model, seq_len=size.seq)
+    hand_objective = LMObjective(transformer("bfloat16"), seq_len=size.seq)  # the same params
     params = objective.init_params()
+    hand_params = hand_objective.init_params()  # the same values; the static dtype differs
     count = sum(int(leaf.size) for leaf in jax.tree.leaves(params))
     rows = np.random.default_rng(0).integers(0, size.vocab, (size.batch, size.seq + 1))
     host_batch = {"text": rows.astype(np.int32)}  # as a loader yields it
@@ -158,12 +170,13 @@ def main() -> None:
 
     def step(carry: Any, batch: Any) -> Any:
         params, opt_state = carry
-        (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(params, batch, key)
+        loss_fn = jax.value_and_grad(hand_objective.loss, has_aux=True)
+        (loss, aux), grads = loss_fn(params, batch, key)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), {"loss": loss, **aux}
 
     hand_step = jax.jit(step, donate_argnums=0)
-    fresh = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), params)
+    fresh = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), hand_params)
     carry = [(fresh, optimizer.init(fresh))]
     compiled = hand_step.lower(carry[0], batch).compile()
     analysis = compiled.cost_analysis()
@@ -188,11 +201,13 @@ def main() -> None:
 
         return hand
 
-    trainer = Trainer(objective, optimizer, key)
-    fitted: list[Any] = [None, 0]
+    policy = "mixed_bfloat16"
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
 
-    def fit_on(each: Any, steps_per_call: int = 1) -> Any:
+    def fit_on(each: Any, steps_per_call: int = 1, **options: Any) -> Any:
         data = Dataset(train=lambda partition: itertools.repeat(each))
+        trainer = Trainer(objective, optimizer, key, precision=policy, **options)
+        fitted: list[Any] = [None, 0]
 
         def fit(steps: int) -> None:
             fitted[1] += steps
@@ -214,17 +229,20 @@ def main() -> None:
     last: dict[str, Any] = {}
 
     def dew_pass(_: int) -> None:
-        last.update(evaluate(objective, params, eval_batches, metrics=perplexity, key=key).scores)
+        scores = evaluate(
+            objective, params, eval_batches, metrics=perplexity, key=key, precision=policy
+        ).scores
+        last.update(scores)
 
     @jax.jit
     def floor_nll(total: Any, params: Any, text: Any) -> Any:
-        logits = jax.vmap(combine(params, model))(text[:, :-1])
+        logits = jax.vmap(combine(params, hand_objective.model))(text[:, :-1])
         return total + (-token_log_probs(logits, text[:, 1:])).sum()
 
     def floor_pass(_: int) -> None:
         total = jnp.zeros(())
         for each in eval_batches:
-            total = floor_nll(total, params, each["text"])
+            total = floor_nll(total, hand_params, each["text"])
         last["floor"] = float(jax.device_get(total))
 
     sides = {
@@ -233,6 +251,7 @@ def main() -> None:
         "trainer, device batch": fit_on(batch),
         "hand, device batch": hand_on(batch),
         "trainer, fused": fit_on(host_batch, LOG_EVERY),
+        "trainer, fsdp": fit_on(host_batch, mesh=mesh, strategy="fsdp"),
         "evaluate": dew_pass,
         "floor": floor_pass,
     }
@@ -266,8 +285,9 @@ def main() -> None:
         if top is not None:
             line += f"  MFU {counted / median / (top * 1e12):.1%}"
         print(line)
-    for suffix in ("", ", device batch", ", fused"):
-        dew, floor = times["trainer" + suffix], times["hand" + suffix.replace(", fused", "")]
+    for suffix in ("", ", device batch", ", fused", ", fsdp"):
+        hand_suffix = suffix if suffix == ", device batch" else ""
+        dew, floor = times["trainer" + suffix], times["hand" + hand_suffix]
         ratio = statistics.median(dew) / statistics.median(floor)
         paired = statistics.median(a / b for a, b in zip(dew, floor, strict=True))
         print(f"Trainer.fit / hand{suffix}: {ratio:.3f}x (paired {paired:.3f}x; target <= 1.02x)")
@@ -277,7 +297,7 @@ def main() -> None:
         print(f"{label:24s} {median * 1e3:9.2f} ms/pass {eval_tokens / median:12,.0f} tokens/s")
     ratio = statistics.median(times["evaluate"]) / statistics.median(times["floor"])
     print(f"dew.evaluate / floor: {ratio:.3f}x")
-    print("strategies: data (one device) only; fsdp and fsdp+tensor are issue 29 item 3, not built")
+    print(f"strategies: data and fsdp over {jax.device_count()} device(s)")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ and `d256` widen it), on one global batch of 32 sequences of 32 tokens (dew's
   once), the sums pulled to the host once at the end.
 - `allgather`: `process_allgather` of two integers (what agreeing on a batch draw exchanges),
   per call.
+- `all-reduce`: a compiled sum over the global batch's rows of 70,000 floats, as one operand
+  and as 32 operands of the same total size (the compiled steps' gradient all-reduce has 31
+  and 32), per call: the CPU collectives reduce a tuple's operands one by one, each its own
+  rendezvous of the processes (decision 0090).
 
 Both sides run in the same processes, round by round, the order alternating, so launches and
 machine load fall on both alike. Each process runs XLA on one thread and, unless `--no-pin`,
@@ -213,6 +217,19 @@ def _worker(size: str, rounds: int, out: str, profile: bool) -> None:
             _allgather(row) if count > 1 else multihost_utils.process_allgather(row)
         return (time.perf_counter() - t0) / calls
 
+    def allreduce_cost(operands: int, total: int = 70_000, calls: int = 50) -> float:
+        size = total // operands
+        summed = jax.jit(lambda xs: [x.sum(0) for x in xs], out_shardings=replicated)
+        ones = np.ones((1, size), np.float32)  # one row a process
+        xs = [jax.make_array_from_process_local_data(rows_sharding, ones) for _ in range(operands)]
+        for _ in range(3):
+            jax.block_until_ready(summed(xs))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = summed(xs)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - t0) / calls
+
     # Warm up (compile) both sides once, then alternate.
     dew_chunk(CHUNK)
     hand_chunk(CHUNK)
@@ -235,6 +252,7 @@ def _worker(size: str, rounds: int, out: str, profile: bool) -> None:
             else:
                 results[name].append(run())
     results["allgather"] = [gather_cost()]
+    results["allreduce"] = [allreduce_cost(1), allreduce_cost(32)]
     if rank == 0:
         with open(out, "w") as file:
             json.dump(results, file)
@@ -310,7 +328,9 @@ def main() -> None:
                 f"{'':20}pass: dew {_cell(result['dew_eval'])}  hand "
                 f"{_cell(result['hand_eval'])}  dew/hand {eval_ratio:.2f}x\n"
                 f"{'':20}allgather of 2 ints: {result['allgather'][0] * 1e3:.3f} ms a call, "
-                f"{gather:.2f}x the hand step"
+                f"{gather:.2f}x the hand step\n"
+                f"{'':20}all-reduce of 70,000 floats: {result['allreduce'][0] * 1e3:.2f} ms "
+                f"as 1 operand, {result['allreduce'][1] * 1e3:.2f} ms as 32"
             )
     print(f"load after: {' '.join(f'{value:.2f}' for value in os.getloadavg())}")
 
