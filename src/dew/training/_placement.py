@@ -381,8 +381,9 @@ def fit_setup(
 
 def _nbytes(batch: Any) -> int:
     """The bytes of a drawn batch's arrays (a device array's read without fetching it)."""
+    leaves = jax.tree.leaves(batch)
     return sum(
-        int(getattr(leaf, "nbytes", np.asarray(leaf).nbytes)) for leaf in jax.tree.leaves(batch)
+        int(leaf.nbytes if hasattr(leaf, "nbytes") else np.asarray(leaf).nbytes) for leaf in leaves
     )
 
 
